@@ -1,0 +1,271 @@
+"""The framework-free result of every estimator: :class:`MemoryEstimate`.
+
+An estimator (PyTorch, Keras, napkin formulas) collects facts about one training
+step; this module turns them into a single immutable object that answers the
+questions users ask: what is the peak, what is it made of, how does it grow with
+the batch, and what is the largest batch that fits a budget.
+
+Nothing here imports torch, keras or lightning.
+
+Example:
+    >>> est = MemoryEstimate(
+    ...     peak_bytes=1_300,
+    ...     breakdown={"parameters": 400, "gradients": 400, "activations": 500},
+    ...     batch_size=10,
+    ...     phases=(PhaseLine("step1/backward", fixed_bytes=800, per_sample_bytes=50),
+    ...             PhaseLine("step2/optimizer", fixed_bytes=1_200, per_sample_bytes=0)),
+    ...     peak_phase="step1/backward",
+    ... )
+    >>> est.peak_bytes_at(20)
+    1800
+    >>> est.max_batch_size(1_500)
+    14
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Mapping
+
+from nnmem_callbacks.units import format_bytes
+
+
+class Category(str, enum.Enum):
+    """What a byte of training memory is used for.
+
+    Members compare and hash equal to their string value, so
+    ``breakdown["activations"]`` and ``breakdown[Category.ACTIVATIONS]`` are the
+    same lookup.
+    """
+
+    PARAMETERS = "parameters"
+    BUFFERS = "buffers"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    INPUTS = "inputs"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+
+    def __hash__(self) -> int:  # pragma: no cover - trivial
+        return str.__hash__(self.value)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Categories that do not depend on the batch size in an ordinary training step.
+STATIC_CATEGORIES = (
+    Category.PARAMETERS,
+    Category.BUFFERS,
+    Category.GRADIENTS,
+    Category.OPTIMIZER_STATE,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseLine:
+    """The peak of one phase of the training step as a line in the batch size.
+
+    ``peak(n) = fixed_bytes + per_sample_bytes * n``. A phase is for example
+    ``"step1/forward"`` or ``"step2/optimizer"``. The estimate's overall peak at
+    batch ``n`` is the largest phase line at ``n``, so the model stays right when
+    the peak moves from the optimizer step (small batches) to backward (large
+    batches).
+    """
+
+    phase: str
+    fixed_bytes: int
+    per_sample_bytes: int
+
+    def at(self, batch_size: int) -> int:
+        """Returns this phase's peak in bytes at ``batch_size``."""
+        return self.fixed_bytes + self.per_sample_bytes * batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted peak memory of training, with its breakdown and batch scaling.
+
+    Attributes:
+        peak_bytes: Predicted peak bytes of live tensors on the training device
+            during the first two optimizer steps (on CUDA: what
+            ``torch.cuda.max_memory_allocated()`` reports).
+        breakdown: Bytes per :class:`Category` live at the moment of the peak.
+            The values sum to ``peak_bytes``.
+        batch_size: The batch size the estimate was made for.
+        phases: One :class:`PhaseLine` per phase of the step.
+        peak_phase: The phase in which the peak occurs at ``batch_size``.
+        reserved_bytes: Predicted allocator reserve (CUDA caching allocator:
+            ``max_memory_reserved``). ``None`` where no caching allocator applies.
+        overhead_bytes: Bytes the device shows beyond the allocator: the CUDA
+            context and the cuBLAS workspace. 0 on CPU.
+        device: Where training runs, e.g. ``"cpu"`` or ``"cuda:0"``.
+        precision: The precision the step was estimated under.
+        method: ``"trace"`` when the real step was simulated, otherwise the
+            name of the fallback that produced the numbers.
+        notes: Human-readable remarks: fallbacks and why, non-linear growth,
+            approximations that apply.
+        phase_breakdowns: Bytes per category at the peak of each phase.
+        extra: Estimator-specific details (plain values only).
+    """
+
+    peak_bytes: int
+    breakdown: Mapping[str, int]
+    batch_size: int
+    phases: tuple[PhaseLine, ...] = ()
+    peak_phase: str = ""
+    reserved_bytes: int | None = None
+    overhead_bytes: int = 0
+    device: str = "cpu"
+    precision: str = "32-true"
+    method: str = "trace"
+    notes: tuple[str, ...] = ()
+    phase_breakdowns: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        full = {str(category): 0 for category in Category}
+        for key, value in dict(self.breakdown).items():
+            name = str(Category(key))
+            full[name] = int(value)
+        object.__setattr__(self, "breakdown", full)
+        object.__setattr__(self, "notes", tuple(self.notes))
+        if not self.phases:
+            object.__setattr__(
+                self, "phases", (PhaseLine("peak", int(self.peak_bytes), 0),)
+            )
+            object.__setattr__(self, "peak_phase", self.peak_phase or "peak")
+
+    # -- batch scaling -----------------------------------------------------
+    @property
+    def _peak_line(self) -> PhaseLine:
+        for line in self.phases:
+            if line.phase == self.peak_phase:
+                return line
+        return max(self.phases, key=lambda line: line.at(self.batch_size))
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Bytes of the peak phase that do not grow with the batch size."""
+        return self._peak_line.fixed_bytes
+
+    @property
+    def per_sample_bytes(self) -> int:
+        """Bytes the peak phase grows by per additional sample."""
+        return self._peak_line.per_sample_bytes
+
+    def peak_bytes_at(self, batch_size: int) -> int:
+        """Predicted peak bytes at another batch size.
+
+        Args:
+            batch_size: A positive batch size.
+
+        Returns:
+            The largest phase peak at that batch size. Equals ``peak_bytes`` at
+            ``self.batch_size``.
+
+        Raises:
+            ValueError: If ``batch_size`` is not a positive integer.
+        """
+        _check_batch_size(batch_size)
+        if batch_size == self.batch_size:
+            return self.peak_bytes
+        return max(line.at(batch_size) for line in self.phases)
+
+    def reserved_bytes_at(self, batch_size: int) -> int:
+        """Predicted allocator reserve at another batch size (CUDA).
+
+        The reserve is scaled with the peak; where no allocator model applies
+        this equals :meth:`peak_bytes_at`.
+        """
+        peak = self.peak_bytes_at(batch_size)
+        if self.reserved_bytes is None or self.peak_bytes <= 0:
+            return peak
+        if batch_size == self.batch_size:
+            return self.reserved_bytes
+        return int(round(peak * self.reserved_bytes / self.peak_bytes))
+
+    def device_bytes_at(self, batch_size: int) -> int:
+        """What the device will show at ``batch_size``: reserve plus overhead."""
+        return self.reserved_bytes_at(batch_size) + self.overhead_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        """What the device will show at ``batch_size``: reserve plus overhead."""
+        return self.device_bytes_at(self.batch_size)
+
+    def max_batch_size(self, budget_bytes: int, *, include_reserve: bool = False, limit: int = 1 << 24) -> int:
+        """The largest batch size whose predicted peak fits ``budget_bytes``.
+
+        Args:
+            budget_bytes: Bytes available.
+            include_reserve: Compare :meth:`device_bytes_at` (allocator reserve
+                plus context overhead) instead of the tensor peak.
+            limit: Upper bound of the search (for models whose peak does not
+                grow with the batch).
+
+        Returns:
+            The batch size, or 0 when not even one sample fits.
+
+        Example:
+            >>> MemoryEstimate(peak_bytes=100, breakdown={"parameters": 100},
+            ...                batch_size=1).max_batch_size(50)
+            0
+        """
+        measure = self.device_bytes_at if include_reserve else self.peak_bytes_at
+        if measure(1) > budget_bytes:
+            return 0
+        low, high = 1, 2
+        while high <= limit and measure(high) <= budget_bytes:
+            low, high = high, high * 2
+        if high > limit:
+            return limit
+        while high - low > 1:  # invariant: measure(low) fits, measure(high) does not
+            middle = (low + high) // 2
+            if measure(middle) <= budget_bytes:
+                low = middle
+            else:
+                high = middle
+        return low
+
+    # -- views -------------------------------------------------------------
+    @property
+    def static_bytes(self) -> int:
+        """Bytes at the peak that do not depend on the batch (params, grads, state)."""
+        return sum(self.breakdown[str(c)] for c in STATIC_CATEGORIES)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary of every number in the estimate."""
+        return {
+            "peak_bytes": self.peak_bytes,
+            "breakdown": dict(self.breakdown),
+            "batch_size": self.batch_size,
+            "fixed_bytes": self.fixed_bytes,
+            "per_sample_bytes": self.per_sample_bytes,
+            "peak_phase": self.peak_phase,
+            "phases": [dataclasses.asdict(line) for line in self.phases],
+            "reserved_bytes": self.reserved_bytes,
+            "overhead_bytes": self.overhead_bytes,
+            "device_bytes": self.device_bytes,
+            "device": self.device,
+            "precision": self.precision,
+            "method": self.method,
+            "notes": list(self.notes),
+            "phase_breakdowns": {k: dict(v) for k, v in self.phase_breakdowns.items()},
+            "extra": dict(self.extra),
+        }
+
+    def __str__(self) -> str:
+        parts = ", ".join(
+            f"{name}={format_bytes(value)}" for name, value in self.breakdown.items() if value
+        )
+        return (
+            f"MemoryEstimate(peak={format_bytes(self.peak_bytes)} at batch {self.batch_size} "
+            f"[{self.peak_phase}], method={self.method}, {parts})"
+        )
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")

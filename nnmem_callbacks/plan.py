@@ -1,0 +1,308 @@
+"""From an estimate and a budget to a decision: budgets, policies and plans.
+
+This is the framework-free half of every ``MemoryBudgetCallback``: the adapters
+gather an estimate and a device capacity, call :func:`resolve_budget` and
+:func:`make_plan`, and then only apply and report the resulting :class:`Plan`.
+
+Example:
+    >>> from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
+    >>> est = MemoryEstimate(peak_bytes=9_000, breakdown={"parameters": 1_000, "activations": 8_000},
+    ...                      batch_size=8, phases=(PhaseLine("step1/backward", 1_000, 1_000),),
+    ...                      peak_phase="step1/backward")
+    >>> plan = make_plan(est, budget_bytes=5_300, policy="accumulate", margin=0.05)
+    >>> plan.batch_size, plan.accumulate_grad_batches, plan.fits
+    (4, 2, False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+from nnmem_callbacks.estimate import Category, MemoryEstimate
+from nnmem_callbacks.units import format_bytes, parse_bytes
+
+#: Policies every MemoryBudgetCallback accepts.
+POLICIES = ("warn", "raise", "shrink", "accumulate")
+
+#: Headroom kept below the free memory when no budget is given.
+DEFAULT_MARGIN = 0.05
+
+
+class MemoryBudgetExceeded(RuntimeError):
+    """Raised by ``policy="raise"`` when the predicted peak exceeds the budget."""
+
+
+def check_policy(policy: str) -> str:
+    """Validates a policy name.
+
+    Raises:
+        ValueError: Naming the valid policies.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; valid policies are {', '.join(map(repr, POLICIES))}")
+    return policy
+
+
+def check_margin(margin: float) -> float:
+    """Validates a margin (a fraction of the budget kept free)."""
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise ValueError(f"margin must be a fraction in [0, 1), got {margin!r}")
+    return float(margin)
+
+
+def check_budget(budget: int | float | str | None) -> int | float | str | None:
+    """Validates a budget spelling without resolving it.
+
+    Valid budgets: ``None`` (free device memory minus the margin), a positive
+    ``int`` of bytes, a ``float`` in (0, 1] (a fraction of device capacity), or
+    a string such as ``"10GiB"``.
+    """
+    if budget is None:
+        return None
+    if isinstance(budget, bool):
+        raise ValueError(_budget_error(budget))
+    if isinstance(budget, int):
+        if budget <= 0:
+            raise ValueError(_budget_error(budget))
+        return budget
+    if isinstance(budget, float):
+        if not 0 < budget <= 1:
+            raise ValueError(_budget_error(budget))
+        return budget
+    if isinstance(budget, str):
+        if parse_bytes(budget) <= 0:
+            raise ValueError(_budget_error(budget))
+        return budget
+    raise ValueError(_budget_error(budget))
+
+
+def _budget_error(budget: object) -> str:
+    return (
+        f"invalid budget {budget!r}; use None (free device memory minus the margin), a positive int "
+        f"of bytes, a float in (0, 1] (fraction of device capacity) or a string such as '10GiB'"
+    )
+
+
+def resolve_budget(
+    budget: int | float | str | None,
+    *,
+    capacity_bytes: int,
+    free_bytes: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+) -> int:
+    """Turns a budget spelling into bytes.
+
+    Args:
+        budget: See :func:`check_budget`.
+        capacity_bytes: Total memory of the training device.
+        free_bytes: Memory free now (defaults to ``capacity_bytes``).
+        margin: Fraction kept free when ``budget`` is ``None``.
+
+    Returns:
+        The budget in bytes.
+
+    Example:
+        >>> resolve_budget(0.5, capacity_bytes=1000)
+        500
+        >>> resolve_budget(None, capacity_bytes=1000, free_bytes=800, margin=0.05)
+        760
+    """
+    check_budget(budget)
+    if budget is None:
+        free = capacity_bytes if free_bytes is None else free_bytes
+        return int(free * (1 - margin))
+    if isinstance(budget, float):
+        return int(capacity_bytes * budget)
+    if isinstance(budget, str):
+        return parse_bytes(budget)
+    return int(budget)
+
+
+@dataclasses.dataclass(frozen=True)
+class Suggestion:
+    """One way to reduce memory, with its predicted saving in bytes."""
+
+    kind: str  # "accumulate", "checkpointing", "bf16-mixed", "batch_size"
+    saving_bytes: int
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a MemoryBudgetCallback decided.
+
+    Attributes:
+        policy: The policy applied.
+        budget_bytes: The budget compared against.
+        predicted_bytes: Predicted peak at the original batch size.
+        original_batch_size: The batch size the run was configured with.
+        batch_size: The batch size to train with (changed only by the
+            ``shrink``/``accumulate`` policies).
+        accumulate_grad_batches: Gradient accumulation to train with.
+        max_fitting_batch_size: Largest batch predicted to fit (0: none fits).
+        fits: Whether the original configuration fits the budget.
+        suggestions: Ways to fit, each with its predicted saving.
+    """
+
+    policy: str
+    budget_bytes: int
+    predicted_bytes: int
+    original_batch_size: int
+    batch_size: int
+    accumulate_grad_batches: int
+    max_fitting_batch_size: int
+    fits: bool
+    suggestions: tuple[Suggestion, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        """Whether the plan changes the batch size or the accumulation."""
+        return self.batch_size != self.original_batch_size
+
+    @property
+    def decision(self) -> str:
+        """A one-line description of the decision."""
+        if self.fits:
+            return "fits: training unchanged"
+        if self.max_fitting_batch_size == 0:
+            return "does not fit even at batch size 1"
+        if self.changed:
+            text = f"batch size {self.original_batch_size} -> {self.batch_size}"
+            if self.accumulate_grad_batches > 1:
+                text += f", accumulate_grad_batches -> {self.accumulate_grad_batches}"
+            return text
+        return f"does not fit; largest fitting batch size is {self.max_fitting_batch_size}"
+
+
+def make_plan(
+    estimate: MemoryEstimate,
+    budget_bytes: int,
+    policy: str = "warn",
+    margin: float = DEFAULT_MARGIN,
+    *,
+    accumulate_grad_batches: int = 1,
+    alternatives: Mapping[str, MemoryEstimate] | None = None,
+    include_reserve: bool = False,
+) -> Plan:
+    """Compares an estimate with a budget and decides what to do.
+
+    The batch size is chosen so that its predicted peak stays below
+    ``budget_bytes * (1 - margin)``.
+
+    Args:
+        estimate: The estimate at the configured batch size.
+        budget_bytes: The budget.
+        policy: One of :data:`POLICIES`.
+        margin: Headroom kept below the budget when choosing a batch size.
+        accumulate_grad_batches: The accumulation the run is configured with.
+        alternatives: Estimates of the same step under other settings, by
+            suggestion kind (e.g. ``{"bf16-mixed": est_bf16}``); each becomes a
+            suggestion with its measured saving.
+        include_reserve: Compare device bytes (allocator reserve and context)
+            instead of the tensor peak.
+
+    Returns:
+        The :class:`Plan`.
+    """
+    check_policy(policy)
+    check_margin(margin)
+    measure = estimate.device_bytes_at if include_reserve else estimate.peak_bytes_at
+    predicted = measure(estimate.batch_size)
+    fits = predicted <= budget_bytes
+    usable = int(budget_bytes * (1 - margin))
+    max_fit = estimate.max_batch_size(usable, include_reserve=include_reserve)
+    original = estimate.batch_size
+    batch_size, accumulate = original, accumulate_grad_batches
+    if not fits and max_fit >= 1 and policy in ("shrink", "accumulate"):
+        batch_size = min(max_fit, original)
+        if policy == "accumulate":
+            accumulate = accumulate_grad_batches * math.ceil(original / batch_size)
+    suggestions = suggest(estimate, budget_bytes, max_fit, alternatives or {}, include_reserve=include_reserve)
+    return Plan(
+        policy=policy,
+        budget_bytes=int(budget_bytes),
+        predicted_bytes=int(predicted),
+        original_batch_size=original,
+        batch_size=batch_size,
+        accumulate_grad_batches=accumulate,
+        max_fitting_batch_size=max_fit,
+        fits=fits,
+        suggestions=tuple(suggestions),
+    )
+
+
+def checkpointing_saving(estimate: MemoryEstimate, num_blocks: int | None = None) -> int:
+    """Predicted saving of activation checkpointing per block.
+
+    With ``L`` equally sized blocks checkpointed, only the block inputs stay
+    alive during forward, and one block's activations are recomputed at a time
+    in backward: the saved activations fall from ``A`` to about ``2 * A / L``
+    (block boundaries plus one recomputed block). Without a block count,
+    ``L = 8`` is assumed, which is conservative for most deep networks.
+    """
+    activations = estimate.breakdown[str(Category.ACTIVATIONS)]
+    blocks = max(num_blocks or 8, 2)
+    return max(0, int(activations - 2 * activations / blocks))
+
+
+def suggest(
+    estimate: MemoryEstimate,
+    budget_bytes: int,
+    max_fitting_batch_size: int,
+    alternatives: Mapping[str, MemoryEstimate],
+    *,
+    include_reserve: bool = False,
+) -> list[Suggestion]:
+    """Concrete ways to reduce the peak, each with its predicted saving."""
+    measure = estimate.device_bytes_at if include_reserve else estimate.peak_bytes_at
+    current = measure(estimate.batch_size)
+    suggestions: list[Suggestion] = []
+    if 1 <= max_fitting_batch_size < estimate.batch_size:
+        factor = math.ceil(estimate.batch_size / max_fitting_batch_size)
+        smaller = max(1, estimate.batch_size // factor)
+        saving = current - measure(smaller)
+        suggestions.append(
+            Suggestion(
+                "accumulate",
+                saving,
+                f"batch size {smaller} with gradient accumulation x{factor} keeps the effective batch "
+                f"of {smaller * factor} and saves {format_bytes(saving)}",
+            )
+        )
+    activations = estimate.breakdown[str(Category.ACTIVATIONS)]
+    if activations >= 0.3 * estimate.peak_bytes:
+        saving = checkpointing_saving(estimate)
+        suggestions.append(
+            Suggestion(
+                "checkpointing",
+                saving,
+                f"activations are {format_bytes(activations)} ({activations / max(estimate.peak_bytes, 1):.0%} "
+                f"of the peak); activation checkpointing of the repeated blocks saves about "
+                f"{format_bytes(saving)}",
+            )
+        )
+    for kind, other in alternatives.items():
+        saving = current - (other.device_bytes if include_reserve else other.peak_bytes)
+        if saving > 0:
+            suggestions.append(
+                Suggestion(kind, saving, f"precision {kind!r} predicts a peak of {format_bytes(other.peak_bytes)}, saving {format_bytes(saving)}")
+            )
+    return suggestions
+
+
+def describe_plan(plan: Plan, estimate: MemoryEstimate, suggestions: Sequence[Suggestion] | None = None) -> str:
+    """A multi-line human description of a plan (for warnings and errors)."""
+    from nnmem_callbacks.report import format_breakdown
+
+    lines = [
+        f"Predicted peak {format_bytes(plan.predicted_bytes)} at batch size {plan.original_batch_size} "
+        f"vs budget {format_bytes(plan.budget_bytes)}: {plan.decision}.",
+        format_breakdown(estimate),
+    ]
+    if plan.max_fitting_batch_size:
+        lines.append(f"Largest batch size that fits (with margin): {plan.max_fitting_batch_size}.")
+    for suggestion in suggestions if suggestions is not None else plan.suggestions:
+        lines.append(f"- {suggestion.text}")
+    return "\n".join(lines)
