@@ -83,6 +83,39 @@ class PhaseLine:
         return self.fixed_bytes + self.per_sample_bytes * batch_size
 
 
+def upper_envelope(lines: "list[PhaseLine] | tuple[PhaseLine, ...]", start: int = 1) -> list[PhaseLine]:
+    """The lines that are the maximum somewhere on ``[start, inf)``.
+
+    The peak of a training step at batch ``n`` is the largest of many lines
+    (one per moment of the step); only the few lines on their upper envelope
+    matter. Returned in order of increasing slope.
+
+    Example:
+        >>> lines = [PhaseLine("a", 100, 1), PhaseLine("b", 50, 2), PhaseLine("c", 10, 2), PhaseLine("d", 0, 1)]
+        >>> [line.phase for line in upper_envelope(lines)]
+        ['a', 'b']
+    """
+    best: dict[int, PhaseLine] = {}
+    for line in lines:
+        kept = best.get(line.per_sample_bytes)
+        if kept is None or line.fixed_bytes > kept.fixed_bytes:
+            best[line.per_sample_bytes] = line
+    ordered = sorted(best.values(), key=lambda line: line.per_sample_bytes)
+    hull: list[PhaseLine] = []
+
+    def crossing(left: PhaseLine, right: PhaseLine) -> float:
+        # n where right (steeper) overtakes left
+        return (left.fixed_bytes - right.fixed_bytes) / (right.per_sample_bytes - left.per_sample_bytes)
+
+    for line in ordered:
+        while hull and line.at(start) >= hull[-1].at(start) and line.per_sample_bytes >= hull[-1].per_sample_bytes:
+            hull.pop()
+        while len(hull) >= 2 and crossing(hull[-2], line) <= crossing(hull[-2], hull[-1]):
+            hull.pop()
+        hull.append(line)
+    return hull
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryEstimate:
     """Predicted peak memory of training, with its breakdown and batch scaling.
@@ -140,10 +173,10 @@ class MemoryEstimate:
     # -- batch scaling -----------------------------------------------------
     @property
     def _peak_line(self) -> PhaseLine:
-        for line in self.phases:
-            if line.phase == self.peak_phase:
-                return line
-        return max(self.phases, key=lambda line: line.at(self.batch_size))
+        return max(
+            self.phases,
+            key=lambda line: (line.at(self.batch_size), line.phase == self.peak_phase, line.per_sample_bytes),
+        )
 
     @property
     def fixed_bytes(self) -> int:

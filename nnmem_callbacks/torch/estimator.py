@@ -1,0 +1,666 @@
+"""``estimate_training`` for PyTorch: simulate the real training step on fake tensors.
+
+How it works:
+
+1. The model's parameters and buffers are swapped for fake tensors
+   (:func:`~nnmem_callbacks.torch.guards.swapped_tensors`); the batch is
+   rebuilt as fake tensors of the same shapes. Nothing real is allocated.
+2. The user's own forward and loss run (under ``torch.autocast`` for the
+   ``*-mixed`` precisions), then ``backward()``, the real optimizer class
+   (``step()`` and ``zero_grad(set_to_none=True)``), for two steps, with a
+   simulated GradScaler for ``16-mixed``, gradient clipping and gradient
+   accumulation when asked.
+3. A :class:`~nnmem_callbacks.torch.tracer.StorageTracker` logs every storage's
+   allocation and free; the peak of each phase and the bytes per category at
+   that peak follow from the log.
+4. Two more traces at other batch sizes (forward and backward only) give each
+   phase's growth per sample; the third checks that growth is linear.
+5. For CUDA targets, the log is replayed through a model of the caching
+   allocator to predict ``max_memory_allocated`` and ``max_memory_reserved``.
+
+When the step cannot be traced (data-dependent shapes such as ``nonzero``,
+ops without fake kernels), a closed-form estimate takes over
+(:mod:`nnmem_callbacks.torch.fallback`); the method and reason are recorded in
+``MemoryEstimate.method`` / ``notes`` and a warning is emitted once.
+
+Known limitations:
+    * ``.item()`` on a traced value returns a placeholder (1), so Python control
+      flow that depends on tensor values may take another branch than in the
+      real run; the count is reported in ``notes``.
+    * Gradient accumulation is simulated with two micro-batches per step (the
+      third and later are identical to the second).
+    * Memory held by reference cycles until the garbage collector runs, and
+      memory a kernel allocates internally without a registered workspace rule,
+      are not seen.
+    * Estimating for CUDA on a machine without CUDA traces CPU kernels: the
+      autocast op lists of CPU and CUDA differ slightly and cuDNN/cuBLAS
+      workspaces are not modelled; a note says so.
+    * Lazy modules must be materialised before estimation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten
+
+from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
+from nnmem_callbacks.torch import allocator
+from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
+from nnmem_callbacks.torch.inputs import (
+    OPTIMIZER_NAMES,
+    BatchSpec,
+    PrecisionSpec,
+    check_optimizer_spec,
+    describe_batch,
+    optimizer_label,
+    resolve_device,
+    resolve_precision,
+)
+from nnmem_callbacks.torch.tracer import StorageTracker, TraceResult
+
+#: CUDA context bytes assumed when no CUDA device can be asked (typical for
+#: recent drivers with lazy module loading).
+DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
+
+#: Relative error above which batch growth is reported as non-linear.
+LINEARITY_TOLERANCE = 0.01
+
+LossFn = Callable[[nn.Module, Any], Any]
+
+_warned: set[str] = set()
+
+
+class EstimationInputError(ValueError):
+    """Invalid input to ``estimate_training`` (never triggers the fallback)."""
+
+
+@dataclasses.dataclass
+class StepConfig:
+    """Everything that defines the simulated training step."""
+
+    model: nn.Module
+    batch: BatchSpec
+    optimizer: Any
+    loss_fn: LossFn
+    precision: PrecisionSpec
+    target_device: torch.device
+    trace_device: torch.device
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+
+
+def estimate_training(
+    model: nn.Module,
+    batch: Any,
+    optimizer: Any = "adam",
+    loss_fn: LossFn | None = None,
+    precision: str | int = "32-true",
+    device: str | torch.device | None = None,
+    *,
+    accumulate_grad_batches: int = 1,
+    gradient_clip_val: float | None = None,
+    gradient_clip_algorithm: str = "norm",
+    check_scaling: bool = True,
+) -> MemoryEstimate:
+    """Predicts the peak memory of training ``model`` on batches like ``batch``.
+
+    Args:
+        model: The ``torch.nn.Module`` (on cpu, cuda or meta). It is not changed.
+        batch: An example batch: a tensor, or a tuple/list/dict of tensors, real
+            or on the meta device. Dim 0 of the first tensor is the batch size.
+        optimizer: An optimizer instance (its class and hyper-parameters are
+            reused on fake copies; it is never stepped), a list of instances, a
+            callable ``params -> optimizer``, a name (see
+            :data:`~nnmem_callbacks.torch.inputs.OPTIMIZER_NAMES`) or ``None``
+            for forward and backward only.
+        loss_fn: ``loss_fn(model, batch) -> scalar loss`` (forward and loss
+            only). It may also return a dict with ``"loss"`` or an object with
+            ``.loss``. Default: call the model on the batch (``model(x)``,
+            ``model(*batch)`` or ``model(**batch)``) and sum its output.
+        precision: A Lightning precision: ``32-true``, ``16-mixed``,
+            ``bf16-mixed``, ``16-true``, ``bf16-true``, ``64-true`` (or an alias).
+        device: Where training runs; default: the model's device.
+        accumulate_grad_batches: Micro-batches per optimizer step.
+        gradient_clip_val: Clip gradients at this value (``None``: no clipping).
+        gradient_clip_algorithm: ``"norm"`` or ``"value"``.
+        check_scaling: Trace at two more batch sizes to derive and check the
+            growth per sample (set ``False`` for a single, faster trace).
+
+    Returns:
+        A :class:`~nnmem_callbacks.estimate.MemoryEstimate`.
+
+    Raises:
+        ValueError: For an unknown precision or optimizer name, a batch without
+            tensors, a loss that is not a scalar, or another invalid argument;
+            the message names what is valid.
+
+    Example:
+        >>> import torch
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(1000, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
+        >>> est = estimate_training(mlp, torch.empty(256, 1000), optimizer="sgd_momentum")
+        >>> est.breakdown["parameters"] == sum(p.numel() * 4 for p in mlp.parameters())
+        True
+        >>> est.peak_bytes_at(512) > est.peak_bytes
+        True
+    """
+    config = _make_config(
+        model, batch, optimizer, loss_fn, precision, device,
+        accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm,
+    )
+    started = time.perf_counter()
+    notes: list[str] = []
+    if config.target_device.type != config.trace_device.type:
+        notes.append(
+            f"traced on {config.trace_device.type} kernels for a {config.target_device.type} target "
+            f"(no {config.target_device.type} device here): autocast op lists and kernel workspaces may differ"
+        )
+    try:
+        estimate = _estimate_by_trace(config, notes, check_scaling)
+    except EstimationInputError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any trace failure goes to the fallback
+        from nnmem_callbacks.torch.fallback import estimate_closed_form
+
+        reason = f"{type(error).__name__}: {_first_line(error)}"
+        _warn_once(
+            f"nnmem_callbacks could not trace the training step of {type(model).__name__} ({reason}); "
+            f"using the closed-form layer-by-layer estimate instead"
+        )
+        estimate = estimate_closed_form(config, reason, notes)
+    extra = dict(estimate.extra)
+    extra["seconds"] = round(time.perf_counter() - started, 4)
+    return dataclasses.replace(estimate, extra=extra)
+
+
+# ---------------------------------------------------------------------------
+# input handling
+# ---------------------------------------------------------------------------
+
+
+def _make_config(model, batch, optimizer, loss_fn, precision, device, accumulate, clip_val, clip_algorithm) -> StepConfig:
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    spec = resolve_precision(precision)
+    check_optimizer_spec(optimizer)
+    batch_spec = describe_batch(batch)
+    if loss_fn is not None and not callable(loss_fn):
+        raise ValueError(f"loss_fn must be a callable (model, batch) -> scalar loss, got {type(loss_fn).__name__}")
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ValueError(f"accumulate_grad_batches must be a positive integer, got {accumulate!r}")
+    if clip_val is not None and (isinstance(clip_val, bool) or not isinstance(clip_val, (int, float)) or clip_val <= 0):
+        raise ValueError(f"gradient_clip_val must be a positive number or None, got {clip_val!r}")
+    if clip_algorithm not in ("norm", "value"):
+        raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {clip_algorithm!r}")
+    target = resolve_device(device, model, batch_spec)
+    if target.type == "cuda" and torch.cuda.is_available():
+        trace_device = torch.device("cuda", target.index if target.index is not None else torch.cuda.current_device())
+    else:
+        trace_device = torch.device("cpu")
+    for parameter in model.parameters():
+        if isinstance(parameter, nn.parameter.UninitializedParameter):
+            raise ValueError("the model has uninitialised (lazy) parameters; run one forward pass before estimating")
+    return StepConfig(
+        model, batch_spec, optimizer, loss_fn or default_loss, spec, target, trace_device,
+        accumulate, clip_val, clip_algorithm,
+    )
+
+
+def default_loss(model: nn.Module, batch: Any) -> Any:
+    """Calls ``model`` on ``batch`` and returns the output (reduced by the caller).
+
+    A tensor is passed as is, a dict as keyword arguments, a tuple or list as
+    positional arguments.
+    """
+    if isinstance(batch, torch.Tensor):
+        return model(batch)
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+def scalar_loss(value: Any, *, default_reduction: bool) -> torch.Tensor:
+    """Extracts and checks the scalar loss from what a loss function returned."""
+    if isinstance(value, Mapping) and "loss" in value:
+        value = value["loss"]
+    elif not isinstance(value, torch.Tensor) and getattr(value, "loss", None) is not None:
+        value = value.loss
+    if default_reduction and not (isinstance(value, torch.Tensor) and value.numel() == 1):
+        tensors = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
+        if tensors:
+            total = tensors[0].sum()
+            for tensor in tensors[1:]:
+                total = total + tensor.sum()
+            value = total
+    if not isinstance(value, torch.Tensor):
+        raise EstimationInputError(
+            f"the loss must be a scalar tensor (or a dict with 'loss'); loss_fn returned {type(value).__name__}"
+        )
+    if value.numel() != 1:
+        raise EstimationInputError(
+            f"the loss must be a scalar tensor; loss_fn returned a tensor of shape {tuple(value.shape)}; "
+            f"reduce it (e.g. .mean()) or pass a loss_fn that returns a scalar"
+        )
+    if not value.requires_grad:
+        raise EstimationInputError(
+            "the loss does not require grad: no parameter of the model takes part in it "
+            "(are all parameters frozen, or does loss_fn detach?)"
+        )
+    return value
+
+
+# ---------------------------------------------------------------------------
+# tracing
+# ---------------------------------------------------------------------------
+
+
+def _dtype_map(precision: PrecisionSpec) -> Callable[[torch.dtype], torch.dtype]:
+    target = precision.input_dtype
+
+    def convert(dtype: torch.dtype) -> torch.dtype:
+        if target is not None and dtype.is_floating_point:
+            return target
+        return dtype
+
+    return convert
+
+
+def _tensor_dtype(tensor: torch.Tensor, precision: PrecisionSpec) -> torch.dtype:
+    if tensor.is_floating_point() and precision.param_dtype != torch.float32:
+        return precision.param_dtype
+    return tensor.dtype
+
+
+def _build_optimizers(spec: Any, trainable: list[torch.Tensor], fake_of: dict[int, torch.Tensor], make_fake, target: torch.device) -> list[torch.optim.Optimizer]:
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        optimizers = [OPTIMIZER_NAMES[spec.lower()](trainable)]
+    elif isinstance(spec, torch.optim.Optimizer):
+        optimizers = [_clone_optimizer(spec, fake_of, make_fake)]
+    elif isinstance(spec, (list, tuple)):
+        optimizers = [_clone_optimizer(o, fake_of, make_fake) for o in spec]
+    else:
+        made = spec(trainable)
+        if isinstance(made, torch.optim.Optimizer):
+            optimizers = [made]
+        elif isinstance(made, (list, tuple)) and all(isinstance(o, torch.optim.Optimizer) for o in made):
+            optimizers = list(made)
+        else:
+            raise EstimationInputError(
+                f"the optimizer callable must return a torch.optim.Optimizer (or a list of them), got {type(made).__name__}"
+            )
+    for optimizer in optimizers:
+        _apply_default_implementation(optimizer, target)
+    return optimizers
+
+
+def _clone_optimizer(optimizer: torch.optim.Optimizer, fake_of: dict[int, torch.Tensor], make_fake) -> torch.optim.Optimizer:
+    groups = []
+    for group in optimizer.param_groups:
+        params = []
+        for parameter in group["params"]:
+            if id(parameter) not in fake_of:
+                fake_of[id(parameter)] = make_fake(parameter, True)
+            params.append(fake_of[id(parameter)])
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+    cls = type(optimizer)
+    try:
+        clone = cls(groups, **optimizer.defaults)
+    except TypeError:
+        clone = cls(groups)
+    for parameter, state in optimizer.state.items():
+        fake = fake_of.get(id(parameter))
+        if fake is None:
+            continue
+        clone.state[fake] = {
+            key: (_fake_state_tensor(value, fake) if isinstance(value, torch.Tensor) else value)
+            for key, value in state.items()
+        }
+    return clone
+
+
+def _fake_state_tensor(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    device = like.device if value.device.type != "cpu" or value.dim() > 0 else value.device
+    return torch.empty_strided(tuple(value.shape), value.stride(), dtype=value.dtype, device=device)
+
+
+def _apply_default_implementation(optimizer: torch.optim.Optimizer, target: torch.device) -> None:
+    """Makes the foreach default match the target device.
+
+    PyTorch picks ``foreach=True`` for CUDA tensors of the plain tensor type;
+    fake tensors are a subclass, so the default would silently become the
+    single-tensor path and miss the foreach temporaries.
+    """
+    for group in optimizer.param_groups:
+        if "foreach" in group and group["foreach"] is None and not group.get("fused") and not group.get("differentiable"):
+            group["foreach"] = target.type == "cuda"
+
+
+def _optimizer_state_tensors(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:
+    return [value for optimizer in optimizers for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+
+
+def run_trace(config: StepConfig, batch_size: int, *, steps: int = 2, optimizer_steps: bool = True) -> TraceResult:
+    """Simulates ``steps`` training steps at ``batch_size`` and returns the log."""
+    model = config.model
+    precision = config.precision
+    device = config.trace_device
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    tracker = StorageTracker(config.target_device.type)
+    with preserved_rng(), preserved_module_state(model):
+        model.train()
+        with fake_mode, tracker:
+
+            def make_fake(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
+                dtype = _tensor_dtype(tensor, precision)
+                fake = torch.empty_strided(tuple(tensor.shape), tensor.stride(), dtype=dtype, device=device)
+                if is_parameter and tensor.requires_grad and (dtype.is_floating_point or dtype.is_complex):
+                    fake.requires_grad_(True)
+                tracker.register(fake, Category.PARAMETERS if is_parameter else Category.BUFFERS)
+                return fake
+
+            originals = list(model.parameters())  # unique, in registration order
+            with swapped_tensors(model, make_fake) as fake_of:
+                unique_params = [fake_of[id(parameter)] for parameter in originals]
+                trainable = [p for p in unique_params if p.requires_grad]
+                fake_batch, batch_tensors = config.batch.build(batch_size, device, _dtype_map(precision))
+                for tensor in batch_tensors:
+                    tracker.register(tensor, Category.INPUTS)
+                optimizers = _build_optimizers(config.optimizer, trainable, fake_of, make_fake, config.target_device) if optimizer_steps else []
+                tracker.mark(_optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
+                all_params = [p for p in fake_of.values() if p.requires_grad]
+                scaler_state = None
+                if precision.grad_scaler and optimizer_steps:
+                    scaler_state = (
+                        torch.full((), 65536.0, dtype=torch.float32, device=device),
+                        torch.full((), 0, dtype=torch.int32, device=device),
+                    )
+                    tracker.mark(scaler_state, Category.OPTIMIZER_STATE)
+                micro_batches = min(config.accumulate_grad_batches, 2)
+                for step in range(1, steps + 1):
+                    for micro in range(1, micro_batches + 1):
+                        suffix = "" if micro == 1 else f".{micro}"
+                        tracker.set_phase(f"step{step}/forward{suffix}")
+                        loss = _forward_loss(config, fake_batch)
+                        tracker.set_phase(f"step{step}/backward{suffix}")
+                        if config.accumulate_grad_batches > 1:
+                            loss = loss / config.accumulate_grad_batches
+                        if scaler_state is not None:
+                            loss = loss * scaler_state[0]
+                        loss.backward()
+                        del loss
+                        tracker.mark([p.grad for p in all_params if p.grad is not None], Category.GRADIENTS)
+                    if not optimizer_steps:
+                        continue
+                    tracker.set_phase(f"step{step}/optimizer")
+                    _optimizer_step(config, optimizers, all_params, scaler_state, device)
+                    tracker.mark(_optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
+                    for optimizer in optimizers:
+                        optimizer.zero_grad(set_to_none=True)
+                    if not optimizers:
+                        for parameter in all_params:
+                            parameter.grad = None
+                tracker.end()
+                del fake_batch, batch_tensors, optimizers, trainable, unique_params, all_params, scaler_state, originals
+        result = tracker.result()
+    return result
+
+
+def _forward_loss(config: StepConfig, batch: Any) -> torch.Tensor:
+    precision = config.precision
+    default_reduction = config.loss_fn is default_loss
+    if precision.autocast_dtype is not None:
+        with torch.autocast(device_type=config.trace_device.type, dtype=precision.autocast_dtype):
+            value = config.loss_fn(config.model, batch)
+            return scalar_loss(value, default_reduction=default_reduction)
+    value = config.loss_fn(config.model, batch)
+    return scalar_loss(value, default_reduction=default_reduction)
+
+
+def _optimizer_step(config: StepConfig, optimizers, params, scaler_state, device) -> None:
+    grads = [p.grad for p in params if p.grad is not None]
+    if scaler_state is not None and grads:
+        scale, growth_tracker = scaler_state
+        inv_scale = scale.double().reciprocal().float()
+        found_inf = torch.full((), 0.0, dtype=torch.float32, device=device)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for grad in grads:
+            by_dtype.setdefault(grad.dtype, []).append(grad)
+        for group in by_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv_scale)
+    if config.gradient_clip_val is not None and grads:
+        with_grads = [p for p in params if p.grad is not None]
+        if config.gradient_clip_algorithm == "norm":
+            torch.nn.utils.clip_grad_norm_(with_grads, config.gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_value_(with_grads, config.gradient_clip_val)
+    for optimizer in optimizers:
+        optimizer.step()
+    if scaler_state is not None and grads:
+        torch._amp_update_scale_(scale, growth_tracker, found_inf, 2.0, 0.5, 2000)
+
+
+# ---------------------------------------------------------------------------
+# from traces to an estimate
+# ---------------------------------------------------------------------------
+
+
+def _scaling_sizes(batch_size: int) -> tuple[int, int]:
+    """The batch sizes of the fit trace and of the check trace."""
+    fit = 2 * batch_size
+    check = batch_size // 2 if batch_size >= 2 else 3
+    return fit, check
+
+
+def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool) -> MemoryEstimate:
+    batch_size = config.batch.batch_size
+    main = run_trace(config, batch_size)
+    if main.placeholders:
+        notes.append(
+            f"{main.placeholders} .item()/bool() call(s) on traced values got placeholder values; "
+            f"value-dependent control flow may differ from the real run"
+        )
+    if main.workspace_ops:
+        notes.append(
+            "kernel workspaces modelled for: " + ", ".join(f"{op} x{n}" for op, n in sorted(main.workspace_ops.items()))
+        )
+    lines: list[PhaseLine] = []
+    if check_scaling:
+        lines = _scaling_lines(config, main, notes)
+    else:
+        notes.append("batch scaling not traced (check_scaling=False); per-sample bytes assumed from the batch-dependent categories")
+    if not lines:
+        lines = [_category_line(main, phase, batch_size) for phase in main.phase_peaks]
+    phases = upper_envelope(lines)
+    peak_phase = max(main.phase_peaks, key=lambda p: main.phase_peaks[p])
+    peak_bytes = main.phase_peaks[peak_phase]
+    breakdown = dict(main.phase_breakdowns[peak_phase])
+    reserved = None
+    overhead = 0
+    extra: dict[str, Any] = {"ops": main.op_count, "optimizer": optimizer_label(config.optimizer)}
+    if config.target_device.type == "cuda":
+        prediction = allocator.replay(main.events)
+        rounding = prediction.peak_allocated - peak_bytes
+        if rounding > 0:
+            breakdown[str(Category.TEMPORARIES)] += rounding
+            phases = [PhaseLine(p.phase, p.fixed_bytes + rounding, p.per_sample_bytes) for p in phases]
+            notes.append(
+                f"CUDA allocator rounding and unsplit blocks add {rounding} bytes to the tensor peak (counted as temporaries)"
+            )
+        peak_bytes = max(prediction.peak_allocated, peak_bytes)
+        reserved = prediction.peak_reserved
+        overhead = cuda_overhead_bytes(config.target_device)
+    return MemoryEstimate(
+        peak_bytes=int(peak_bytes),
+        breakdown=breakdown,
+        batch_size=batch_size,
+        phases=tuple(phases),
+        peak_phase=peak_phase,
+        reserved_bytes=reserved,
+        overhead_bytes=overhead,
+        device=str(config.target_device),
+        precision=config.precision.name,
+        method="trace",
+        notes=tuple(notes),
+        phase_breakdowns=main.phase_breakdowns,
+        extra=extra,
+    )
+
+
+def _base_phase(phase: str) -> str:
+    """``"step2/backward.2"`` -> ``"backward.2"``: the batch-dependent part of a phase."""
+    return phase.split("/", 1)[1]
+
+
+def _category_line(trace: TraceResult, phase: str, batch_size: int) -> PhaseLine:
+    """A phase's peak as a line whose slope is its batch-dependent bytes per sample."""
+    breakdown = trace.phase_breakdowns[phase]
+    dependent = breakdown[str(Category.INPUTS)] + breakdown[str(Category.ACTIVATIONS)]
+    if not phase.endswith("/optimizer"):
+        dependent += breakdown[str(Category.TEMPORARIES)]
+    slope = round(dependent / batch_size)
+    peak = trace.phase_peaks[phase]
+    return PhaseLine(phase, int(peak - slope * batch_size), int(slope))
+
+
+def _event_lines(phase: str, values: Sequence[int], slopes: Sequence[float], batch_size: int) -> list[PhaseLine]:
+    """One line per moment of a phase, through its live bytes at ``batch_size``."""
+    lines = []
+    for value, slope in zip(values, slopes):
+        per_sample = int(round(slope))
+        lines.append(PhaseLine(phase, int(value - per_sample * batch_size), per_sample))
+    return upper_envelope(lines)
+
+
+def _phase_values(trace: TraceResult, phase: str) -> list[int]:
+    start, end = trace.phase_ranges[phase]
+    return trace.trajectory[start : end + 1]
+
+
+def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str]) -> list[PhaseLine]:
+    """Lines of live bytes against the batch size, from traces at two more sizes.
+
+    Every moment of the step holds ``a + b * n`` bytes at batch ``n``. The trace
+    at ``2 * batch`` gives each moment's ``b`` (forward and backward; the same
+    moments of step 2 differ only by the optimizer state); the trace at a third
+    size checks the resulting prediction.
+    """
+    batch_size = config.batch.batch_size
+    fit_size, check_size = _scaling_sizes(batch_size)
+    if not any(spec.scales for spec in config.batch.tensor_specs()):
+        notes.append("no batch tensor has the batch dimension first; per-sample bytes assumed 0")
+        return []
+    try:
+        fit = run_trace(config, fit_size, steps=1, optimizer_steps=False)
+        check = run_trace(config, check_size, steps=1, optimizer_steps=False)
+    except EstimationInputError:
+        raise
+    except Exception as error:  # noqa: BLE001
+        notes.append(
+            f"could not trace at batch sizes {fit_size}/{check_size} ({type(error).__name__}: {_first_line(error)}); "
+            f"per-sample bytes assumed from the batch-dependent categories at the peak"
+        )
+        return []
+    lines: list[PhaseLine] = []
+    step1_slopes: dict[str, list[float]] = {}
+    unaligned = []
+    for phase in main.phase_peaks:
+        base = _base_phase(phase)
+        values = _phase_values(main, phase)
+        slopes = None
+        if phase.startswith("step1/") and phase in fit.phase_ranges:
+            fit_values = _phase_values(fit, phase)
+            if len(fit_values) == len(values):
+                slopes = [(f - v) / (fit_size - batch_size) for f, v in zip(fit_values, values)]
+                step1_slopes[base] = slopes
+            else:
+                unaligned.append(phase)
+                slope = (fit.phase_peaks[phase] - main.phase_peaks[phase]) / (fit_size - batch_size)
+                lines.append(PhaseLine(phase, int(main.phase_peaks[phase] - round(slope) * batch_size), int(round(slope))))
+                continue
+        elif base in step1_slopes and len(step1_slopes[base]) == len(values):
+            slopes = step1_slopes[base]
+        if slopes is None:
+            lines.append(_category_line(main, phase, batch_size))
+        else:
+            lines.extend(_event_lines(phase, values, slopes, batch_size))
+    if unaligned:
+        notes.append(
+            "the step runs different ops at other batch sizes in " + ", ".join(unaligned)
+            + "; those phases scale by their peaks only"
+        )
+    check_lines = [line for line in lines if line.phase in check.phase_peaks]
+    worst = (0.0, "", 0, 0)
+    for phase, measured in check.phase_peaks.items():
+        predicted = max((line.at(check_size) for line in check_lines if line.phase == phase), default=None)
+        if predicted is None:
+            continue
+        error = abs(predicted - measured) / max(measured, 1)
+        if error > worst[0]:
+            worst = (error, phase, predicted, measured)
+    if worst[0] > LINEARITY_TOLERANCE:
+        notes.append(
+            f"growth with the batch is not linear: the lines through batch {batch_size} and {fit_size} predict "
+            f"{worst[2]} bytes in {worst[1]} at batch {check_size}, the trace gives {worst[3]} ({worst[0]:.1%} off)"
+        )
+    return lines
+
+
+def cuda_overhead_bytes(device: torch.device) -> int:
+    """CUDA context plus cuBLAS workspace for ``device``.
+
+    With a CUDA device present, the context is read from the driver
+    (device memory in use that the caching allocator did not reserve).
+    Without one, :data:`DEFAULT_CUDA_CONTEXT_BYTES` is assumed.
+    """
+    context = DEFAULT_CUDA_CONTEXT_BYTES
+    capability = (9, 0)
+    if torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        capability = torch.cuda.get_device_capability(index)
+        if torch.cuda.is_initialized():
+            free, total = torch.cuda.mem_get_info(index)
+            measured = total - free - torch.cuda.memory_reserved(index)
+            if measured > 0:
+                context = measured
+    return context + cublas_workspace_bytes(capability)
+
+
+def cublas_workspace_bytes(capability: tuple[int, int] = (9, 0)) -> int:
+    """The cuBLAS workspace PyTorch allocates per handle and stream.
+
+    Honours ``CUBLAS_WORKSPACE_CONFIG`` (``":SIZE_KiB:COUNT"`` pairs); the default
+    is ``:4096:8`` (32 MiB) on Hopper and newer and ``:4096:2:16:8`` before.
+
+    Example:
+        >>> cublas_workspace_bytes((8, 0)) == (4096 * 2 + 16 * 8) * 1024
+        True
+    """
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if not config:
+        config = ":4096:8" if capability[0] >= 9 else ":4096:2:16:8"
+    numbers = [int(n) for n in config.split(":") if n.strip().isdigit()]
+    return sum(size * 1024 * count for size, count in zip(numbers[::2], numbers[1::2]))
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -1,0 +1,244 @@
+"""The closed-form, layer-by-layer estimate used when the step cannot be traced.
+
+Parameters, buffers, gradients and optimizer state are exact: the optimizer
+alone is simulated on fake parameters with fake gradients (this works even when
+the model's forward cannot be traced). Activations come from forward hooks on
+every leaf module during one real ``torch.no_grad()`` forward on a small slice
+of the batch (at most two samples), with the per-layer rules of
+:data:`nnmem_callbacks.torch.rules.LAYER_RULES`, scaled to the batch size.
+
+Known limitations:
+    * Functional ops called between modules (``torch.relu(x)`` in a
+      ``forward``) are not seen; layers without a rule are charged their output
+      size and named in ``notes``.
+    * The small real forward allocates the activations of at most two samples.
+      With a meta batch, it runs on zeros, so data-dependent shapes may differ
+      from real data.
+    * The backward peak is approximated as all saved activations plus the
+      largest layer's input and output as transient gradient buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine
+from nnmem_callbacks.torch import rules
+from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
+from nnmem_callbacks.torch.tracer import StorageTracker
+
+PROBE_BATCH = 2
+
+
+def estimate_closed_form(config, reason: str, notes: list[str]) -> MemoryEstimate:
+    """Estimates without tracing the forward; never raises.
+
+    Args:
+        config: The :class:`~nnmem_callbacks.torch.estimator.StepConfig`.
+        reason: Why tracing failed (recorded in ``notes``).
+        notes: Notes collected so far (extended in place).
+    """
+    notes.append(f"tracing failed ({reason}); closed-form layer-by-layer estimate")
+    static = _static_bytes(config, notes)
+    method = "closed-form"
+    try:
+        activations, transient, unknown = _activation_bytes(config)
+        if unknown:
+            notes.append(
+                "no layer rule for " + ", ".join(f"{name} x{n}" for name, n in sorted(unknown.items()))
+                + " (charged their output size)"
+            )
+    except Exception as error:  # noqa: BLE001 - the fallback never crashes
+        activations, transient = 0, 0
+        method = "static-only"
+        notes.append(
+            f"the forward could not run either ({type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}); "
+            f"only parameters, gradients and optimizer state are counted"
+        )
+    batch_size = config.batch.batch_size
+    inputs = sum(
+        _numel(spec.shape) * _dtype_map_size(spec.dtype, config) for spec in config.batch.tensor_specs()
+    )
+    fixed = static["parameters"] + static["buffers"] + static["optimizer_state"]
+    backward = {
+        str(Category.PARAMETERS): static["parameters"],
+        str(Category.BUFFERS): static["buffers"],
+        str(Category.GRADIENTS): static["gradients"],
+        str(Category.OPTIMIZER_STATE): static["optimizer_state"],
+        str(Category.INPUTS): inputs,
+        str(Category.ACTIVATIONS): activations,
+        str(Category.TEMPORARIES): transient,
+    }
+    optimizer_phase = {
+        str(Category.PARAMETERS): static["parameters"],
+        str(Category.BUFFERS): static["buffers"],
+        str(Category.GRADIENTS): static["gradients"],
+        str(Category.OPTIMIZER_STATE): static["optimizer_state"],
+        str(Category.INPUTS): inputs,
+        str(Category.TEMPORARIES): static["optimizer_temporaries"],
+    }
+    per_sample_backward = (inputs + activations + transient) // max(batch_size, 1)
+    per_sample_inputs = inputs // max(batch_size, 1)
+    backward_peak = sum(backward.values())
+    optimizer_peak = sum(optimizer_phase.values())
+    phases = (
+        PhaseLine("step2/backward", backward_peak - per_sample_backward * batch_size, per_sample_backward),
+        PhaseLine("step2/optimizer", optimizer_peak - per_sample_inputs * batch_size, per_sample_inputs),
+    )
+    if backward_peak >= optimizer_peak:
+        peak_phase, peak, breakdown = "step2/backward", backward_peak, backward
+    else:
+        peak_phase, peak, breakdown = "step2/optimizer", optimizer_peak, optimizer_phase
+    del fixed
+    return MemoryEstimate(
+        peak_bytes=int(peak),
+        breakdown=breakdown,
+        batch_size=batch_size,
+        phases=phases,
+        peak_phase=peak_phase,
+        device=str(config.target_device),
+        precision=config.precision.name,
+        method=method,
+        notes=tuple(notes),
+        phase_breakdowns={"step2/backward": backward, "step2/optimizer": optimizer_phase},
+        extra={"fallback_reason": reason},
+    )
+
+
+def _numel(shape) -> int:
+    total = 1
+    for dim in shape:
+        total *= int(dim)
+    return total
+
+
+def _dtype_map_size(dtype: torch.dtype, config) -> int:
+    target = config.precision.input_dtype
+    if target is not None and dtype.is_floating_point:
+        dtype = target
+    return torch.empty((), dtype=dtype, device="meta").element_size()
+
+
+def _static_bytes(config, notes: list[str]) -> dict[str, int]:
+    """Parameters, buffers, gradients and optimizer state, by simulating the optimizer alone."""
+    from nnmem_callbacks.torch.estimator import _build_optimizers, _optimizer_state_tensors, _tensor_dtype
+
+    model = config.model
+    device = config.trace_device
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    tracker = StorageTracker(config.target_device.type)
+    totals = {"parameters": 0, "buffers": 0, "gradients": 0, "optimizer_state": 0, "optimizer_temporaries": 0}
+    with preserved_rng(), preserved_module_state(model), fake_mode, tracker:
+
+        def make_fake(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
+            fake = torch.empty_strided(tuple(tensor.shape), tensor.stride(), dtype=_tensor_dtype(tensor, config.precision), device=device)
+            if is_parameter and tensor.requires_grad and fake.is_floating_point():
+                fake.requires_grad_(True)
+            key = "parameters" if is_parameter else "buffers"
+            totals[key] += fake.untyped_storage().nbytes()
+            return fake
+
+        originals = list(model.parameters())
+        with swapped_tensors(model, make_fake) as fake_of:
+            trainable = [fake_of[id(p)] for p in originals if fake_of[id(p)].requires_grad]
+            try:
+                optimizers = _build_optimizers(config.optimizer, trainable, fake_of, make_fake, config.target_device)
+                for parameter in trainable:
+                    parameter.grad = torch.empty_like(parameter)
+                totals["gradients"] = sum(p.grad.untyped_storage().nbytes() for p in trainable)
+                tracker.set_phase("optimizer")
+                for optimizer in optimizers:
+                    optimizer.step()
+                state = _optimizer_state_tensors(optimizers)
+                totals["optimizer_state"] = sum(t.untyped_storage().nbytes() for t in {id(t): t for t in state}.values())
+                result = tracker.result()
+                peak = result.phase_peaks.get("optimizer", 0)
+                before = totals["gradients"]
+                totals["optimizer_temporaries"] = max(0, peak - before - totals["optimizer_state"])
+            except Exception as error:  # noqa: BLE001
+                totals["gradients"] = sum(p.numel() * p.element_size() for p in trainable)
+                notes.append(f"the optimizer could not be simulated ({type(error).__name__}); optimizer state not counted")
+            for parameter in trainable:
+                parameter.grad = None
+    return totals
+
+
+def _activation_bytes(config) -> tuple[int, int, Counter]:
+    """Saved activations and the largest transient, scaled to the batch size."""
+    model = config.model
+    probe_size = min(PROBE_BATCH, config.batch.batch_size)
+    device = config.trace_device
+    probe = _probe_batch(config, probe_size, device)
+    saved = 0
+    largest = 0
+    unknown: Counter = Counter()
+
+    def hook(module: nn.Module, inputs: tuple, output: Any) -> None:
+        nonlocal saved, largest
+        if isinstance(module, rules.IGNORED_LAYERS):
+            return
+        rule = rules.LAYER_RULES.get(type(module))
+        if rule is None:
+            unknown[type(module).__name__] += 1
+            amount = rules.output_bytes(output)
+        else:
+            amount = rule(module, inputs, output)
+        saved += amount
+        largest = max(largest, rules.input_bytes(inputs) + rules.output_bytes(output))
+
+    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+
+    def real_copy(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
+        dtype = tensor.dtype
+        if tensor.is_floating_point() and config.precision.param_dtype != torch.float32:
+            dtype = config.precision.param_dtype
+        if tensor.device.type == "meta":
+            return torch.zeros(tensor.shape, dtype=dtype, device=device)
+        if is_parameter:
+            return tensor.detach().to(device=device, dtype=dtype)
+        return tensor.detach().to(device=device, dtype=dtype).clone()
+
+    handles = []
+    with preserved_rng(), preserved_module_state(model), swapped_tensors(model, real_copy), torch.no_grad():
+        model.train()
+        for leaf in leaves:
+            handles.append(leaf.register_forward_hook(hook))
+        try:
+            if config.precision.autocast_dtype is not None:
+                with torch.autocast(device_type=device.type, dtype=config.precision.autocast_dtype):
+                    config.loss_fn(model, probe)
+            else:
+                config.loss_fn(model, probe)
+        finally:
+            for handle in handles:
+                handle.remove()
+    scale = config.batch.batch_size / probe_size
+    return int(saved * scale), int(largest * scale), unknown
+
+
+def _probe_batch(config, probe_size: int, device: torch.device) -> Any:
+    """A real batch of ``probe_size`` samples: zeros shaped like the batch."""
+    from torch.utils._pytree import tree_unflatten
+
+    from nnmem_callbacks.torch.inputs import TensorSpec
+
+    leaves = []
+    for leaf in config.batch.leaves:
+        if isinstance(leaf, TensorSpec):
+            shape = (probe_size,) + leaf.shape[1:] if leaf.scales else leaf.shape
+            dtype = leaf.dtype
+            if config.precision.input_dtype is not None and dtype.is_floating_point:
+                dtype = config.precision.input_dtype
+            leaves.append(torch.zeros(shape, dtype=dtype, device=device))
+        else:
+            leaves.append(leaf)
+    return tree_unflatten(leaves, config.batch.treespec)
+
+
+__all__ = ["estimate_closed_form", "dataclasses"]

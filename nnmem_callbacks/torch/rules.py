@@ -1,0 +1,246 @@
+"""Per-op and per-layer rules, kept in registries.
+
+Two registries live here:
+
+* **Workspace rules** (``WORKSPACE_RULES[device_type][op] -> rule``): transient
+  bytes a kernel allocates internally and frees before it returns, which fake
+  tensors cannot see (oneDNN scratchpads and reorders on CPU, cuDNN and
+  cuBLAS workspaces on CUDA). Every rule has one signature:
+  ``rule(func, args, kwargs, out) -> bytes``. They were measured with
+  ``python -m benchmarks.workspaces`` against the profiler's allocator events.
+* **Output rules** (``OUTPUT_RULES[device_type][op] -> rule``): outputs whose
+  fake size differs from the real one, such as oneDNN's LSTM workspace, which
+  the meta kernel returns empty. ``rule(func, args, kwargs, out) -> out`` returns
+  the outputs with the real sizes (as fake tensors).
+* **Layer rules** (``LAYER_RULES[module type] -> rule``): for the closed-form
+  fallback, the bytes a layer saves for backward given its inputs and output.
+  One signature: ``rule(module, inputs, output) -> bytes``. Layers without a
+  rule are counted and reported, and charged their output size.
+
+Example:
+    >>> import torch
+    >>> rule = LAYER_RULES[torch.nn.ReLU]
+    >>> rule(torch.nn.ReLU(), (torch.empty(4, 8),), torch.empty(4, 8))
+    128
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+WorkspaceRule = Callable[[Any, tuple, dict, Any], int]
+LayerRule = Callable[[nn.Module, tuple, Any], int]
+
+aten = torch.ops.aten
+
+#: device type -> op overload packet -> rule
+WORKSPACE_RULES: dict[str, dict[Any, WorkspaceRule]] = {"cpu": {}, "cuda": {}}
+
+
+def register_workspace(device_type: str, *ops: Any) -> Callable[[WorkspaceRule], WorkspaceRule]:
+    """Registers a workspace rule for ops on a device type."""
+
+    def decorator(rule: WorkspaceRule) -> WorkspaceRule:
+        for op in ops:
+            WORKSPACE_RULES[device_type][op] = rule
+        return rule
+
+    return decorator
+
+
+def workspace_rules(device_type: str) -> dict[Any, WorkspaceRule]:
+    """The workspace rules for a device type (empty for unknown types)."""
+    return WORKSPACE_RULES.get(device_type, {})
+
+
+#: device type -> op overload packet -> rule(func, args, kwargs, out) -> corrected out
+OUTPUT_RULES: dict[str, dict[Any, Callable[[Any, tuple, dict, Any], Any]]] = {"cpu": {}, "cuda": {}}
+
+
+def register_output(device_type: str, *ops: Any):
+    """Registers an output-size correction rule for ops on a device type."""
+
+    def decorator(rule):
+        for op in ops:
+            OUTPUT_RULES[device_type][op] = rule
+        return rule
+
+    return decorator
+
+
+def output_rules(device_type: str) -> dict[Any, Callable[[Any, tuple, dict, Any], Any]]:
+    """The output rules for a device type (empty for unknown types)."""
+    return OUTPUT_RULES.get(device_type, {})
+
+
+_RNN_WORKSPACE_FITS: dict[tuple, tuple[float, float, float]] = {}
+
+#: (sequence length, batch) of the three real probes used to fit the oneDNN RNN workspace size
+_RNN_PROBES = ((8, 8), (16, 8), (8, 16))
+
+
+def _onednn_rnn_workspace_fit(key: tuple, dtype: torch.dtype, input_size: int, hidden_size: int, args: tuple) -> tuple[float, float, float]:
+    """Fits ``workspace = a * T * B + b * B + c`` from three tiny real calls of the kernel.
+
+    oneDNN sizes the LSTM/GRU training workspace from the gate and state
+    buffers of every time step (with padded leading dimensions and page
+    alignment); the probes measure it for this layer's sizes and dtype instead
+    of copying oneDNN's internal layout rules.
+    """
+    fit = _RNN_WORKSPACE_FITS.get(key)
+    if fit is not None:
+        return fit
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    sizes = []
+    with unset_fake_temporarily(), torch.enable_grad():  # the kernel makes no workspace under no_grad
+        weights = [torch.zeros(tuple(w.shape), dtype=w.dtype) if isinstance(w, torch.Tensor) else w for w in args[1:5]]
+        for steps, batch in _RNN_PROBES:
+            # the kernel always receives time-major input, whatever batch_first says
+            probe_input = torch.zeros((steps, batch, input_size), dtype=dtype)
+            hx = torch.zeros((batch, hidden_size), dtype=args[5].dtype)
+            cx = torch.zeros((batch, hidden_size), dtype=args[6].dtype)
+            out = torch.ops.aten.mkldnn_rnn_layer.default(probe_input, *weights, hx, cx, *args[7:])
+            sizes.append(out[3].numel() * out[3].element_size())
+    (t1, b1), (t2, _), (_, b3) = _RNN_PROBES
+    a = (sizes[1] - sizes[0]) / ((t2 - t1) * b1)
+    b = (sizes[2] - sizes[0]) / (b3 - b1) - a * t1
+    c = sizes[0] - a * t1 * b1 - b * b1
+    fit = _RNN_WORKSPACE_FITS[key] = (a, b, c)
+    return fit
+
+
+@register_output("cpu", aten.mkldnn_rnn_layer)
+def _onednn_rnn_workspace(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+    workspace = out[3]
+    train = args[15] if len(args) > 15 else kwargs.get("train", True)
+    if not train or workspace.numel() > 0:
+        return out
+    source = args[0]
+    steps, batch = int(source.shape[0]), int(source.shape[1])  # time-major at this level
+    hidden_size = int(args[10])
+    key = (source.dtype, int(source.shape[-1]), hidden_size, bool(args[12]), bool(args[13]), int(args[9]), bool(args[7]))
+    a, b, c = _onednn_rnn_workspace_fit(key, source.dtype, int(source.shape[-1]), hidden_size, args)
+    nbytes = max(0, int(round(a * steps * batch + b * batch + c)))
+    real_workspace = torch.empty((nbytes,), dtype=workspace.dtype, device=workspace.device)
+    return (out[0], out[1], out[2], real_workspace)
+
+
+def _nbytes(tensor: Any) -> int:
+    if isinstance(tensor, torch.Tensor):
+        return tensor.numel() * tensor.element_size()
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Layer rules for the closed-form fallback
+# ---------------------------------------------------------------------------
+
+#: module type -> rule(module, inputs, output) -> bytes saved for backward
+LAYER_RULES: dict[type, LayerRule] = {}
+
+#: module types that save nothing and produce only views
+IGNORED_LAYERS: tuple[type, ...] = (nn.Identity, nn.Flatten, nn.Unflatten, nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def register_layer(*types: type) -> Callable[[LayerRule], LayerRule]:
+    """Registers a fallback rule for module types."""
+
+    def decorator(rule: LayerRule) -> LayerRule:
+        for module_type in types:
+            LAYER_RULES[module_type] = rule
+        return rule
+
+    return decorator
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item)]
+    return []
+
+
+def output_bytes(output: Any) -> int:
+    """Bytes of every tensor in a layer's output."""
+    return sum(_nbytes(t) for t in _tensors(output))
+
+
+def input_bytes(inputs: tuple) -> int:
+    """Bytes of every tensor in a layer's inputs."""
+    return sum(_nbytes(t) for t in _tensors(inputs))
+
+
+@register_layer(nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Bilinear)
+def _saves_input_and_output(module: nn.Module, inputs: tuple, output: Any) -> int:
+    # the input is saved for the weight gradient; the output is alive for the next layer
+    return input_bytes(inputs) + output_bytes(output)
+
+
+@register_layer(nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Softplus)
+def _saves_output(module: nn.Module, inputs: tuple, output: Any) -> int:
+    if getattr(module, "inplace", False):
+        return 0
+    return output_bytes(output)
+
+
+@register_layer(nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.Softmax, nn.LogSoftmax)
+def _saves_input_output(module: nn.Module, inputs: tuple, output: Any) -> int:
+    return output_bytes(output)
+
+
+@register_layer(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+def _norm(module: nn.Module, inputs: tuple, output: Any) -> int:
+    # input saved for backward, output alive
+    return input_bytes(inputs) + output_bytes(output)
+
+
+@register_layer(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+def _dropout(module: nn.Module, inputs: tuple, output: Any) -> int:
+    if not module.training or module.p == 0:
+        return 0
+    # a boolean mask plus the output
+    return sum(t.numel() for t in _tensors(output)) + output_bytes(output)
+
+
+@register_layer(nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)
+def _maxpool(module: nn.Module, inputs: tuple, output: Any) -> int:
+    # output plus int64 indices
+    return output_bytes(output) + sum(t.numel() * 8 for t in _tensors(output))
+
+
+@register_layer(nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.Embedding, nn.EmbeddingBag, nn.Upsample)
+def _output_only(module: nn.Module, inputs: tuple, output: Any) -> int:
+    return output_bytes(output)
+
+
+@register_layer(nn.LSTM, nn.GRU, nn.RNN)
+def _recurrent(module: nn.Module, inputs: tuple, output: Any) -> int:
+    # per-step gates (4 or 3 hidden-sized blocks) are saved for every time step
+    gates = {nn.LSTM: 4, nn.GRU: 3, nn.RNN: 1}.get(type(module), 4)
+    out = _tensors(output)
+    seq_bytes = _nbytes(out[0]) if out else 0
+    directions = 2 if module.bidirectional else 1
+    return input_bytes(inputs[:1]) + seq_bytes * (1 + gates) * module.num_layers // max(directions, 1) + output_bytes(output)
+
+
+@register_layer(nn.MultiheadAttention)
+def _attention(module: nn.Module, inputs: tuple, output: Any) -> int:
+    query = _tensors(inputs[:1])
+    if not query:
+        return output_bytes(output)
+    q = query[0]
+    batch_first = getattr(module, "batch_first", False)
+    if q.dim() == 3:
+        batch, seq = (q.shape[0], q.shape[1]) if batch_first else (q.shape[1], q.shape[0])
+    else:
+        batch, seq = 1, q.shape[0]
+    scores = batch * module.num_heads * seq * seq * q.element_size()
+    # q, k, v projections, attention probabilities (+ dropout mask), output projection input
+    return 4 * _nbytes(q) + 2 * scores + output_bytes(output)

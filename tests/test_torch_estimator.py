@@ -1,0 +1,516 @@
+"""The PyTorch estimator: categories, scaling, safety, fallback, errors and accuracy."""
+
+from __future__ import annotations
+
+import copy
+import random
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from nnmem_callbacks import estimate_training
+from nnmem_callbacks.torch.allocator import (
+    LARGE_BUFFER,
+    SMALL_BUFFER,
+    CachingAllocatorModel,
+    replay,
+    round_size,
+    segment_size,
+)
+
+
+def xent(model, batch):
+    return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+def seed_mlp():
+    layers = [nn.Linear(1000, 100), nn.ReLU()]
+    for _ in range(3):
+        layers += [nn.Linear(100, 100), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(100, 10))
+
+
+def bn_cnn():
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+    )
+
+
+def image_batch(n=16):
+    return torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))
+
+
+def param_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------
+# categories
+# ---------------------------------------------------------------------------
+
+
+def test_categories_of_the_seed_mlp_with_momentum():
+    model = seed_mlp()
+    batch = (torch.randn(256, 1000), torch.randint(0, 10, (256,)))
+    est = estimate_training(model, batch, optimizer="sgd_momentum", loss_fn=xent)
+    assert est.method == "trace"
+    assert est.breakdown["parameters"] == param_bytes(model)
+    assert est.breakdown["inputs"] == 256 * 1000 * 4 + 256 * 8
+    # step 2: momentum buffers exist for every parameter
+    step2 = est.phase_breakdowns["step2/forward"]
+    assert step2["optimizer_state"] == param_bytes(model)
+    assert step2["activations"] > 0
+    assert sum(est.breakdown.values()) == est.peak_bytes
+    for phase, breakdown in est.phase_breakdowns.items():
+        assert all(value >= 0 for value in breakdown.values()), phase
+
+
+def test_adam_state_is_twice_the_parameters_plus_step_counters():
+    model = seed_mlp()
+    est = estimate_training(model, torch.randn(32, 1000), optimizer="adam")
+    state = est.phase_breakdowns["step2/forward"]["optimizer_state"]
+    n_params = len(list(model.parameters()))
+    assert state == 2 * param_bytes(model) + 4 * n_params  # exp_avg, exp_avg_sq, float32 step
+    assert est.phase_breakdowns["step1/forward"]["optimizer_state"] == 0  # lazily created
+
+
+def test_gradients_exist_at_the_end_of_backward():
+    model = seed_mlp()
+    est = estimate_training(model, torch.randn(8, 1000), optimizer="sgd")
+    optimizer_phase = est.phase_breakdowns["step1/optimizer"]
+    assert optimizer_phase["gradients"] == param_bytes(model)
+
+
+def test_tied_weights_are_counted_once():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(1000, 64)
+            self.head = nn.Linear(64, 1000, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, tokens):
+            return self.head(self.embed(tokens))
+
+    model = Tied()
+    est = estimate_training(model, torch.randint(0, 1000, (4, 16)), optimizer="sgd")
+    assert est.breakdown["parameters"] == 1000 * 64 * 4
+
+
+def test_precision_true_half_halves_parameters_and_mixed_keeps_fp32_masters():
+    model = seed_mlp()
+    batch = torch.randn(64, 1000)
+    fp32 = estimate_training(model, batch, optimizer="adam")
+    bf16_true = estimate_training(model, batch, optimizer="adam", precision="bf16-true")
+    bf16_mixed = estimate_training(model, batch, optimizer="adam", precision="bf16-mixed")
+    assert bf16_true.breakdown["parameters"] == fp32.breakdown["parameters"] // 2
+    assert bf16_mixed.breakdown["parameters"] == fp32.breakdown["parameters"]
+    assert bf16_true.breakdown["inputs"] == fp32.breakdown["inputs"] // 2
+
+
+def test_grad_scaler_clipping_and_accumulation_are_simulated():
+    model = seed_mlp()
+    batch = torch.randn(64, 1000)
+    scaled = estimate_training(model, batch, optimizer="adam", precision="16-mixed")
+    assert scaled.method == "trace"
+    clipped = estimate_training(model, batch, optimizer="sgd", gradient_clip_val=1.0)
+    plain = estimate_training(model, batch, optimizer="sgd")
+    assert clipped.method == "trace" and clipped.peak_bytes >= plain.peak_bytes
+    accumulated = estimate_training(model, batch, optimizer="sgd", accumulate_grad_batches=4)
+    assert "step1/forward.2" in accumulated.phase_breakdowns
+    # the second micro-batch runs while the first one's gradients are held
+    assert accumulated.phase_breakdowns["step1/forward.2"]["gradients"] == param_bytes(model)
+
+
+def test_checkpointing_reduces_activations():
+    class Blocks(nn.Module):
+        def __init__(self, use_checkpoint):
+            super().__init__()
+            self.blocks = nn.ModuleList(
+                nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)) for _ in range(4)
+            )
+            self.use_checkpoint = use_checkpoint
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False) if self.use_checkpoint else block(x)
+            return x
+
+    batch = torch.randn(128, 256)
+    plain = estimate_training(Blocks(False), batch, optimizer="sgd")
+    checkpointed = estimate_training(Blocks(True), batch, optimizer="sgd")
+    assert checkpointed.method == "trace"
+    assert checkpointed.phase_breakdowns["step1/forward"]["activations"] < 0.5 * plain.phase_breakdowns["step1/forward"]["activations"]
+
+
+def test_custom_autograd_function_and_inplace_ops_are_traced():
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return 2 * x * grad
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(64, 64)
+
+        def forward(self, x):
+            y = self.linear(x)
+            y.relu_()
+            return Square.apply(y)
+
+    est = estimate_training(Model(), torch.randn(32, 64), optimizer="sgd")
+    assert est.method == "trace"
+    assert est.phase_breakdowns["step1/forward"]["activations"] >= 32 * 64 * 4
+
+
+# ---------------------------------------------------------------------------
+# batch scaling
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory,batch_fn", [(seed_mlp, lambda n: (torch.randn(n, 1000), torch.randint(0, 10, (n,)))), (bn_cnn, image_batch)])
+def test_scaling_lines_predict_independent_traces(factory, batch_fn):
+    model = factory()
+    est = estimate_training(model, batch_fn(16), optimizer="adam", loss_fn=xent)
+    assert est.peak_bytes_at(16) == est.peak_bytes
+    for other in (4, 48):
+        truth = estimate_training(model, batch_fn(other), optimizer="adam", loss_fn=xent, check_scaling=False)
+        assert est.peak_bytes_at(other) == pytest.approx(truth.peak_bytes, rel=0.01), other
+    assert not any("not linear" in note for note in est.notes)
+
+
+def test_non_linear_growth_is_reported():
+    class Quadratic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x):
+            pairwise = x.unsqueeze(0) * x.unsqueeze(1)  # batch x batch x 8
+            return self.linear(pairwise).mean()
+
+    est = estimate_training(Quadratic(), torch.randn(64, 8), optimizer="sgd")
+    assert any("not linear" in note for note in est.notes)
+
+
+def test_max_batch_size_agrees_with_peak_bytes_at():
+    est = estimate_training(bn_cnn(), image_batch(16), optimizer="adam", loss_fn=xent)
+    budget = est.peak_bytes * 3
+    best = est.max_batch_size(budget)
+    assert best > 16
+    assert est.peak_bytes_at(best) <= budget < est.peak_bytes_at(best + 1)
+
+
+# ---------------------------------------------------------------------------
+# meta batches and safety
+# ---------------------------------------------------------------------------
+
+
+def test_meta_batch_gives_the_same_estimate_as_a_real_one():
+    model = bn_cnn()
+    real = estimate_training(model, image_batch(16), optimizer="adam", loss_fn=xent)
+    meta = estimate_training(
+        model,
+        (torch.empty(16, 3, 32, 32, device="meta"), torch.empty(16, dtype=torch.long, device="meta")),
+        optimizer="adam", loss_fn=xent,
+    )
+    assert meta.peak_bytes == real.peak_bytes
+    assert meta.breakdown == real.breakdown
+
+
+def test_a_batch_that_could_never_fit_in_ram_is_estimated_without_allocating():
+    import psutil
+
+    model = seed_mlp()
+    process = psutil.Process()
+    before = process.memory_info().rss
+    est = estimate_training(model, torch.empty(50_000_000, 1000, device="meta"), optimizer="sgd")
+    grown = process.memory_info().rss - before
+    assert est.peak_bytes > 200 * 1024**3  # the inputs alone are 200 GB
+    assert grown < 500 * 1024**2
+
+
+def test_meta_model_estimates_for_cpu():
+    with torch.device("meta"):
+        model = seed_mlp()
+    est = estimate_training(model, torch.empty(32, 1000, device="meta"), optimizer="adam")
+    assert est.device == "cpu"
+    assert est.breakdown["parameters"] == param_bytes(model)
+
+
+def test_estimation_changes_nothing_of_the_users_run():
+    torch.manual_seed(0)
+
+    class Stateful(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = bn_cnn()
+            self.dropout = nn.Dropout(0.5)
+            self.seen = []
+
+        def forward(self, x):
+            out = self.dropout(self.net(x))
+            self.seen.append(out)  # a training_step-style side effect
+            self.last = out
+            return out
+
+    model = Stateful()
+    model.eval()  # estimation must restore the mode too
+    batch = image_batch(8)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    xent(model, batch).backward()  # real gradients and real optimizer state exist
+    optimizer.step()
+    model.seen.clear()
+    del model.last
+    params = copy.deepcopy(model.state_dict(keep_vars=False))
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    opt_state = copy.deepcopy(optimizer.state_dict())
+    rng = torch.get_rng_state()
+    py_rng = random.getstate()
+    np_rng = np.random.get_state()
+
+    estimate_training(model, batch, optimizer=optimizer, loss_fn=xent, precision="bf16-mixed")
+
+    assert model.training is False and all(not m.training for m in model.modules())
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, params[name]), name  # includes BN running stats and num_batches_tracked
+    for name, parameter in model.named_parameters():
+        assert torch.equal(parameter.grad, grads[name]), name
+        assert type(parameter) is nn.Parameter and not isinstance(parameter.data, torch._subclasses.FakeTensor)
+    after = optimizer.state_dict()
+    for key, state in opt_state["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(after["state"][key][name]), torch.as_tensor(value))
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert random.getstate() == py_rng
+    assert np.array_equal(np.random.get_state()[1], np_rng[1])
+    assert model.seen == [] and not hasattr(model, "last")
+
+
+def test_the_optimizer_instance_is_never_stepped():
+    model = seed_mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    before = [p.detach().clone() for p in model.parameters()]
+    est = estimate_training(model, torch.randn(8, 1000), optimizer=optimizer)
+    assert optimizer.state == {} or all(len(s) == 0 for s in optimizer.state.values())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert est.phase_breakdowns["step2/forward"]["optimizer_state"] == param_bytes(model)
+
+
+# ---------------------------------------------------------------------------
+# fallback
+# ---------------------------------------------------------------------------
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(64, 1)
+        self.expert = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        keep = torch.nonzero(self.gate(x).squeeze(-1) > 0).squeeze(-1)
+        routed = x.index_add(0, keep, self.expert(x[keep]))
+        return self.head(routed)
+
+
+def test_data_dependent_model_falls_back_with_a_warning_and_a_reason():
+    model = DataDependent()
+    batch = (torch.randn(64, 64), torch.randint(0, 10, (64,)))
+    with pytest.warns(RuntimeWarning, match="closed-form"):
+        est = estimate_training(model, batch, optimizer="adam", loss_fn=xent)
+    assert est.method == "closed-form"
+    assert any("tracing failed" in note for note in est.notes)
+    assert est.breakdown["parameters"] == param_bytes(model)
+    assert est.breakdown["optimizer_state"] >= 2 * param_bytes(model)
+    assert est.peak_bytes_at(128) > est.peak_bytes
+
+
+def test_fallback_never_crashes_when_even_the_forward_fails():
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x):
+            raise RuntimeError("custom kernel unavailable")
+
+    with pytest.warns(RuntimeWarning):
+        est = estimate_training(Broken(), torch.randn(2, 4), optimizer="adam")
+    assert est.method == "static-only"
+    assert est.breakdown["parameters"] == 4 * 4 * 4 + 4 * 4
+
+
+# ---------------------------------------------------------------------------
+# errors
+# ---------------------------------------------------------------------------
+
+
+def test_unknown_precision_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="bf16-mixed") as info:
+        estimate_training(seed_mlp(), torch.randn(2, 1000), precision="fp8")
+    assert "fp8" in str(info.value)
+
+
+def test_unknown_optimizer_name_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="adamw") as info:
+        estimate_training(seed_mlp(), torch.randn(2, 1000), optimizer="adamm")
+    assert "did you mean 'adam'" in str(info.value)
+
+
+@pytest.mark.parametrize("batch", [{"a": 1}, [], "text", None])
+def test_batch_without_tensors(batch):
+    with pytest.raises(ValueError, match="no tensor"):
+        estimate_training(seed_mlp(), batch)
+
+
+def test_loss_that_is_not_a_scalar():
+    with pytest.raises(ValueError, match="scalar"):
+        estimate_training(seed_mlp(), torch.randn(2, 1000), loss_fn=lambda m, b: m(b))
+
+
+def test_loss_that_does_not_require_grad():
+    with pytest.raises(ValueError, match="require grad"):
+        estimate_training(seed_mlp(), torch.randn(2, 1000), loss_fn=lambda m, b: m(b).sum().detach())
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"device": "tpu"}, "device"),
+        ({"accumulate_grad_batches": 0}, "accumulate_grad_batches"),
+        ({"gradient_clip_val": -1.0}, "gradient_clip_val"),
+        ({"gradient_clip_algorithm": "max"}, "gradient_clip_algorithm"),
+        ({"optimizer": 3}, "optimizer must be"),
+        ({"loss_fn": "mse"}, "loss_fn"),
+    ],
+)
+def test_other_invalid_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        estimate_training(seed_mlp(), torch.randn(2, 1000), **kwargs)
+
+
+def test_model_must_be_a_module():
+    with pytest.raises(ValueError, match="torch.nn.Module"):
+        estimate_training(lambda x: x, torch.randn(2, 3))
+
+
+# ---------------------------------------------------------------------------
+# CUDA device model (pure simulation; real CUDA checks are marked)
+# ---------------------------------------------------------------------------
+
+
+def test_allocator_rounding_and_segments_by_hand():
+    assert round_size(1) == 512 and round_size(1025) == 1536
+    assert segment_size(1 << 20) == SMALL_BUFFER
+    assert segment_size((1 << 20) + 512) == LARGE_BUFFER
+    assert segment_size(10 << 20) == 10 << 20
+    assert segment_size((10 << 20) + 1) == 12 << 20
+
+
+def test_allocator_small_pool_reuses_freed_blocks():
+    sim = CachingAllocatorModel()
+    handles = [sim.malloc(4096) for _ in range(512)]  # exactly one 2 MiB segment
+    assert sim.reserved == SMALL_BUFFER
+    sim.malloc(1)  # a second small segment
+    assert sim.reserved == 2 * SMALL_BUFFER
+    for handle in handles:
+        sim.free(handle)
+    sim.malloc(1 << 20)  # fits into the merged first segment
+    assert sim.reserved == 2 * SMALL_BUFFER
+    assert sim.peak_allocated == 512 * 4096 + 512
+
+
+def test_allocator_large_pool_split_and_unsplit_remainder():
+    sim = CachingAllocatorModel()
+    first = sim.malloc(19 << 20)  # 20 MiB segment, 1 MiB left: not split (not > 1 MiB)
+    assert sim.allocated == LARGE_BUFFER
+    sim.free(first)
+    sim.malloc(3 << 20)  # reuses the segment, split: 17 MiB stay free
+    assert sim.reserved == LARGE_BUFFER and sim.allocated == 3 << 20
+    sim.malloc(17 << 20)
+    assert sim.reserved == LARGE_BUFFER
+
+
+def test_allocator_fragmentation_grows_the_reserve():
+    # a (12 MiB), b (12 MiB) in their own segments; free a; 14 MiB cannot reuse it
+    prediction = replay([(1, 12 << 20), (2, 12 << 20), (1, -1), (3, 14 << 20)])
+    assert prediction.peak_reserved == (12 + 12 + 14) << 20
+    assert prediction.peak_allocated == (12 + 14) << 20
+
+
+def test_cuda_target_on_a_cpu_machine_reports_reserve_and_overhead():
+    est = estimate_training(seed_mlp(), torch.empty(256, 1000, device="meta"), optimizer="adam", device="cuda")
+    assert est.device.startswith("cuda")
+    assert est.reserved_bytes >= est.peak_bytes
+    assert est.overhead_bytes > 0
+    assert est.device_bytes == est.reserved_bytes + est.overhead_bytes
+    if not torch.cuda.is_available():
+        assert any("no cuda device" in note for note in est.notes)
+
+
+@pytest.mark.cuda
+def test_cuda_prediction_matches_the_allocator():
+    model = bn_cnn().cuda()
+    batch = tuple(t.cuda() for t in image_batch(32))
+    est = estimate_training(model, batch, optimizer="adam", loss_fn=xent)
+    optimizer = torch.optim.Adam(model.parameters())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):
+        xent(model, batch).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    assert est.peak_bytes == pytest.approx(torch.cuda.max_memory_allocated(), rel=0.05)
+
+
+# ---------------------------------------------------------------------------
+# quick accuracy against the profiler's allocator events
+# ---------------------------------------------------------------------------
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(1000, 64)
+        layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, dropout=0.1)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, tokens):
+        return self.head(self.encoder(self.embed(tokens)).mean(1))
+
+
+@pytest.mark.parametrize(
+    "name,factory,batch",
+    [
+        ("mlp", seed_mlp, lambda: (torch.randn(256, 1000), torch.randint(0, 10, (256,)))),
+        ("bn_cnn", bn_cnn, lambda: image_batch(32)),
+        ("transformer", TinyTransformer, lambda: (torch.randint(0, 1000, (16, 32)), torch.randint(0, 10, (16,)))),
+    ],
+)
+@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adamw"])
+def test_quick_accuracy_against_profiler_ground_truth(name, factory, batch, optimizer):
+    from benchmarks.groundtruth import measure_cpu_peak
+    from nnmem_callbacks.torch.inputs import OPTIMIZER_NAMES
+
+    torch.manual_seed(0)
+    model, example = factory(), batch()
+    truth = measure_cpu_peak(model, example, OPTIMIZER_NAMES[optimizer], xent, "32-true")
+    est = estimate_training(model, example, optimizer=optimizer, loss_fn=xent)
+    assert est.peak_bytes == pytest.approx(truth["peak_bytes"], rel=0.02), (name, optimizer)
