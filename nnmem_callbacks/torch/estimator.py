@@ -97,6 +97,7 @@ class StepConfig:
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
+    example_batch: Any = None  # the user's batch, for the fallback's small real probe
 
 
 def estimate_training(
@@ -211,7 +212,7 @@ def _make_config(model, batch, optimizer, loss_fn, precision, device, accumulate
             raise ValueError("the model has uninitialised (lazy) parameters; run one forward pass before estimating")
     return StepConfig(
         model, batch_spec, optimizer, loss_fn or default_loss, spec, target, trace_device,
-        accumulate, clip_val, clip_algorithm,
+        accumulate, clip_val, clip_algorithm, batch,
     )
 
 

@@ -2,20 +2,23 @@
 
 Parameters, buffers, gradients and optimizer state are exact: the optimizer
 alone is simulated on fake parameters with fake gradients (this works even when
-the model's forward cannot be traced). Activations come from forward hooks on
-every leaf module during one real ``torch.no_grad()`` forward on a small slice
-of the batch (at most two samples), with the per-layer rules of
-:data:`nnmem_callbacks.torch.rules.LAYER_RULES`, scaled to the batch size.
+the model's forward cannot be traced). Activations are measured on the real
+forward at batch sizes 1 and 2 (the first samples of the user's batch): the
+tensors autograd saves for backward are caught by
+``torch.autograd.graph.saved_tensors_hooks`` and extrapolated linearly to the
+batch size. When the model cannot run with autograd, forward hooks on every
+leaf module and the per-layer rules of
+:data:`nnmem_callbacks.torch.rules.LAYER_RULES` estimate them instead.
 
 Known limitations:
-    * Functional ops called between modules (``torch.relu(x)`` in a
-      ``forward``) are not seen; layers without a rule are charged their output
-      size and named in ``notes``.
-    * The small real forward allocates the activations of at most two samples.
-      With a meta batch, it runs on zeros, so data-dependent shapes may differ
-      from real data.
-    * The backward peak is approximated as all saved activations plus the
-      largest layer's input and output as transient gradient buffers.
+    * The real probe allocates the activations of at most two samples. With a
+      meta batch it runs on zeros, so data-dependent shapes may differ from
+      real data.
+    * The backward peak is approximated as all saved activations plus twice the
+      largest saved tensor as transient gradient buffers; forward temporaries
+      and kernel workspaces are not counted.
+    * With layer rules, functional ops called between modules are not seen and
+      layers without a rule are charged their output size (named in ``notes``).
 """
 
 from __future__ import annotations
@@ -170,9 +173,95 @@ def _static_bytes(config, notes: list[str]) -> dict[str, int]:
 
 
 def _activation_bytes(config) -> tuple[int, int, Counter]:
-    """Saved activations and the largest transient, scaled to the batch size."""
+    """Saved activations and the largest transient, scaled to the batch size.
+
+    Primary route: a real forward with autograd on, at batch sizes 1 and 2,
+    whose saved tensors are caught by ``torch.autograd.graph.saved_tensors_hooks``
+    (exact, including functional ops and data-dependent shapes); a line through
+    the two sizes gives the bytes at the real batch size. Secondary route, when
+    the forward cannot run with autograd: forward hooks and :data:`rules.LAYER_RULES`.
+    """
+    batch_size = config.batch.batch_size
+    probes = sorted({1, min(PROBE_BATCH, batch_size)})
+    unknown: Counter = Counter()
+    try:
+        measured = [_probe_saved_bytes(config, size) for size in probes]
+    except Exception:  # noqa: BLE001 - fall through to the layer rules
+        measured = []
+    if measured:
+        if len(measured) == 2:
+            (s1, t1), (s2, t2) = measured
+            slope_saved = (s2 - s1) / (probes[1] - probes[0])
+            slope_transient = (t2 - t1) / (probes[1] - probes[0])
+            saved = s1 + slope_saved * (batch_size - probes[0])
+            transient = t1 + slope_transient * (batch_size - probes[0])
+        else:
+            saved, transient = measured[0]
+        return int(max(saved, 0)), int(max(transient, 0)), unknown
+    saved, largest, unknown = _layer_rule_bytes(config, probes[-1])
+    scale = batch_size / probes[-1]
+    return int(saved * scale), int(largest * scale), unknown
+
+
+def _real_copy(config, device: torch.device):
+    def copy(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
+        dtype = tensor.dtype
+        if tensor.is_floating_point() and config.precision.param_dtype != torch.float32:
+            dtype = config.precision.param_dtype
+        if tensor.device.type == "meta":
+            real = torch.zeros(tensor.shape, dtype=dtype, device=device)
+        elif is_parameter and dtype == tensor.dtype and tensor.device == device:
+            real = tensor.detach()  # shares memory; a separate autograd leaf
+        else:
+            real = tensor.detach().to(device=device, dtype=dtype, copy=True)
+        if is_parameter and tensor.requires_grad and real.is_floating_point():
+            real.requires_grad_(True)
+        return real
+
+    return copy
+
+
+def _probe_saved_bytes(config, probe_size: int) -> tuple[int, int]:
+    """Bytes autograd saves for backward, and the largest saved tensor, at ``probe_size``."""
     model = config.model
-    probe_size = min(PROBE_BATCH, config.batch.batch_size)
+    device = config.trace_device
+    probe = _probe_batch(config, probe_size, device)
+    saved: dict[int, int] = {}
+    keep: list[torch.Tensor] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        keep.append(tensor)
+        return tensor
+
+    with preserved_rng(), preserved_module_state(model), swapped_tensors(model, _real_copy(config, device)) as copies:
+        model.train()
+        excluded = {t.untyped_storage().data_ptr() for t in copies.values()}
+        excluded |= {t.untyped_storage().data_ptr() for t in _leaves(probe)}
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if config.precision.autocast_dtype is not None:
+                with torch.autocast(device_type=device.type, dtype=config.precision.autocast_dtype):
+                    loss = config.loss_fn(model, probe)
+            else:
+                loss = config.loss_fn(model, probe)
+        del loss
+    activations = {ptr: size for ptr, size in saved.items() if ptr not in excluded and ptr != 0}
+    total = sum(activations.values())
+    largest = max(activations.values(), default=0)
+    keep.clear()
+    return total, 2 * largest
+
+
+def _leaves(batch: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_flatten
+
+    return [leaf for leaf in tree_flatten(batch)[0] if isinstance(leaf, torch.Tensor)]
+
+
+def _layer_rule_bytes(config, probe_size: int) -> tuple[int, int, Counter]:
+    """Saved bytes from forward hooks and layer rules during a no-grad forward at ``probe_size``."""
+    model = config.model
     device = config.trace_device
     probe = _probe_batch(config, probe_size, device)
     saved = 0
@@ -193,19 +282,8 @@ def _activation_bytes(config) -> tuple[int, int, Counter]:
         largest = max(largest, rules.input_bytes(inputs) + rules.output_bytes(output))
 
     leaves = [m for m in model.modules() if not any(True for _ in m.children())]
-
-    def real_copy(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
-        dtype = tensor.dtype
-        if tensor.is_floating_point() and config.precision.param_dtype != torch.float32:
-            dtype = config.precision.param_dtype
-        if tensor.device.type == "meta":
-            return torch.zeros(tensor.shape, dtype=dtype, device=device)
-        if is_parameter:
-            return tensor.detach().to(device=device, dtype=dtype)
-        return tensor.detach().to(device=device, dtype=dtype).clone()
-
     handles = []
-    with preserved_rng(), preserved_module_state(model), swapped_tensors(model, real_copy), torch.no_grad():
+    with preserved_rng(), preserved_module_state(model), swapped_tensors(model, _real_copy(config, device)), torch.no_grad():
         model.train()
         for leaf in leaves:
             handles.append(leaf.register_forward_hook(hook))
@@ -218,16 +296,31 @@ def _activation_bytes(config) -> tuple[int, int, Counter]:
         finally:
             for handle in handles:
                 handle.remove()
-    scale = config.batch.batch_size / probe_size
-    return int(saved * scale), int(largest * scale), unknown
+    return saved, largest, unknown
 
 
 def _probe_batch(config, probe_size: int, device: torch.device) -> Any:
-    """A real batch of ``probe_size`` samples: zeros shaped like the batch."""
-    from torch.utils._pytree import tree_unflatten
+    """A real batch of ``probe_size`` samples: the first samples of the user's
+    batch when it holds real data, else zeros shaped like it."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
 
     from nnmem_callbacks.torch.inputs import TensorSpec
 
+    example = config.example_batch
+    if example is not None:
+        real_leaves = tree_flatten(example)[0] if not isinstance(example, torch.Tensor) else [example]
+        if all(leaf.device.type != "meta" for leaf in real_leaves if isinstance(leaf, torch.Tensor)):
+            sliced = []
+            for leaf, spec in zip(real_leaves, config.batch.leaves):
+                if isinstance(spec, TensorSpec):
+                    tensor = leaf[:probe_size] if spec.scales else leaf
+                    dtype = tensor.dtype
+                    if config.precision.input_dtype is not None and dtype.is_floating_point:
+                        dtype = config.precision.input_dtype
+                    sliced.append(tensor.to(device=device, dtype=dtype))
+                else:
+                    sliced.append(leaf)
+            return tree_unflatten(sliced, config.batch.treespec)
     leaves = []
     for leaf in config.batch.leaves:
         if isinstance(leaf, TensorSpec):
