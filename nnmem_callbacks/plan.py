@@ -261,7 +261,7 @@ def suggest(
     suggestions: list[Suggestion] = []
     if 1 <= max_fitting_batch_size < estimate.batch_size:
         factor = math.ceil(estimate.batch_size / max_fitting_batch_size)
-        smaller = max(1, estimate.batch_size // factor)
+        smaller = max(1, math.ceil(estimate.batch_size / factor))  # smaller * factor >= batch_size
         saving = current - measure(smaller)
         suggestions.append(
             Suggestion(

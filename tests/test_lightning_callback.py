@@ -1,0 +1,409 @@
+"""End-to-end tests of the Lightning MemoryBudgetCallback on CPU (real estimator, tiny models)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pl = pytest.importorskip("pytorch_lightning")
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _lightning_models import GAN, MLP, DataModule, MLPWithLoader, make_dataset, trainer_kwargs  # noqa: E402
+
+import nnmem_callbacks._lightning_impl as impl  # noqa: E402
+from nnmem_callbacks import MemoryBudgetExceeded, format_bytes  # noqa: E402
+from nnmem_callbacks.lightning import MemoryBudgetCallback  # noqa: E402
+
+pytestmark = pytest.mark.lightning
+
+TINY = 1024  # bytes: nothing fits
+HUGE = "1TiB"  # everything fits
+
+
+class BatchSizeRecorder(pl.Callback):
+    def __init__(self):
+        self.sizes = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.sizes.append(int(batch[0].shape[0]))
+
+
+def fit(tmp_path, module, callback=None, datamodule=None, recorder=None, **trainer_overrides):
+    callbacks = [c for c in (callback, recorder) if c is not None]
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, **trainer_overrides), callbacks=callbacks)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if datamodule is not None:
+            trainer.fit(module, datamodule=datamodule)
+        else:
+            trainer.fit(module)
+    return trainer, [str(w.message) for w in caught]
+
+
+def ours(messages):
+    return [m for m in messages if "MemoryBudgetCallback" in m]
+
+
+def budget_between(callback_estimate, low_batch):
+    """A budget in which ``low_batch`` fits with the margin, but the original batch does not."""
+    return int(callback_estimate.peak_bytes_at(low_batch) / (1 - 0.05)) + 1
+
+
+def estimate_mlp(batch_size, tmp_path):
+    """The real estimate the callback makes for MLP at ``batch_size`` (probe run with a huge budget)."""
+    probe = MemoryBudgetCallback(budget=HUGE)
+    fit(tmp_path / "probe", MLP(), probe, DataModule(batch_size=batch_size), max_epochs=1, limit_train_batches=1)
+    assert probe.estimate is not None and probe.estimate.method == "trace"
+    return probe.estimate
+
+
+# -- arguments ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"policy": "explode"}, "'warn', 'raise', 'shrink', 'accumulate'"),
+        ({"margin": 1.5}, "[0, 1)"),
+        ({"budget": -3}, "float in (0, 1]"),
+        ({"budget": 2.5}, "float in (0, 1]"),
+        ({"budget": "lots"}, "10GiB"),
+        ({"batch_size_attr": ""}, "attribute name"),
+    ],
+)
+def test_invalid_arguments_name_valid_values(kwargs, needle):
+    with pytest.raises(ValueError) as error:
+        MemoryBudgetCallback(**kwargs)
+    assert needle in str(error.value)
+
+
+def test_policies_constant_matches_plan():
+    assert MemoryBudgetCallback.POLICIES == ("warn", "raise", "shrink", "accumulate")
+
+
+# -- policies ----------------------------------------------------------------
+def test_warn_fits_quietly_and_reports(tmp_path):
+    callback = MemoryBudgetCallback(budget=HUGE)
+    _, messages = fit(tmp_path, MLP(), callback, DataModule(batch_size=32), limit_train_batches=2)
+    assert callback.plan.fits and callback.estimate.batch_size == 32
+    assert callback.estimate.peak_bytes > callback.estimate.breakdown["parameters"] > 0
+    assert not ours(messages)
+    assert len(callback.measurements) == 1 and callback.measurements[0]["measured_peak_bytes"] > 0
+
+
+def test_warn_over_budget_gives_one_warning_with_advice(tmp_path):
+    estimate = estimate_mlp(64, tmp_path)
+    callback = MemoryBudgetCallback(budget=budget_between(estimate, 16), policy="warn")
+    datamodule = DataModule(batch_size=64)
+    recorder = BatchSizeRecorder()
+    _, messages = fit(tmp_path, MLP(), callback, datamodule, recorder, limit_train_batches=2)
+    warned = [m for m in ours(messages) if "exceeds the budget" in m]
+    assert len(warned) == 1
+    text = warned[0]
+    assert f"Largest batch size that fits (with margin): {callback.plan.max_fitting_batch_size}" in text
+    assert callback.plan.max_fitting_batch_size >= 16
+    assert "gradient accumulation" in text and "bf16-mixed" in text and "category" in text
+    kinds = {s.kind for s in callback.plan.suggestions}
+    assert {"accumulate", "bf16-mixed"} <= kinds
+    assert all(s.saving_bytes > 0 for s in callback.plan.suggestions)
+    assert datamodule.batch_size == 64 and set(recorder.sizes) == {64}  # warn never changes the run
+
+
+def test_raise_before_first_step(tmp_path):
+    callback = MemoryBudgetCallback(budget=TINY, policy="raise")
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path), callbacks=[callback])
+    with pytest.raises(MemoryBudgetExceeded) as error:
+        trainer.fit(MLP(), datamodule=DataModule(batch_size=64))
+    assert isinstance(error.value, RuntimeError)
+    assert trainer.global_step == 0
+    message = str(error.value)
+    assert "Predicted peak" in message and "activations" in message and format_bytes(TINY) in message
+
+
+def test_shrink_sets_datamodule_and_hparams_and_rebuilds_loaders(tmp_path):
+    estimate = estimate_mlp(64, tmp_path)
+    callback = MemoryBudgetCallback(budget=budget_between(estimate, 16), policy="shrink")
+    datamodule = DataModule(batch_size=64)
+    recorder = BatchSizeRecorder()
+    trainer, messages = fit(tmp_path, MLP(), callback, datamodule, recorder, limit_train_batches=3)
+    new = callback.plan.batch_size
+    assert 16 <= new < 64 and new == callback.plan.max_fitting_batch_size
+    assert estimate.peak_bytes_at(new) <= callback.plan.budget_bytes
+    assert datamodule.batch_size == new and datamodule.hparams.batch_size == new
+    assert recorder.sizes and set(recorder.sizes) == {new}
+    assert trainer.accumulate_grad_batches == 1
+    assert any("changed the run" in m for m in ours(messages))
+
+
+def test_shrink_on_model_hparams(tmp_path):
+    estimate = estimate_mlp(64, tmp_path)
+    callback = MemoryBudgetCallback(budget=budget_between(estimate, 16), policy="shrink")
+    model = MLPWithLoader(batch_size=64)
+    recorder = BatchSizeRecorder()
+    fit(tmp_path, model, callback, recorder=recorder, limit_train_batches=2)
+    assert 16 <= callback.plan.batch_size < 64
+    assert model.hparams.batch_size == callback.plan.batch_size == recorder.sizes[0]
+
+
+def test_accumulate_keeps_effective_batch(tmp_path):
+    estimate = estimate_mlp(64, tmp_path)
+    callback = MemoryBudgetCallback(budget=budget_between(estimate, 16), policy="accumulate")
+    datamodule = DataModule(batch_size=64, n=512)
+    recorder = BatchSizeRecorder()
+    trainer, _ = fit(tmp_path, MLP(), callback, datamodule, recorder, accumulate_grad_batches=2)
+    plan = callback.plan
+    assert plan.batch_size < 64
+    assert trainer.accumulate_grad_batches == plan.accumulate_grad_batches
+    assert plan.batch_size * trainer.accumulate_grad_batches >= 64 * 2  # at least the original effective batch
+    batches = math.ceil(512 / plan.batch_size)
+    assert set(recorder.sizes[:-1]) == {plan.batch_size} and len(recorder.sizes) == batches
+    assert trainer.global_step == math.ceil(batches / trainer.accumulate_grad_batches)
+
+
+def test_dataloaders_passed_to_fit_fall_back_to_warn(tmp_path):
+    callback = MemoryBudgetCallback(budget=TINY * 200, policy="shrink")
+    loader = torch.utils.data.DataLoader(make_dataset(), batch_size=64)
+    recorder = BatchSizeRecorder()
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, limit_train_batches=2), callbacks=[callback, recorder])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(MLP(), train_dataloaders=loader)
+    text = "\n".join(ours([str(w.message) for w in caught]))
+    assert "passed straight to `trainer.fit(...)`" in text and "Falling back to policy='warn'" in text
+    assert "train_dataloader()" in text
+    assert set(recorder.sizes) == {64}
+
+
+def test_missing_batch_size_attribute_explains(tmp_path):
+    class NoAttrDM(DataModule):
+        def __init__(self):
+            pl.LightningDataModule.__init__(self)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(make_dataset(), batch_size=64)
+
+    callback = MemoryBudgetCallback(budget=TINY * 200, policy="accumulate", batch_size_attr="bs")
+    _, messages = fit(tmp_path, MLP(), callback, NoAttrDM(), limit_train_batches=1)
+    text = "\n".join(ours(messages))
+    assert "no attribute 'bs'" in text and "save_hyperparameters" in text
+
+
+def test_accumulate_grad_batches_reaches_the_estimator(tmp_path, monkeypatch):
+    calls = []
+    real = impl._estimator()
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(impl, "_estimator", lambda: spy)
+    callback = MemoryBudgetCallback(budget=HUGE)
+    fit(tmp_path, MLP(optimizer="sgd"), callback, DataModule(batch_size=16), limit_train_batches=1,
+        accumulate_grad_batches=3, gradient_clip_val=0.5, precision="bf16-mixed")
+    assert calls[0]["accumulate_grad_batches"] == 3
+    assert calls[0]["gradient_clip_val"] == 0.5
+    assert calls[0]["precision"] == "bf16-mixed"
+    assert isinstance(calls[0]["optimizer"], torch.optim.SGD)
+
+
+# -- resume -------------------------------------------------------------------
+def test_resume_keeps_decisions(tmp_path):
+    estimate = estimate_mlp(64, tmp_path)
+    callback = MemoryBudgetCallback(budget=budget_between(estimate, 16), policy="accumulate")
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=1, limit_train_batches=4), callbacks=[callback])
+    trainer.fit(MLP(), datamodule=DataModule(batch_size=64))
+    ckpt = str(tmp_path / "run.ckpt")
+    trainer.save_checkpoint(ckpt)
+    shrunk, accumulate = callback.plan.batch_size, trainer.accumulate_grad_batches
+    assert shrunk < 64 and accumulate > 1
+
+    resumed = MemoryBudgetCallback(budget=HUGE, policy="accumulate")  # would not shrink on its own
+    datamodule = DataModule(batch_size=64)
+    recorder = BatchSizeRecorder()
+    trainer2 = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=2, limit_train_batches=4), callbacks=[resumed, recorder])
+    trainer2.fit(MLP(), datamodule=datamodule, ckpt_path=ckpt)
+    assert datamodule.batch_size == shrunk and set(recorder.sizes) == {shrunk}
+    assert trainer2.accumulate_grad_batches == accumulate
+    state = resumed.state_dict()
+    assert state["batch_size"] == shrunk and state["accumulate_grad_batches"] == accumulate
+    assert state["original_batch_size"] == 64
+    assert all(isinstance(v, (int, float, str, bool, type(None))) for v in state.values())
+
+
+# -- never harm the run -------------------------------------------------------
+def _train_weights(tmp_path, with_callback, log_calls):
+    class Recorder(pl.loggers.CSVLogger):
+        def log_metrics(self, metrics, step=None):
+            log_calls.append({k: v for k, v in metrics.items() if not k.startswith("memory/")})
+            super().log_metrics(metrics, step)
+
+    pl.seed_everything(123, workers=True)
+    model = MLP()
+    callbacks = [MemoryBudgetCallback(budget=TINY, policy="warn")] if with_callback else []
+    trainer = pl.Trainer(
+        **trainer_kwargs(tmp_path, max_epochs=2, logger=Recorder(str(tmp_path)), log_every_n_steps=1),
+        callbacks=callbacks,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, datamodule=DataModule(batch_size=32))
+    if with_callback:
+        assert callbacks[0].estimate is not None and not callbacks[0].plan.fits
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return state, trainer.callback_metrics["train_loss"].item(), trainer.optimizers[0].state_dict()
+
+
+def test_warn_mode_is_bit_identical(tmp_path):
+    calls_a, calls_b = [], []
+    plain, loss_a, opt_a = _train_weights(tmp_path / "a", False, calls_a)
+    watched, loss_b, opt_b = _train_weights(tmp_path / "b", True, calls_b)
+    assert plain.keys() == watched.keys()
+    for name in plain:  # includes BatchNorm running stats and num_batches_tracked
+        assert torch.equal(plain[name], watched[name]), name
+    assert loss_a == loss_b
+    assert opt_a["state"][0]["step"] == opt_b["state"][0]["step"]
+    assert torch.equal(opt_a["state"][0]["exp_avg"], opt_b["state"][0]["exp_avg"])
+    assert [c for c in calls_a if c] == [c for c in calls_b if c]  # nothing logged from the trace
+
+
+# -- estimation failure --------------------------------------------------------
+def test_estimator_exception_warns_once_and_training_goes_on(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("cannot trace this model")
+
+    monkeypatch.setattr(impl, "_estimator", lambda: broken)
+    callback = MemoryBudgetCallback(budget=TINY, policy="raise")
+    trainer, messages = fit(tmp_path, MLP(), callback, DataModule(batch_size=32), max_epochs=2, limit_train_batches=3)
+    failures = [m for m in ours(messages) if "could not estimate" in m]
+    assert len(failures) == 1 and "cannot trace this model" in failures[0]
+    assert trainer.global_step == 6 and callback.estimate is None
+    assert len(callback.measurements) == 2 and "predicted_peak_bytes" not in callback.measurements[0]
+
+
+def test_training_step_returning_none_is_a_failure_not_a_crash(tmp_path):
+    class SkipsEverything(MLP):
+        def training_step(self, batch, batch_idx):
+            return None
+
+    callback = MemoryBudgetCallback(budget=TINY, policy="raise")
+    trainer, messages = fit(tmp_path, SkipsEverything(), callback, DataModule(batch_size=32), limit_train_batches=2)
+    assert callback.estimate is None and callback.failure
+    assert any("could not estimate" in m for m in ours(messages))
+
+
+def test_example_input_array_fallback(tmp_path, monkeypatch):
+    def no_batch(loader):
+        raise RuntimeError("stream not available")
+
+    monkeypatch.setattr(impl, "_one_batch", no_batch)
+    callback = MemoryBudgetCallback(budget=HUGE)
+    fit(tmp_path, MLP(), callback, DataModule(batch_size=32), limit_train_batches=1)
+    assert callback.estimate is not None and callback.estimate.batch_size == 2
+
+
+# -- measurement and diagnosis ---------------------------------------------------
+def test_miss_warning_names_phase(tmp_path):
+    import numpy as np
+
+    class Hog(MLP):
+        def on_train_batch_start(self, batch, batch_idx):
+            if batch_idx == 0:
+                self._hog = np.ones(64 * 1024 * 1024 // 8 * 4)  # 256 MiB the estimate cannot see
+            else:
+                self._hog = None
+
+    callback = MemoryBudgetCallback(budget=HUGE)
+    _, messages = fit(tmp_path, Hog(), callback, DataModule(batch_size=32), limit_train_batches=3)
+    missed = [m for m in ours(messages) if "the estimate missed" in m]
+    if not callback.measurements[0]["exact"]:
+        pytest.skip("per-phase RSS peaks need a writable /proc/self/clear_refs")
+    assert len(missed) == 1 and "rose most in the 'forward' phase" in missed[0]
+    assert callback.measurements[0]["phase_rises"]["forward"] >= 200 * 1024**2
+    assert callback.measurements[0]["relative_error"] > 0.1
+
+
+def test_oom_diagnosis(tmp_path):
+    class Ooms(MLP):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 1:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+            return super().training_step(batch, batch_idx)
+
+    callback = MemoryBudgetCallback(budget=HUGE)
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path), callbacks=[callback])
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(torch.cuda.OutOfMemoryError):
+        warnings.simplefilter("always")
+        trainer.fit(Ooms(), datamodule=DataModule(batch_size=32))
+    diagnosis = callback.last_diagnosis
+    assert diagnosis and "CUDA out of memory during the 'forward' phase" in diagnosis
+    assert "Predicted peak" in diagnosis and "Measured peak" in diagnosis
+    assert any(diagnosis in str(w.message) for w in caught)
+
+
+def test_other_exceptions_get_no_diagnosis(tmp_path):
+    class Fails(MLP):
+        def training_step(self, batch, batch_idx):
+            raise ValueError("user bug")
+
+    callback = MemoryBudgetCallback(budget=HUGE)
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path), callbacks=[callback])
+    with pytest.raises(ValueError):
+        trainer.fit(Fails(), datamodule=DataModule(batch_size=32))
+    assert callback.last_diagnosis is None
+
+
+def test_manual_optimization_with_two_optimizers(tmp_path):
+    callback = MemoryBudgetCallback(budget=HUGE)
+    model = GAN()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, limit_train_batches=1), callbacks=[callback])
+    trainer.fit(model, datamodule=DataModule(batch_size=16))
+    est = callback.estimate
+    assert est is not None, callback.failure
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert est.breakdown["optimizer_state"] >= 2 * params  # Adam state of both optimizers
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # the real step ran
+
+
+# -- import hygiene and namespaces ---------------------------------------------------
+def test_import_does_not_pull_tensorflow_or_keras():
+    code = (
+        "import sys\n"
+        "import nnmem_callbacks.lightning\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf_keras', 'jax'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_lightning_pytorch_namespace_module():
+    # `lightning` is not installed here: alias its namespace to pytorch_lightning to check the plumbing
+    code = (
+        "import sys, types, importlib\n"
+        "try:\n"
+        "    import lightning.pytorch\n"
+        "except ImportError:\n"
+        "    import pytorch_lightning, lightning_fabric\n"
+        "    root = types.ModuleType('lightning'); root.pytorch = pytorch_lightning; root.fabric = lightning_fabric\n"
+        "    sys.modules['lightning'] = root; sys.modules['lightning.pytorch'] = pytorch_lightning\n"
+        "    for name in list(sys.modules):\n"
+        "        if name.startswith('pytorch_lightning.'):\n"
+        "            sys.modules['lightning.pytorch.' + name[len('pytorch_lightning.'):]] = sys.modules[name]\n"
+        "import lightning.pytorch as L\n"
+        "from nnmem_callbacks.lightning_pytorch import MemoryBudgetCallback\n"
+        "assert issubclass(MemoryBudgetCallback, L.Callback)\n"
+        "assert MemoryBudgetCallback._ns.root == 'lightning.pytorch'\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_missing_namespace_gives_install_hint():
+    with pytest.raises(ImportError) as error:
+        impl.Namespace("no_such_lightning")
+    assert "pip install" in str(error.value) and "nnmem_callbacks.lightning" in str(error.value)

@@ -1,0 +1,121 @@
+"""Budgets, policies and plans (framework-free)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
+from nnmem_callbacks.plan import (
+    POLICIES,
+    MemoryBudgetExceeded,
+    check_budget,
+    check_margin,
+    check_policy,
+    describe_plan,
+    make_plan,
+    resolve_budget,
+)
+
+KiB = 1024
+
+
+def linear_estimate(batch_size=64, fixed=100 * KiB, per_sample=2 * KiB, activations_share=True):
+    peak = fixed + per_sample * batch_size
+    breakdown = {"parameters": fixed // 4, "gradients": fixed // 4, "optimizer_state": fixed // 2}
+    breakdown["activations" if activations_share else "temporaries"] = per_sample * batch_size
+    return MemoryEstimate(
+        peak_bytes=peak, breakdown=breakdown, batch_size=batch_size,
+        phases=(PhaseLine("step1/backward", fixed, per_sample), PhaseLine("step2/optimizer", fixed + 10 * KiB, 0)),
+        peak_phase="step1/backward",
+    )
+
+
+def test_exception_is_runtime_error():
+    assert issubclass(MemoryBudgetExceeded, RuntimeError)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_valid_policies(policy):
+    assert check_policy(policy) == policy
+
+
+def test_invalid_values_name_the_valid_ones():
+    with pytest.raises(ValueError, match="'warn', 'raise', 'shrink', 'accumulate'"):
+        check_policy("shrinkify")
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        check_margin(1.0)
+    for bad in (0, -5, 0.0, 1.5, True, "0GiB", [1]):
+        with pytest.raises(ValueError, match="10GiB"):
+            check_budget(bad)
+
+
+def test_resolve_budget_spellings():
+    assert resolve_budget(None, capacity_bytes=1000, free_bytes=800, margin=0.1) == 720
+    assert resolve_budget(None, capacity_bytes=1000) == 950
+    assert resolve_budget(0.25, capacity_bytes=1000) == 250
+    assert resolve_budget(1.0, capacity_bytes=1000) == 1000
+    assert resolve_budget("2KiB", capacity_bytes=1) == 2048
+    assert resolve_budget(4096, capacity_bytes=1) == 4096
+
+
+def test_fits_changes_nothing():
+    est = linear_estimate()
+    for policy in POLICIES:
+        plan = make_plan(est, est.peak_bytes * 2, policy)
+        assert plan.fits and not plan.changed and plan.batch_size == 64 and plan.accumulate_grad_batches == 1
+        assert plan.decision == "fits: training unchanged"
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_shrink_and_accumulate(accumulate):
+    est = linear_estimate()
+    budget = 180 * KiB
+    usable = int(budget * 0.95)
+    expected = (usable - 100 * KiB) // (2 * KiB)
+    warn = make_plan(est, budget, "warn", accumulate_grad_batches=accumulate)
+    shrink = make_plan(est, budget, "shrink", accumulate_grad_batches=accumulate)
+    acc = make_plan(est, budget, "accumulate", accumulate_grad_batches=accumulate)
+    assert not warn.fits and warn.batch_size == 64 and warn.max_fitting_batch_size == expected
+    assert shrink.batch_size == expected and shrink.accumulate_grad_batches == accumulate
+    assert est.peak_bytes_at(shrink.batch_size) <= usable < est.peak_bytes_at(shrink.batch_size + 1)
+    assert acc.batch_size == expected
+    assert acc.accumulate_grad_batches == accumulate * math.ceil(64 / expected)
+    assert acc.batch_size * acc.accumulate_grad_batches >= 64 * accumulate
+
+
+def test_nothing_fits():
+    est = linear_estimate()
+    plan = make_plan(est, 50 * KiB, "shrink")
+    assert plan.max_fitting_batch_size == 0 and plan.batch_size == 64
+    assert plan.decision == "does not fit even at batch size 1"
+
+
+def test_suggestions_keep_effective_batch_and_use_alternatives():
+    est = linear_estimate()
+    bf16 = linear_estimate(fixed=60 * KiB, per_sample=1 * KiB)
+    plan = make_plan(est, 180 * KiB, "warn", alternatives={"bf16-mixed": bf16})
+    by_kind = {s.kind: s for s in plan.suggestions}
+    assert set(by_kind) == {"accumulate", "checkpointing", "bf16-mixed"}
+    assert by_kind["bf16-mixed"].saving_bytes == est.peak_bytes - bf16.peak_bytes
+    text = by_kind["accumulate"].text
+    words = text.split()
+    smaller, factor = int(words[2]), int(words[6].lstrip("x"))
+    assert smaller <= plan.max_fitting_batch_size and smaller * factor >= 64
+    assert by_kind["accumulate"].saving_bytes == est.peak_bytes - est.peak_bytes_at(smaller)
+
+
+def test_no_checkpointing_advice_when_activations_are_small():
+    est = linear_estimate(activations_share=False)
+    plan = make_plan(est, 180 * KiB, "warn")
+    assert "checkpointing" not in {s.kind for s in plan.suggestions}
+
+
+def test_describe_plan_has_breakdown_and_advice():
+    est = linear_estimate()
+    plan = make_plan(est, 180 * KiB, "warn")
+    text = describe_plan(plan, est)
+    assert "Predicted peak 228.00 KiB at batch size 64 vs budget 180.00 KiB" in text
+    assert "activations" in text and f"Largest batch size that fits (with margin): {plan.max_fitting_batch_size}" in text
+    assert text.count("\n- ") == len(plan.suggestions)
