@@ -1,0 +1,372 @@
+"""The nnmem command: parsing, JSON equal to the API, GPU fits, napkin mode and error messages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nnmem_callbacks import cli, gpus, napkin
+
+FACTORIES = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    def mlp(hidden=30):
+        return nn.Sequential(nn.Linear(20, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+    class TokenModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(100, 16)
+            self.head = nn.Linear(16, 100)
+
+        def forward(self, input_ids, labels):
+            logits = self.head(self.embed(input_ids))
+            return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+    def two_inputs():
+        class Add(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Linear(8, 4)
+                self.b = nn.Linear(6, 4)
+            def forward(self, x, y):
+                return self.a(x) + self.b(y)
+        return Add()
+
+    def broken():
+        raise ValueError("boom: no such layer")
+
+    def not_a_model():
+        return 42
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def factory_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "tiny_models.py"
+    path.write_text(FACTORIES)
+    return str(path)
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def comparable(document):
+    keys = ("peak_bytes", "breakdown", "batch_size", "fixed_bytes", "per_sample_bytes", "peak_phase", "phases",
+            "reserved_bytes", "overhead_bytes", "device_bytes", "device", "precision", "method")
+    return {key: document[key] for key in keys}
+
+
+# -- import hygiene and help ---------------------------------------------------------------------
+def test_importing_cli_does_not_import_torch():
+    code = "import sys, nnmem_callbacks.cli; print('torch' in sys.modules, 'tensorflow' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False False"
+
+
+def _option_actions(parser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            continue
+        yield action
+
+
+@pytest.mark.parametrize("factory", [cli.estimate_command_parser, cli.calc_command_parser,
+                                     cli.gpus_command_parser, cli.demo_command_parser])
+def test_every_option_is_described_with_an_example(factory):
+    parser = factory()
+    for action in _option_actions(parser):
+        if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help, f"{action.dest} has no help"
+        takes_value = action.nargs != 0 and not isinstance(action, (argparse._StoreTrueAction,))
+        if takes_value and action.choices is None:
+            assert "e.g." in action.help, f"{parser.prog} {action.option_strings or action.dest}: no example"
+    assert "example" in (parser.epilog or "")
+
+
+def test_help_of_main_and_subcommands(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("estimate", "calc", "gpus", "demo"):
+        assert command in out
+    for command in ("estimate", "calc", "gpus", "demo"):
+        with pytest.raises(SystemExit) as info:
+            cli.main([command, "--help"])
+        assert info.value.code == 0
+        assert f"nnmem {command}" in capsys.readouterr().out
+
+
+def test_no_command_prints_help(capsys):
+    assert cli.main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+# -- parsing ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, expected", [
+    ("3,224,224", cli.InputSpec(None, "float32", (3, 224, 224))),
+    ("int64:128", cli.InputSpec(None, "int64", (128,))),
+    ("input_ids=long:128", cli.InputSpec("input_ids", "int64", (128,))),
+    ("x=bf16:(4, 8)", cli.InputSpec("x", "bfloat16", (4, 8))),
+    ("labels=int64:", cli.InputSpec("labels", "int64", ())),
+])
+def test_parse_input_shape(text, expected):
+    assert cli.parse_input_shape(text) == expected
+
+
+@pytest.mark.parametrize("text, fragment", [("3;224", "cannot read input shape"), ("int65:3", "unknown dtype"),
+                                            ("0,3", "cannot read input shape")])
+def test_bad_input_shapes_name_the_syntax(text, fragment):
+    with pytest.raises(cli.CliError, match=fragment) as info:
+        cli.parse_input_shape(text)
+    assert "e.g." in str(info.value) or "valid dtypes" in str(info.value)
+
+
+def test_parse_count():
+    assert cli.parse_count("19M") == 19_000_000
+    assert cli.parse_count("532,752") == 532_752
+    assert cli.parse_count("1.5B") == 1_500_000_000
+    with pytest.raises(ValueError, match="19M"):
+        cli.parse_count("lots")
+
+
+def test_targets_and_budgets():
+    assert cli.resolve_target("A100 80GB").capacity_bytes == gpus.find_gpu("a100-80gb").memory_bytes
+    assert cli.resolve_target("cpu").device == "cpu"
+    with pytest.raises(cli.CliError, match="valid GPUs"):
+        cli.resolve_target("tpu")
+    t4 = cli.resolve_target("t4")
+    assert cli.resolve_budget_bytes("0.5", t4) == t4.capacity_bytes // 2
+    assert cli.resolve_budget_bytes("6GiB", t4) == 6 * 2**30
+    assert cli.resolve_budget_bytes(None, t4) == t4.capacity_bytes
+    with pytest.raises(cli.CliError, match="fraction of the device"):
+        cli.resolve_budget_bytes("0.9", cli.resolve_target(None))
+    with pytest.raises(cli.CliError, match="--budget"):
+        cli.resolve_budget_bytes("lots", t4)
+
+
+# -- estimate: JSON equals the API ---------------------------------------------------------------
+@pytest.mark.parametrize("device, api_device", [("cpu", "cpu"), ("t4", "cuda")])
+def test_estimate_json_equals_estimate_training(capsys, factory_file, device, api_device):
+    torch = pytest.importorskip("torch")
+    from nnmem_callbacks import estimate_training
+
+    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "8", "--optimizer", "adam",
+                             "--device", device, "--json")
+    assert code == 0, err
+    document = json.loads(out)
+    model = cli.build_model(f"{factory_file}:mlp")
+    api = estimate_training(model, torch.empty(8, 20, device="meta"), optimizer="adam", precision="32-true",
+                            device=api_device)
+    assert comparable(document) == comparable(api.to_dict())
+    fit = document["fit"]
+    include_reserve = api_device == "cuda"
+    assert fit["max_batch_size"] == api.max_batch_size(fit["budget_bytes"], include_reserve=include_reserve)
+    if device == "t4":
+        assert fit["budget_bytes"] == gpus.find_gpu("t4").memory_bytes
+
+
+def test_estimate_named_and_positional_inputs_and_model_args(capsys, factory_file):
+    torch = pytest.importorskip("torch")
+    from nnmem_callbacks import estimate_training
+
+    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:TokenModel", "-i", "input_ids=int64:12",
+                             "-i", "labels=int64:12", "-b", "4", "--optimizer", "sgd", "--precision", "bf16-mixed",
+                             "--device", "cpu", "--json")
+    assert code == 0, err
+    batch = {"input_ids": torch.empty(4, 12, dtype=torch.int64, device="meta"),
+             "labels": torch.empty(4, 12, dtype=torch.int64, device="meta")}
+    api = estimate_training(cli.build_model(f"{factory_file}:TokenModel"), batch, optimizer="sgd",
+                            precision="bf16-mixed", device="cpu")
+    assert comparable(json.loads(out)) == comparable(api.to_dict())
+
+    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:two_inputs", "-i", "8", "-i", "6", "-b", "3",
+                             "--device", "cpu", "--json")
+    assert code == 0, err
+    assert json.loads(out)["batch_size"] == 3
+
+    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "--model-arg", "hidden=64",
+                             "--device", "cpu", "--json")
+    assert code == 0, err
+    assert json.loads(out)["breakdown"]["parameters"] == (20 * 64 + 64 + 64 * 10 + 10) * 4
+
+
+def test_estimate_table_and_gpu_fit_table(capsys, factory_file):
+    pytest.importorskip("torch")
+    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16")
+    assert code == 0, err
+    for text in ("parameters", "peak (tensors)", "allocator reserve", "CUDA context", "Which GPU fits", "H100 80GB",
+                 "max batch"):
+        assert text in out
+
+
+def test_estimate_json_gpu_rows_match_the_estimate(capsys, factory_file):
+    pytest.importorskip("torch")
+    code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--json")
+    assert code == 0
+    document = json.loads(out)
+    rows = {row["name"]: row for row in document["fit"]["gpus"]}
+    assert set(rows) == {gpu.name for gpu in gpus.GPUS}
+    t4 = rows["T4 16GB"]
+    # the device total (reserve + overhead) at the max batch fits, one more does not
+    est_line = max(document["phases"], key=lambda p: p["per_sample_bytes"])
+    assert t4["max_batch_size"] > 16 and est_line["per_sample_bytes"] > 0
+    assert rows["H200 141GB"]["max_batch_size"] > rows["T4 16GB"]["max_batch_size"]
+
+
+def test_estimate_with_budget(capsys, factory_file):
+    pytest.importorskip("torch")
+    code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--device", "cpu",
+                           "--budget", "20KiB", "--json")
+    document = json.loads(out)
+    assert code == 0
+    assert document["fit"]["budget_bytes"] == 20 * 1024
+    assert document["fit"]["fits"] == (document["peak_bytes"] <= 20 * 1024)
+
+
+# -- calc -----------------------------------------------------------------------------------------
+def test_calc_json_equals_napkin_functions(capsys):
+    code, out, err = run_cli(capsys, "calc", "--layers", "12", "--hidden", "768", "--heads", "12", "--vocab", "30522",
+                             "--seq-len", "128", "--arch", "bert", "-b", "32", "--optimizer", "adamw", "--json")
+    assert code == 0, err
+    expected = napkin.transformer_estimate(layers=12, hidden=768, heads=12, vocab=30522, seq_len=128, batch_size=32,
+                                           arch="bert", optimizer="adamw")
+    assert comparable(json.loads(out)) == comparable(expected.to_dict())
+    assert json.loads(out)["why"][0].startswith("The peak is at")
+
+    code, out, _ = run_cli(capsys, "calc", "--layers", "1000,100,100,100,100,10", "-b", "256", "--optimizer", "sgd",
+                           "--json")
+    assert comparable(json.loads(out)) == comparable(
+        napkin.mlp_estimate([1000, 100, 100, 100, 100, 10], 256, optimizer="sgd").to_dict())
+
+    code, out, _ = run_cli(capsys, "calc", "--params", "19M", "--activations", "532752", "-b", "128", "--json",
+                           "--device", "cpu")
+    assert comparable(json.loads(out)) == comparable(
+        napkin.params_estimate(19_000_000, 532_752, 128, device="cpu").to_dict())
+
+
+def test_calc_table_has_why(capsys):
+    code, out, _ = run_cli(capsys, "calc", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq-len", "256",
+                           "--vocab", "1000", "-b", "8", "--device", "h100")
+    assert code == 0
+    assert "The peak is at" in out and "What would shrink it" in out and "largest batch that fits" in out
+
+
+def test_calc_plot_writes_png(capsys, tmp_path):
+    target = tmp_path / "mem.png"
+    code, out, _ = run_cli(capsys, "calc", "--params", "1M", "--activations", "10000", "-b", "16", "--device", "t4",
+                           "--plot", str(target))
+    assert code == 0
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(target) in out
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["calc"], "needs one of: transformer"),
+    (["calc", "--hidden", "64"], "also needs --layers, --heads, --seq-len"),
+    (["calc", "--layers", "100"], "at least two widths"),
+    (["calc", "--layers", "2", "--hidden", "10", "--heads", "3", "--seq-len", "4"], "divisible by heads"),
+    (["calc", "--params", "1M", "--activations", "10", "--precision", "fp16"], "ambiguous; write 16-mixed"),
+    (["calc", "--params", "1M", "--activations", "10", "--optimizer", "lamb"], "valid optimizers"),
+    (["calc", "--params", "1M", "--activations", "10", "--device", "a100"], "add the memory"),
+])
+def test_calc_errors_are_short_and_name_the_fix(capsys, argv, fragment):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert fragment in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# -- errors for model specs -------------------------------------------------------------------------
+def test_model_spec_errors(capsys, factory_file, tmp_path):
+    cases = [
+        (["estimate", "resnet50", "-i", "3"], "MODEL must be 'package.module:factory'"),
+        (["estimate", factory_file, "-i", "3"], "name the factory in it"),
+        (["estimate", str(tmp_path / "missing.py") + ":make", "-i", "3"], "not found"),
+        (["estimate", "no_such_pkg_xyz.models:make", "-i", "3"], "cannot import module 'no_such_pkg_xyz.models'"),
+        (["estimate", f"{factory_file}:nope", "-i", "3"], "callables defined there: TokenModel, broken, mlp"),
+        (["estimate", f"{factory_file}:broken", "-i", "3"], "raised ValueError: boom: no such layer"),
+        (["estimate", f"{factory_file}:not_a_model", "-i", "3"], "returned a int; it must return a torch.nn.Module"),
+        (["estimate", f"{factory_file}:mlp"], "give the model's input shape"),
+        (["estimate", f"{factory_file}:mlp", "-i", "20;3"], "cannot read input shape"),
+        (["estimate", f"{factory_file}:mlp", "-i", "20", "--optimizer", "adamm"], "did you mean 'adam'"),
+        (["estimate", f"{factory_file}:mlp", "-i", "20", "--precision", "half"], "ambiguous"),
+        (["estimate", f"{factory_file}:mlp", "-i", "20", "--model-arg", "oops"], "KEY=VALUE"),
+    ]
+    for argv, fragment in cases:
+        if "raised" in fragment or "returned" in fragment or "adamm" in argv or "oops" in argv:
+            pytest.importorskip("torch")
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 2, (argv, err)
+        assert fragment in err, (argv, err)
+        assert "Traceback" not in err
+
+
+def test_wrong_input_shape_for_the_model(capsys, factory_file):
+    pytest.importorskip("torch")
+    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "21", "-b", "4", "--device", "cpu")
+    assert code == 2
+    assert "cannot run on inputs of per-sample shape float32[21]" in err
+    assert "fix --input-shape" in err
+
+
+def test_keras_model_gives_a_clear_message(capsys, tmp_path, monkeypatch):
+    saved = tmp_path / "model.keras"
+    saved.write_bytes(b"not really a model")
+    monkeypatch.setitem(sys.modules, "nnmem_callbacks.keras", None)  # as if the Keras estimator were missing
+    code, out, err = run_cli(capsys, "estimate", str(saved), "-b", "8")
+    assert code == 2
+    assert "Keras estimation is not available yet" in err
+
+
+def test_user_errors_exit_2_without_traceback_in_a_subprocess(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nnmem_callbacks.cli", "estimate", "not-a-spec"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "MODEL must be" in result.stderr
+
+
+# -- gpus and demo ---------------------------------------------------------------------------------
+def test_gpus_command(capsys):
+    code, out, _ = run_cli(capsys, "gpus", "--json")
+    assert code == 0
+    rows = json.loads(out)
+    assert [row["name"] for row in rows] == gpus.gpu_names()
+    code, out, _ = run_cli(capsys, "gpus")
+    assert "H200 141GB" in out
+
+
+def test_demo_runs_the_quickstart_with_extra_args(capsys, monkeypatch, tmp_path):
+    script = tmp_path / "examples" / "lightning_quickstart.py"
+    script.parent.mkdir()
+    script.write_text("")
+    monkeypatch.setattr(cli, "find_quickstart", lambda: script)
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: object())
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda argv: calls.append(argv) or 0)
+    assert cli.main(["demo", "--", "--max-epochs", "1"]) == 0
+    assert calls == [[sys.executable, str(script), "--max-epochs", "1"]]
+
+
+def test_demo_without_quickstart_or_lightning(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "find_quickstart", lambda: None)
+    code, _, err = run_cli(capsys, "demo")
+    assert code == 2 and "lightning_quickstart.py not found" in err
+    monkeypatch.setattr(cli, "find_quickstart", lambda: tmp_path / "q.py")
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
+    code, _, err = run_cli(capsys, "demo")
+    assert code == 2 and "pip install 'nnmem_callbacks[lightning]'" in err
