@@ -514,3 +514,28 @@ def test_quick_accuracy_against_profiler_ground_truth(name, factory, batch, opti
     truth = measure_cpu_peak(model, example, OPTIMIZER_NAMES[optimizer], xent, "32-true")
     est = estimate_training(model, example, optimizer=optimizer, loss_fn=xent)
     assert est.peak_bytes == pytest.approx(truth["peak_bytes"], rel=0.02), (name, optimizer)
+
+
+def test_cuda_target_traced_on_cpu_uses_cuda_like_dropout_and_attention():
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(64, 192)
+            self.dropout = nn.Dropout(0.1)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 4, 16).permute(2, 0, 3, 1, 4)
+            out = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+            return self.dropout(out)
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU emulation of CUDA kernels")
+    batch = torch.randn(8, 128, 64)
+    cpu = estimate_training(Attention(), batch, optimizer="sgd", device="cpu")
+    cuda = estimate_training(Attention(), batch, optimizer="sgd", device="cuda")
+    scores = 8 * 4 * 128 * 128 * 4  # fp32 attention probabilities kept by the CPU math path
+    saved_cpu = cpu.phase_breakdowns["step1/forward"]["activations"]
+    saved_cuda = cuda.phase_breakdowns["step1/forward"]["activations"]
+    assert saved_cpu - saved_cuda >= scores
+    assert nn.functional.dropout.__name__ == "dropout"  # restored
+    assert nn.functional.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention

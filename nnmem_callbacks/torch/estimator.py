@@ -40,6 +40,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -54,6 +55,7 @@ from torch.utils._pytree import tree_flatten
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
 from nnmem_callbacks.torch import allocator
+from nnmem_callbacks.torch.emulation import cuda_kernel_emulation
 from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
 from nnmem_callbacks.torch.inputs import (
     OPTIMIZER_NAMES,
@@ -163,7 +165,8 @@ def estimate_training(
     if config.target_device.type != config.trace_device.type:
         notes.append(
             f"traced on {config.trace_device.type} kernels for a {config.target_device.type} target "
-            f"(no {config.target_device.type} device here): autocast op lists and kernel workspaces may differ"
+            f"(no {config.target_device.type} device here): dropout and attention use CUDA-like kernels, "
+            f"but autocast op lists and cuDNN/cuBLAS workspaces may differ"
         )
     try:
         estimate = _estimate_by_trace(config, notes, check_scaling)
@@ -360,7 +363,8 @@ def run_trace(config: StepConfig, batch_size: int, *, steps: int = 2, optimizer_
     device = config.trace_device
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     tracker = StorageTracker(config.target_device.type)
-    with preserved_rng(), preserved_module_state(model):
+    emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
+    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation() if emulate_cuda else contextlib.nullcontext()):
         model.train()
         with fake_mode, tracker:
 
