@@ -136,6 +136,56 @@ def _nbytes(tensor: Any) -> int:
 
 
 # ---------------------------------------------------------------------------
+# Workspace rules
+# ---------------------------------------------------------------------------
+
+
+def onednn_bf16_matmul_workspace(m: int, k: int, n: int) -> int:
+    """Scratch bytes oneDNN's bf16 GEMM (brgemm) allocates per call on CPU.
+
+    A packed block of B (``Kb x 128`` bf16) plus an fp32 accumulator tile
+    (``Mb x Nb``) and a small fixed part. Measured with the profiler's
+    allocator events for ``mm``/``addmm``/``bmm`` over sweeps of M, K and N
+    (``python -m benchmarks.workspaces``); exact for every measured shape with
+    ``N >= 8``. fp32 (MKL) and fp16 GEMMs allocate nothing.
+
+    Example:
+        >>> onednn_bf16_matmul_workspace(256, 512, 256), onednn_bf16_matmul_workspace(128, 64, 128)
+        (263808, 83584)
+    """
+    if k <= 512:
+        k_block = -(-k // 32) * 32
+    elif k <= 1024:
+        k_block = 512
+    else:
+        k_block = 1024
+    m_block = m if m <= 256 else -(-m // -(-m // 256))
+    n_block = n if n <= 64 else 128
+    return 1664 + 256 * k_block + 4 * m_block * n_block
+
+
+def _matmul_dims(func: Any, args: tuple) -> tuple[int, int, int] | None:
+    packet = func.overloadpacket
+    if packet in (aten.addmm, aten.baddbmm, aten.addbmm):
+        first, second = args[1], args[2]
+    else:
+        first, second = args[0], args[1]
+    if not isinstance(first, torch.Tensor) or not isinstance(second, torch.Tensor):
+        return None
+    if first.dtype != torch.bfloat16 or first.dim() < 2 or second.dim() < 2:
+        return None
+    return int(first.shape[-2]), int(first.shape[-1]), int(second.shape[-1])
+
+
+@register_workspace("cpu", aten.mm, aten.addmm, aten.bmm, aten.baddbmm)
+def _onednn_bf16_matmul(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    dims = _matmul_dims(func, args)
+    if dims is None or min(dims) == 0:
+        return 0
+    return onednn_bf16_matmul_workspace(*dims)
+
+
+# ---------------------------------------------------------------------------
 # Layer rules for the closed-form fallback
 # ---------------------------------------------------------------------------
 
