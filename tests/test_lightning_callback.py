@@ -380,27 +380,47 @@ def test_import_does_not_pull_tensorflow_or_keras():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_lightning_pytorch_namespace_module():
-    # `lightning` is not installed here: alias its namespace to pytorch_lightning to check the plumbing
+def test_lightning_pytorch_namespace_trains_with_shrink():
+    """The unified `lightning` package: its own Callback class, a real fit that shrinks the batch."""
+    pytest.importorskip("lightning.pytorch")
     code = (
-        "import sys, types, importlib\n"
-        "try:\n"
-        "    import lightning.pytorch\n"
-        "except ImportError:\n"
-        "    import pytorch_lightning, lightning_fabric\n"
-        "    root = types.ModuleType('lightning'); root.pytorch = pytorch_lightning; root.fabric = lightning_fabric\n"
-        "    sys.modules['lightning'] = root; sys.modules['lightning.pytorch'] = pytorch_lightning\n"
-        "    for name in list(sys.modules):\n"
-        "        if name.startswith('pytorch_lightning.'):\n"
-        "            sys.modules['lightning.pytorch.' + name[len('pytorch_lightning.'):]] = sys.modules[name]\n"
+        "import warnings, torch\n"
         "import lightning.pytorch as L\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
         "from nnmem_callbacks.lightning_pytorch import MemoryBudgetCallback\n"
+        "import nnmem_callbacks.lightning as classic\n"
         "assert issubclass(MemoryBudgetCallback, L.Callback)\n"
         "assert MemoryBudgetCallback._ns.root == 'lightning.pytorch'\n"
+        "assert MemoryBudgetCallback is not classic.MemoryBudgetCallback\n"
+        "class M(L.LightningModule):\n"
+        "    def __init__(self, batch_size=64):\n"
+        "        super().__init__(); self.save_hyperparameters()\n"
+        "        self.net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 4))\n"
+        "    def training_step(self, batch, i):\n"
+        "        x, y = batch; return torch.nn.functional.cross_entropy(self.net(x), y)\n"
+        "    def configure_optimizers(self): return torch.optim.Adam(self.parameters())\n"
+        "    def train_dataloader(self):\n"
+        "        g = torch.Generator().manual_seed(0)\n"
+        "        data = TensorDataset(torch.randn(256, 256, generator=g), torch.randint(0, 4, (256,), generator=g))\n"
+        "        return DataLoader(data, batch_size=self.hparams.batch_size)\n"
+        "from nnmem_callbacks import estimate_training\n"
+        "model = M()\n"
+        "batch = (torch.randn(64, 256), torch.randint(0, 4, (64,)))\n"
+        "est = estimate_training(model, batch, torch.optim.Adam(model.parameters()), lambda m, b: m.training_step(b, 0))\n"
+        "budget = est.peak_bytes_at(16) + 1\n"
+        "callback = MemoryBudgetCallback(budget=budget, policy='shrink', margin=0.0)\n"
+        "trainer = L.Trainer(max_epochs=1, callbacks=[callback], logger=False, enable_checkpointing=False,\n"
+        "                    enable_progress_bar=False, enable_model_summary=False, accelerator='cpu')\n"
+        "with warnings.catch_warnings():\n"
+        "    warnings.simplefilter('ignore')\n"
+        "    trainer.fit(model)\n"
+        "assert model.hparams.batch_size == 16, model.hparams.batch_size\n"
+        "assert trainer.train_dataloader.batch_size == 16\n"
         "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ok" in result.stdout
 
 
 def test_missing_namespace_gives_install_hint():
