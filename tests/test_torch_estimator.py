@@ -539,3 +539,16 @@ def test_cuda_target_traced_on_cpu_uses_cuda_like_dropout_and_attention():
     assert saved_cpu - saved_cuda >= scores
     assert nn.functional.dropout.__name__ == "dropout"  # restored
     assert nn.functional.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+@pytest.mark.parametrize("factory,batch_fn", [(bn_cnn, image_batch), (TinyTransformer, lambda: (torch.randint(0, 1000, (8, 32)), torch.randint(0, 10, (8,))))])
+def test_fast_dispatch_gives_the_same_peaks_as_fake_tensor_mode_alone(monkeypatch, factory, batch_fn):
+    import nnmem_callbacks.torch.estimator as estimator
+
+    model, batch = factory(), batch_fn() if factory is TinyTransformer else batch_fn(16)
+    results = {}
+    for fast in (False, True):
+        monkeypatch.setattr(estimator, "FAST_DISPATCH", fast)
+        est = estimate_training(model, batch, optimizer="adamw", loss_fn=xent, precision="bf16-mixed")
+        results[fast] = (est.peak_bytes, {p: sum(b.values()) for p, b in est.phase_breakdowns.items()})
+    assert results[True] == results[False]

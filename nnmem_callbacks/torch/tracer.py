@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Any, Callable, Iterable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -30,6 +31,123 @@ from nnmem_callbacks.torch import rules as _rules
 _LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
 
 _WORKSPACE = object()  # category marker for per-op workspaces
+
+_UNCACHEABLE = object()
+_SKIP_OPS = frozenset(
+    {
+        torch.ops.aten.resize_.default,
+        torch.ops.aten.set_.source_Storage_storage_offset,
+        torch.ops.aten.set_.source_Tensor,
+        torch.ops.aten.set_.source_Storage,
+        torch.ops.aten.set_.default,
+    }
+)
+
+
+class _OpMemo:
+    """Remembers the outputs of fake ops by their inputs' metadata.
+
+    FakeTensorMode's own dispatch cache hashes every argument's full metadata
+    on every call, which dominates the cost of a trace. Ops whose outputs are
+    fresh tensors, in-place results or views of an input are replayed from a
+    cheaper key (op, shapes, strides, offsets, dtypes, devices and the
+    non-tensor arguments). Anything unusual (constants, symbolic sizes,
+    non-tensor outputs, outputs sharing a fresh storage) takes the normal path.
+    """
+
+    def __init__(self, fake_mode: FakeTensorMode) -> None:
+        self.fake_mode = fake_mode
+        self.entries: dict[Any, Any] = {}
+
+    @staticmethod
+    def _arg_key(value: Any) -> Any:
+        if isinstance(value, FakeTensor):
+            if value.constant is not None:
+                raise KeyError
+            return ("T", tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device)
+        if isinstance(value, torch.Tensor):
+            raise KeyError
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, tuple(_OpMemo._arg_key(v) for v in value))
+        if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return value
+        raise KeyError
+
+    def key(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            return (func, self._arg_key(args), tuple((k, self._arg_key(v)) for k, v in sorted(kwargs.items())))
+        except (KeyError, TypeError):
+            return None
+
+    @staticmethod
+    def _flat_args(args: tuple) -> list[Any]:
+        flat = []
+        for value in args:
+            if isinstance(value, (list, tuple)):
+                flat.extend(value)
+            else:
+                flat.append(value)
+        return flat
+
+    def record(self, key: Any, func: Any, args: tuple, out: Any) -> None:
+        if key is None or func in _SKIP_OPS:
+            return
+        if isinstance(out, FakeTensor):
+            outputs, container = [out], None
+        elif isinstance(out, (tuple, list)) and out and all(isinstance(o, FakeTensor) for o in out):
+            outputs, container = list(out), type(out)
+        else:
+            self.entries[key] = _UNCACHEABLE
+            return
+        flat = self._flat_args(args)
+        plans = []
+        fresh_storages = set()
+        for output in outputs:
+            if output.constant is not None:
+                self.entries[key] = _UNCACHEABLE
+                return
+            same = next((i for i, a in enumerate(flat) if a is output), None)
+            if same is not None:
+                plans.append(("inplace", same))
+                continue
+            storage = output.untyped_storage()
+            view = next(
+                (i for i, a in enumerate(flat) if isinstance(a, FakeTensor) and a.untyped_storage() is storage),
+                None,
+            )
+            if view is not None:
+                plans.append(("view", view, tuple(output.shape), output.stride(), output.storage_offset(), output.dtype, output.device))
+                continue
+            if id(storage) in fresh_storages or output.storage_offset() != 0:
+                self.entries[key] = _UNCACHEABLE
+                return
+            fresh_storages.add(id(storage))
+            plans.append(("fresh", tuple(output.shape), output.stride(), output.dtype, output.device, output.requires_grad))
+        self.entries[key] = (container, plans)
+
+    def replay(self, entry: Any, args: tuple) -> Any:
+        container, plans = entry
+        flat = self._flat_args(args)
+        mode = self.fake_mode
+        outputs = []
+        for plan in plans:
+            if plan[0] == "inplace":
+                outputs.append(flat[plan[1]])
+            elif plan[0] == "view":
+                _, index, shape, stride, offset, dtype, device = plan
+                source = flat[index]
+                with in_kernel_invocation_manager(mode):
+                    empty = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+                    empty.set_(source.untyped_storage(), offset, shape, stride)
+                outputs.append(FakeTensor(mode, empty, device))
+            else:
+                _, shape, stride, dtype, device, requires_grad = plan
+                with in_kernel_invocation_manager(mode):
+                    empty = torch.empty_strided(shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
+                outputs.append(FakeTensor(mode, empty, device))
+        if container is None:
+            return outputs[0]
+        return container(outputs)
 
 
 @dataclasses.dataclass
@@ -71,8 +189,14 @@ class StorageTracker(TorchDispatchMode):
             allocator model instead, so this stays identity there too).
     """
 
-    def __init__(self, device_type: str = "cpu", size_fn: Callable[[int], int] | None = None) -> None:
+    def __init__(
+        self,
+        device_type: str = "cpu",
+        size_fn: Callable[[int], int] | None = None,
+        fake_mode: FakeTensorMode | None = None,
+    ) -> None:
         super().__init__()
+        self._memo = _OpMemo(fake_mode) if fake_mode is not None else None
         self.device_type = device_type
         self._size_fn = size_fn or (lambda n: n)
         self._next_key = 1
@@ -198,7 +322,19 @@ class StorageTracker(TorchDispatchMode):
                 return constant.item()
             self.placeholders += 1
             return True if args[0].dtype == torch.bool else 1
-        out = func(*args, **kwargs)
+        memo = self._memo
+        if memo is not None:
+            key = memo.key(func, args, kwargs)
+            entry = memo.entries.get(key) if key is not None else _UNCACHEABLE
+            if entry is None:
+                out = func(*args, **kwargs)
+                memo.record(key, func, args, out)
+            elif entry is _UNCACHEABLE:
+                out = func(*args, **kwargs)
+            else:
+                out = memo.replay(entry, args)
+        else:
+            out = func(*args, **kwargs)
         packet = func.overloadpacket
         output_rule = self._output_rules.get(packet)
         if output_rule is not None:
