@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import time
 import warnings
@@ -361,7 +362,28 @@ def _optimizer_state_tensors(optimizers: Sequence[torch.optim.Optimizer]) -> lis
 
 
 def run_trace(config: StepConfig, batch_size: int, *, steps: int = 2, optimizer_steps: bool = True) -> TraceResult:
-    """Simulates ``steps`` training steps at ``batch_size`` and returns the log."""
+    """Simulates ``steps`` training steps at ``batch_size`` and returns the log.
+
+    The cyclic garbage collector is paused during the trace: tensors of a
+    training step are freed by reference counting, and collector pauses only
+    cost time (a fake-tensor trace creates many short-lived Python objects).
+    """
+    with _gc_paused():
+        return _run_trace(config, batch_size, steps=steps, optimizer_steps=optimizer_steps)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_steps: bool) -> TraceResult:
     model = config.model
     precision = config.precision
     device = config.trace_device
