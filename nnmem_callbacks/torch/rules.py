@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import torch
@@ -76,41 +77,108 @@ def output_rules(device_type: str) -> dict[Any, Callable[[Any, tuple, dict, Any]
     return OUTPUT_RULES.get(device_type, {})
 
 
-_RNN_WORKSPACE_FITS: dict[tuple, tuple[float, float, float]] = {}
+@dataclasses.dataclass(frozen=True)
+class _Linear2:
+    """``a * T * B + b * B + c``, fitted from three probes."""
 
-#: (sequence length, batch) of the three real probes used to fit the oneDNN RNN workspace size
+    a: float
+    b: float
+    c: float
+
+    def at(self, steps: int, batch: int) -> int:
+        return max(0, int(round(self.a * steps * batch + self.b * batch + self.c)))
+
+    @staticmethod
+    def fit(values: list[int]) -> "_Linear2":
+        (t1, b1), (t2, _), (_, b3) = _RNN_PROBES
+        a = (values[1] - values[0]) / ((t2 - t1) * b1)
+        b = (values[2] - values[0]) / (b3 - b1) - a * t1
+        return _Linear2(a, b, values[0] - a * t1 * b1 - b * b1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RnnFit:
+    workspace: _Linear2  # the workspace tensor the forward returns
+    forward_peak: _Linear2  # peak of the forward kernel's own allocations (outputs included)
+    backward_peak: _Linear2  # the same for the backward kernel
+
+
+_RNN_FITS: dict[tuple, _RnnFit] = {}
+
+#: (sequence length, batch) of the three real probes used to fit the oneDNN RNN sizes
 _RNN_PROBES = ((8, 8), (16, 8), (8, 16))
 
 
-def _onednn_rnn_workspace_fit(key: tuple, dtype: torch.dtype, input_size: int, hidden_size: int, args: tuple) -> tuple[float, float, float]:
-    """Fits ``workspace = a * T * B + b * B + c`` from three tiny real calls of the kernel.
+def _kernel_peak(call: Callable[[], Any]) -> tuple[Any, int]:
+    """Runs ``call`` under the profiler; returns its result and the peak of its allocations."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
 
-    oneDNN sizes the LSTM/GRU training workspace from the gate and state
-    buffers of every time step (with padded leading dimensions and page
-    alignment); the probes measure it for this layer's sizes and dtype instead
-    of copying oneDNN's internal layout rules.
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            result = call()
+    except RuntimeError:  # a profiler is already running (the user's): measure nothing
+        return call(), 0
+    events = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation:
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    running = peak = 0
+    for _, size in sorted(events):
+        running += size
+        peak = max(peak, running)
+    return result, peak
+
+
+def _onednn_rnn_fit(key: tuple, args: tuple) -> _RnnFit:
+    """Measures oneDNN's LSTM/GRU kernels on three tiny real calls and fits their sizes.
+
+    oneDNN sizes the training workspace and its scratchpads from the gates and
+    states of every time step, with padded leading dimensions, page alignment
+    and packed weight copies; the probes measure them for this layer's sizes
+    and dtype instead of copying oneDNN's internal layout rules. Measured: the
+    workspace tensor the forward returns, and the peak of each kernel's own
+    allocations (outputs, packed weights, scratchpad).
     """
-    fit = _RNN_WORKSPACE_FITS.get(key)
+    fit = _RNN_FITS.get(key)
     if fit is not None:
         return fit
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    sizes = []
-    with unset_fake_temporarily(), torch.enable_grad():  # the kernel makes no workspace under no_grad
+    source = args[0]
+    input_size, hidden_size = int(source.shape[-1]), int(args[10])
+    workspaces, forward_peaks, backward_peaks = [], [], []
+    forward = torch.ops.aten.mkldnn_rnn_layer.default
+    backward = torch.ops.aten.mkldnn_rnn_layer_backward.default
+    # the kernel makes no workspace under no_grad
+    with unset_fake_temporarily(), torch.enable_grad():
         weights = [torch.zeros(tuple(w.shape), dtype=w.dtype) if isinstance(w, torch.Tensor) else w for w in args[1:5]]
+        reverse, batch_sizes, mode, _, num_layers, has_biases, bidirectional, batch_first, train = args[7:16]
         for steps, batch in _RNN_PROBES:
             # the kernel always receives time-major input, whatever batch_first says
-            probe_input = torch.zeros((steps, batch, input_size), dtype=dtype)
+            probe_input = torch.zeros((steps, batch, input_size), dtype=source.dtype)
             hx = torch.zeros((batch, hidden_size), dtype=args[5].dtype)
             cx = torch.zeros((batch, hidden_size), dtype=args[6].dtype)
-            out = torch.ops.aten.mkldnn_rnn_layer.default(probe_input, *weights, hx, cx, *args[7:])
-            sizes.append(out[3].numel() * out[3].element_size())
-    (t1, b1), (t2, _), (_, b3) = _RNN_PROBES
-    a = (sizes[1] - sizes[0]) / ((t2 - t1) * b1)
-    b = (sizes[2] - sizes[0]) / (b3 - b1) - a * t1
-    c = sizes[0] - a * t1 * b1 - b * b1
-    fit = _RNN_WORKSPACE_FITS[key] = (a, b, c)
+            out, peak = _kernel_peak(lambda: forward(probe_input, *weights, hx, cx, *args[7:]))
+            workspaces.append(out[3].numel() * out[3].element_size())
+            forward_peaks.append(peak)
+            grads = (torch.zeros_like(out[0]), torch.zeros_like(out[1]), torch.zeros_like(out[2]))
+            _, peak = _kernel_peak(
+                lambda: backward(
+                    probe_input, *weights, hx, cx, out[0], out[1], out[2], *grads, reverse, mode, hidden_size,
+                    num_layers, has_biases, train, bidirectional, batch_sizes, batch_first, out[3],
+                )
+            )
+            backward_peaks.append(peak)
+    fit = _RNN_FITS[key] = _RnnFit(_Linear2.fit(workspaces), _Linear2.fit(forward_peaks), _Linear2.fit(backward_peaks))
     return fit
+
+
+def _rnn_key(source: Any, args: tuple) -> tuple:
+    return (source.dtype, int(source.shape[-1]), int(args[10]), bool(args[12]), bool(args[13]), int(args[9]), bool(args[7]))
 
 
 @register_output("cpu", aten.mkldnn_rnn_layer)
@@ -121,12 +189,25 @@ def _onednn_rnn_workspace(func: Any, args: tuple, kwargs: dict, out: Any) -> Any
         return out
     source = args[0]
     steps, batch = int(source.shape[0]), int(source.shape[1])  # time-major at this level
-    hidden_size = int(args[10])
-    key = (source.dtype, int(source.shape[-1]), hidden_size, bool(args[12]), bool(args[13]), int(args[9]), bool(args[7]))
-    a, b, c = _onednn_rnn_workspace_fit(key, source.dtype, int(source.shape[-1]), hidden_size, args)
-    nbytes = max(0, int(round(a * steps * batch + b * batch + c)))
+    nbytes = _onednn_rnn_fit(_rnn_key(source, args), args).workspace.at(steps, batch)
     real_workspace = torch.empty((nbytes,), dtype=workspace.dtype, device=workspace.device)
     return (out[0], out[1], out[2], real_workspace)
+
+
+@register_workspace("cpu", aten.mkldnn_rnn_layer)
+def _onednn_rnn_forward_scratch(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    train = args[15] if len(args) > 15 else kwargs.get("train", True)
+    if not train:
+        return 0
+    source = args[0]
+    return _onednn_rnn_fit(_rnn_key(source, args), args).forward_peak.at(int(source.shape[0]), int(source.shape[1]))
+
+
+@register_workspace("cpu", aten.mkldnn_rnn_layer_backward)
+def _onednn_rnn_backward_scratch(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    source = args[0]
+    forward_args = (source, *args[1:7], args[13], args[20], args[14], args[15], args[16], args[17], args[19], args[21], args[18])
+    return _onednn_rnn_fit(_rnn_key(source, forward_args), forward_args).backward_peak.at(int(source.shape[0]), int(source.shape[1]))
 
 
 def _nbytes(tensor: Any) -> int:
