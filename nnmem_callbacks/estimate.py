@@ -69,18 +69,26 @@ class PhaseLine:
 
     ``peak(n) = fixed_bytes + per_sample_bytes * n``. A phase is for example
     ``"step1/forward"`` or ``"step2/optimizer"``. The estimate's overall peak at
-    batch ``n`` is the largest phase line at ``n``, so the model stays right when
+    batch ``n`` is the largest line valid at ``n``, so the model stays right when
     the peak moves from the optimizer step (small batches) to backward (large
-    batches).
+    batches). A line may hold only for a range of batch sizes
+    (``min_batch``..``max_batch``), which makes growth piecewise linear where a
+    kernel changes its behaviour with the batch.
     """
 
     phase: str
     fixed_bytes: int
     per_sample_bytes: int
+    min_batch: int = 1
+    max_batch: int | None = None
 
     def at(self, batch_size: int) -> int:
         """Returns this phase's peak in bytes at ``batch_size``."""
         return self.fixed_bytes + self.per_sample_bytes * batch_size
+
+    def covers(self, batch_size: int) -> bool:
+        """Whether the line holds at ``batch_size``."""
+        return batch_size >= self.min_batch and (self.max_batch is None or batch_size <= self.max_batch)
 
 
 def upper_envelope(lines: "list[PhaseLine] | tuple[PhaseLine, ...]", start: int = 1) -> list[PhaseLine]:
@@ -90,11 +98,19 @@ def upper_envelope(lines: "list[PhaseLine] | tuple[PhaseLine, ...]", start: int 
     (one per moment of the step); only the few lines on their upper envelope
     matter. Returned in order of increasing slope.
 
+    Lines with different batch ranges are kept apart: the envelope is taken
+    within each range.
+
     Example:
         >>> lines = [PhaseLine("a", 100, 1), PhaseLine("b", 50, 2), PhaseLine("c", 10, 2), PhaseLine("d", 0, 1)]
         >>> [line.phase for line in upper_envelope(lines)]
         ['a', 'b']
     """
+    ranges: dict[tuple[int, int | None], list[PhaseLine]] = {}
+    for line in lines:
+        ranges.setdefault((line.min_batch, line.max_batch), []).append(line)
+    if len(ranges) > 1:
+        return [kept for (low, _), group in sorted(ranges.items(), key=lambda item: item[0][0]) for kept in upper_envelope(group, max(start, low))]
     best: dict[int, PhaseLine] = {}
     for line in lines:
         kept = best.get(line.per_sample_bytes)
@@ -174,8 +190,8 @@ class MemoryEstimate:
     @property
     def _peak_line(self) -> PhaseLine:
         return max(
-            self.phases,
-            key=lambda line: (line.at(self.batch_size), line.phase == self.peak_phase, line.per_sample_bytes),
+            (line for line in self.phases if line.covers(self.batch_size)),
+            key=lambda line: (line.at(self.batch_size), line.phase == self.peak_phase, line.min_batch, line.per_sample_bytes),
         )
 
     @property
@@ -204,7 +220,7 @@ class MemoryEstimate:
         _check_batch_size(batch_size)
         if batch_size == self.batch_size:
             return self.peak_bytes
-        return max(line.at(batch_size) for line in self.phases)
+        return max(line.at(batch_size) for line in self.phases if line.covers(batch_size))
 
     def reserved_bytes_at(self, batch_size: int) -> int:
         """Predicted allocator reserve at another batch size (CUDA).

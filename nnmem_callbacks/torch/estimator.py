@@ -489,9 +489,14 @@ def _optimizer_step(config: StepConfig, optimizers, params, scaler_state, device
 
 
 def _scaling_sizes(batch_size: int) -> tuple[int, int]:
-    """The batch sizes of the fit trace and of the check trace."""
+    """The batch sizes of the trace above the batch and of the one below it.
+
+    The one below (a quarter of the batch) checks the lines fitted above and,
+    where growth is not linear, gives the lines that hold below the batch.
+    A batch of one has nothing below it; a trace at three checks instead.
+    """
     fit = 2 * batch_size
-    check = batch_size // 2 if batch_size >= 2 else 3
+    check = max(1, batch_size // 4) if batch_size >= 2 else 3
     return fit, check
 
 
@@ -599,13 +604,60 @@ def _phase_values(trace: TraceResult, phase: str) -> list[int]:
     return trace.trajectory[start : end + 1]
 
 
+def _paired_lines(
+    main: TraceResult, other: TraceResult, batch_size: int, other_size: int, low: int, high: int | None
+) -> tuple[list[PhaseLine], list[str]]:
+    """Lines through each moment of ``main`` and the same moment of ``other``.
+
+    Forward and backward phases of step 1 are paired moment by moment with the
+    other trace (which ran step 1 only); step 2's moments reuse step 1's
+    growth per sample, since they differ only by the optimizer state alive.
+    Phases whose moments cannot be paired scale by their peaks; the optimizer
+    phases by the batch-dependent categories alive at their peaks.
+
+    Returns:
+        The lines, valid for batch sizes ``low``..``high``, and the phases that
+        could not be paired.
+    """
+    lines: list[PhaseLine] = []
+    step1_slopes: dict[str, list[float]] = {}
+    peak_slopes: dict[str, int] = {}
+    unaligned = []
+    span = other_size - batch_size
+    for phase in main.phase_peaks:
+        base = _base_phase(phase)
+        values = _phase_values(main, phase)
+        slopes = None
+        if phase.startswith("step1/") and phase in other.phase_ranges:
+            peak_slopes[base] = round((other.phase_peaks[phase] - main.phase_peaks[phase]) / span)
+            candidate = [(o - v) / span for o, v in zip(_phase_values(other, phase), values)]
+            if _aligned(main, other, phase) and min(candidate) >= 0:
+                slopes = step1_slopes[base] = candidate
+            else:
+                unaligned.append(phase)
+        elif base in step1_slopes and _aligned(main, main, "step1/" + base, phase):
+            slopes = step1_slopes[base]
+        if slopes is not None:
+            phase_lines = _event_lines(phase, values, slopes, batch_size)
+        elif base in peak_slopes:
+            slope = peak_slopes[base]
+            phase_lines = [PhaseLine(phase, int(main.phase_peaks[phase] - slope * batch_size), int(slope))]
+        else:
+            phase_lines = [_category_line(main, phase, batch_size)]
+        lines.extend(dataclasses.replace(line, min_batch=low, max_batch=high) for line in phase_lines)
+    return lines, unaligned
+
+
 def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str]) -> list[PhaseLine]:
     """Lines of live bytes against the batch size, from traces at two more sizes.
 
-    Every moment of the step holds ``a + b * n`` bytes at batch ``n``. The trace
-    at ``2 * batch`` gives each moment's ``b`` (forward and backward; the same
-    moments of step 2 differ only by the optimizer state); the trace at a third
-    size checks the resulting prediction.
+    Every moment of the step holds ``a + b * n`` bytes at batch ``n`` as long as
+    the kernels behave the same at every batch size. The trace at twice the
+    batch gives each moment's ``b``; the trace at a quarter of it checks the
+    resulting prediction. Where that check finds growth that is not linear
+    (kernels whose workspace saturates or switches layout with the batch), the
+    lines through the quarter-batch trace are used below the batch and the
+    lines through the double-batch trace above it, and a note says so.
     """
     batch_size = config.batch.batch_size
     fit_size, check_size = _scaling_sizes(batch_size)
@@ -623,51 +675,32 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str]) -> l
             f"per-sample bytes assumed from the batch-dependent categories at the peak"
         )
         return []
-    lines: list[PhaseLine] = []
-    step1_slopes: dict[str, list[float]] = {}
-    peak_slopes: dict[str, int] = {}
-    unaligned = []
-    for phase in main.phase_peaks:
-        base = _base_phase(phase)
-        values = _phase_values(main, phase)
-        slopes = None
-        if phase.startswith("step1/") and phase in fit.phase_ranges:
-            peak_slopes[base] = round((fit.phase_peaks[phase] - main.phase_peaks[phase]) / (fit_size - batch_size))
-            fit_values = _phase_values(fit, phase)
-            candidate = [(f - v) / (fit_size - batch_size) for f, v in zip(fit_values, values)]
-            if _aligned(main, fit, phase) and min(candidate) >= 0:
-                slopes = step1_slopes[base] = candidate
-            else:
-                unaligned.append(phase)
-        elif base in step1_slopes and _aligned(main, main, "step1/" + base, phase):
-            slopes = step1_slopes[base]
-        if slopes is None and base in peak_slopes:
-            slope = peak_slopes[base]
-            lines.append(PhaseLine(phase, int(main.phase_peaks[phase] - slope * batch_size), int(slope)))
-        elif slopes is None:
-            lines.append(_category_line(main, phase, batch_size))
-        else:
-            lines.extend(_event_lines(phase, values, slopes, batch_size))
+    above, unaligned = _paired_lines(main, fit, batch_size, fit_size, 1, None)
     if unaligned:
         notes.append(
             "the step runs different ops at other batch sizes in " + ", ".join(unaligned)
             + "; those phases scale by their peaks only"
         )
-    check_lines = [line for line in lines if line.phase in check.phase_peaks]
     worst = (0.0, "", 0, 0)
     for phase, measured in check.phase_peaks.items():
-        predicted = max((line.at(check_size) for line in check_lines if line.phase == phase), default=None)
+        predicted = max((line.at(check_size) for line in above if line.phase == phase), default=None)
         if predicted is None:
             continue
         error = abs(predicted - measured) / max(measured, 1)
         if error > worst[0]:
             worst = (error, phase, predicted, measured)
-    if worst[0] > LINEARITY_TOLERANCE:
-        notes.append(
-            f"growth with the batch is not linear: the lines through batch {batch_size} and {fit_size} predict "
-            f"{worst[2]} bytes in {worst[1]} at batch {check_size}, the trace gives {worst[3]} ({worst[0]:.1%} off)"
-        )
-    return lines
+    if worst[0] <= LINEARITY_TOLERANCE:
+        return above
+    message = (
+        f"growth with the batch is not linear: the lines through batch {batch_size} and {fit_size} predict "
+        f"{worst[2]} bytes in {worst[1]} at batch {check_size}, the trace gives {worst[3]} ({worst[0]:.1%} off)"
+    )
+    if check_size > batch_size:
+        notes.append(message)
+        return above
+    below, _ = _paired_lines(main, check, batch_size, check_size, 1, batch_size)
+    notes.append(message + f"; below batch {batch_size} the lines through batch {check_size} are used instead")
+    return below + [dataclasses.replace(line, min_batch=batch_size) for line in above]
 
 
 def cuda_overhead_bytes(device: torch.device) -> int:
