@@ -449,15 +449,18 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
     return result
 
 
-def _forward_loss(config: StepConfig, batch: Any) -> torch.Tensor:
+def call_loss_fn(config: StepConfig, batch: Any, device_type: str | None = None) -> Any:
+    """Runs the user's forward and loss, under autocast for the ``*-mixed`` precisions."""
     precision = config.precision
-    default_reduction = config.loss_fn is default_loss
-    if precision.autocast_dtype is not None:
-        with torch.autocast(device_type=config.trace_device.type, dtype=precision.autocast_dtype):
-            value = config.loss_fn(config.model, batch)
-            return scalar_loss(value, default_reduction=default_reduction)
-    value = config.loss_fn(config.model, batch)
-    return scalar_loss(value, default_reduction=default_reduction)
+    if precision.autocast_dtype is None:
+        return config.loss_fn(config.model, batch)
+    with torch.autocast(device_type=device_type or config.trace_device.type, dtype=precision.autocast_dtype):
+        return config.loss_fn(config.model, batch)
+
+
+def _forward_loss(config: StepConfig, batch: Any) -> torch.Tensor:
+    value = call_loss_fn(config, batch)
+    return scalar_loss(value, default_reduction=config.loss_fn is default_loss)
 
 
 def _optimizer_step(config: StepConfig, optimizers, params, scaler_state, device) -> None:

@@ -34,6 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine
 from nnmem_callbacks.torch import rules
 from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
+from nnmem_callbacks.torch.estimator import _build_optimizers, _optimizer_state_tensors, _tensor_dtype, call_loss_fn
 from nnmem_callbacks.torch.tracer import StorageTracker
 
 PROBE_BATCH = 2
@@ -130,8 +131,6 @@ def _dtype_map_size(dtype: torch.dtype, config) -> int:
 
 def _static_bytes(config, notes: list[str]) -> dict[str, int]:
     """Parameters, buffers, gradients and optimizer state, by simulating the optimizer alone."""
-    from nnmem_callbacks.torch.estimator import _build_optimizers, _optimizer_state_tensors, _tensor_dtype
-
     model = config.model
     device = config.trace_device
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -240,11 +239,7 @@ def _probe_saved_bytes(config, probe_size: int) -> tuple[int, int]:
         excluded = {t.untyped_storage().data_ptr() for t in copies.values()}
         excluded |= {t.untyped_storage().data_ptr() for t in _leaves(probe)}
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            if config.precision.autocast_dtype is not None:
-                with torch.autocast(device_type=device.type, dtype=config.precision.autocast_dtype):
-                    loss = config.loss_fn(model, probe)
-            else:
-                loss = config.loss_fn(model, probe)
+            loss = call_loss_fn(config, probe, device.type)
         del loss
     activations = {ptr: size for ptr, size in saved.items() if ptr not in excluded and ptr != 0}
     total = sum(activations.values())
@@ -288,11 +283,7 @@ def _layer_rule_bytes(config, probe_size: int) -> tuple[int, int, Counter]:
         for leaf in leaves:
             handles.append(leaf.register_forward_hook(hook))
         try:
-            if config.precision.autocast_dtype is not None:
-                with torch.autocast(device_type=device.type, dtype=config.precision.autocast_dtype):
-                    config.loss_fn(model, probe)
-            else:
-                config.loss_fn(model, probe)
+            call_loss_fn(config, probe, device.type)
         finally:
             for handle in handles:
                 handle.remove()
