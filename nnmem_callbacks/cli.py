@@ -874,6 +874,24 @@ def _console(file: Any = None) -> Any:
     return Console(file=file or sys.stdout, highlight=False, width=None if (file or sys.stdout).isatty() else 110)
 
 
+def _batch_text(batch_size: int | None) -> str:
+    """A batch size for the tables; the search's upper bound reads as "at least".
+
+    Example:
+        >>> _batch_text(1 << 24), _batch_text(12), _batch_text(0)
+        ('>= 16,777,216', '12', '0 (not even 1)')
+    """
+    from nnmem_callbacks.estimate import MAX_BATCH_SEARCH_LIMIT
+
+    if batch_size is None:
+        return "-"
+    if batch_size >= MAX_BATCH_SEARCH_LIMIT:
+        return f">= {MAX_BATCH_SEARCH_LIMIT:,}"
+    if batch_size == 0:
+        return "0 (not even 1)"
+    return str(batch_size)
+
+
 def render_estimate(
     estimate: MemoryEstimate, fit: FitSummary, *, title: str, why: Sequence[str] = (), console: Any = None
 ) -> None:
@@ -911,7 +929,7 @@ def render_estimate(
         console.print(
             f"budget {format_bytes(fit.budget_bytes)} ({where}): batch {estimate.batch_size} {verdict} "
             f"({what} {format_bytes(fit.predicted_bytes)}); largest batch that fits: "
-            f"[bold]{fit.max_batch_size}[/bold]"
+            f"[bold]{_batch_text(fit.max_batch_size)}[/bold]"
         )
     if fit.gpus:
         gpu_rows = Table(title="Which GPU fits (device total vs memory)", title_justify="left")
@@ -921,7 +939,7 @@ def render_estimate(
         gpu_rows.add_column("max batch", justify="right")
         for row in fit.gpus:
             gpu_rows.add_row(row.name, format_bytes(row.memory_bytes), "yes" if row.fits else "no",
-                             str(row.max_batch_size))
+                             _batch_text(row.max_batch_size))
         console.print(gpu_rows)
     for line in why:
         console.print(line)

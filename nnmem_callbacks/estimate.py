@@ -54,6 +54,9 @@ class Category(str, enum.Enum):
         return self.value
 
 
+#: Upper bound of :meth:`MemoryEstimate.max_batch_size`'s search.
+MAX_BATCH_SEARCH_LIMIT = 1 << 24
+
 #: Categories that do not depend on the batch size in an ordinary training step.
 STATIC_CATEGORIES = (
     Category.PARAMETERS,
@@ -244,7 +247,7 @@ class MemoryEstimate:
         """What the device will show at ``batch_size``: reserve plus overhead."""
         return self.device_bytes_at(self.batch_size)
 
-    def max_batch_size(self, budget_bytes: int, *, include_reserve: bool = False, limit: int = 1 << 24) -> int:
+    def max_batch_size(self, budget_bytes: int, *, include_reserve: bool = False, limit: int = MAX_BATCH_SEARCH_LIMIT) -> int:
         """The largest batch size whose predicted peak fits ``budget_bytes``.
 
         Args:
