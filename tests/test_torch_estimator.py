@@ -577,3 +577,20 @@ def test_cuda_overhead_without_a_device_uses_the_default(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     expected = estimator.DEFAULT_CUDA_CONTEXT_BYTES + estimator.cublas_workspace_bytes((9, 0))
     assert estimator.cuda_overhead_bytes(torch.device("cuda")) == expected
+
+
+def test_foreach_and_fused_optimizers_are_simulated_as_they_run():
+    model = nn.Sequential(*[nn.Linear(128, 128) for _ in range(8)])  # many parameters of equal size
+    batch = torch.randn(16, 128)
+    single = estimate_training(model, batch, optimizer=lambda p: torch.optim.Adam(p, foreach=False))
+    foreach = estimate_training(model, batch, optimizer=lambda p: torch.optim.Adam(p, foreach=True))
+    fused = estimate_training(model, batch, optimizer=lambda p: torch.optim.Adam(p, fused=True))
+    step = "step2/optimizer"
+    temporaries = {name: est.phase_breakdowns[step]["temporaries"] for name, est in
+                   (("single", single), ("foreach", foreach), ("fused", fused))}
+    # single-tensor Adam holds one parameter's temporaries at a time, foreach holds them for all parameters
+    weight = 128 * 128 * 4
+    assert temporaries["single"] == pytest.approx(2 * weight, rel=0.05)
+    assert temporaries["foreach"] >= param_bytes(model)
+    assert temporaries["fused"] < temporaries["single"]
+    assert all(est.method == "trace" for est in (single, foreach, fused))
