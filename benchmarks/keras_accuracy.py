@@ -1,0 +1,345 @@
+"""Keras accuracy benchmark: predicted vs measured peak memory per backend, each case in its own process.
+
+    python -m benchmarks.keras_accuracy --backend tensorflow|jax|torch [--cases mlp,lstm] [--out benchmarks/results]
+
+Truth per backend (CPU):
+
+* **tensorflow**: ``tf.config.experimental.get_memory_info('CPU:0')['peak']`` over
+  real ``train_on_batch`` steps, after ``reset_memory_stats`` with the model and
+  optimizer built and the batch created. TensorFlow's CPU allocator reports only
+  allocations of at least 256 KiB, so the comparable prediction is the
+  estimator's ``extra["tf_allocator_peak_bytes"]`` (the same replay, counting
+  what the allocator counts). Measured = allocator-counted bytes of the
+  variables, optimizer slots and batch (exact, known before the steps) + (peak -
+  current) over the steps. Two windows: the first two steps of the fresh model
+  (the package's definition of the peak) and steps 3-4 (steady state; the first
+  step also keeps copies of some variable buffers alive, see the notes column).
+* **jax**: ``memory_stats()`` is ``None`` on CPU. The truth is the process's peak
+  RSS (``VmHWM`` after ``clear_refs``) over two steps after one warm-up step
+  (compilation excluded), minus the RSS before, plus the bytes of the state and
+  the batch: an RSS figure, which includes allocator slack and page rounding.
+* **torch**: the torch profiler's allocation events over two real
+  ``train_on_batch`` steps (as in ``benchmarks/groundtruth.py``) plus the bytes
+  live before (variables, optimizer slots, batch).
+
+The rule of thumb beside ours: ``4 B x (3 x params + 2 x activations x batch)``
+with activations = the sum of the layers' output elements per sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+BACKENDS = ("tensorflow", "jax", "torch")
+
+#: name -> (batch size, description). Small inputs keep each backend under ~10 minutes on 2 CPU cores.
+CASES: dict[str, tuple[int, str]] = {
+    "mlp": (256, "seed MLP 1000 -> 4x100 -> 10"),
+    "conv1d": (32, "Conv1D text model, 200 steps x 64 channels"),
+    "lstm": (32, "Embedding + LSTM(128), 50 steps"),
+    "mha": (16, "MultiHeadAttention block, 64 tokens x 128"),
+    "mobilenetv2": (8, "keras.applications.MobileNetV2, 96x96, weights=None"),
+    "resnet50": (8, "keras.applications.ResNet50, 64x64, weights=None"),
+    "densenet121": (4, "keras.applications.DenseNet121, 64x64, weights=None"),
+    "efficientnetb0": (8, "keras.applications.EfficientNetB0, 64x64, weights=None"),
+}
+
+
+def build_case(name: str) -> tuple[Any, Any, Any, int]:
+    """``(model, x, y, batch_size)`` for a case (compiled with Adam and sparse cross-entropy)."""
+    import keras
+    import numpy as np
+
+    layers = keras.layers
+    batch, _ = CASES[name]
+    rng = np.random.default_rng(0)
+    keras.utils.set_random_seed(0)
+    classes = 10
+    if name == "mlp":
+        model = keras.Sequential([keras.Input((1000,))] + [layers.Dense(100, activation="relu") for _ in range(4)] + [layers.Dense(classes)])
+        x = rng.random((batch, 1000), dtype=np.float32)
+    elif name == "conv1d":
+        model = keras.Sequential([
+            keras.Input((200, 64)),
+            layers.Conv1D(128, 5, activation="relu"),
+            layers.MaxPooling1D(2),
+            layers.Conv1D(128, 5, activation="relu"),
+            layers.GlobalAveragePooling1D(),
+            layers.Dense(classes),
+        ])
+        x = rng.random((batch, 200, 64), dtype=np.float32)
+    elif name == "lstm":
+        model = keras.Sequential([keras.Input((50,), dtype="int32"), layers.Embedding(5000, 64), layers.LSTM(128), layers.Dense(classes)])
+        x = rng.integers(0, 5000, (batch, 50)).astype("int32")
+    elif name == "mha":
+        inputs = keras.Input((64, 128))
+        attended = layers.MultiHeadAttention(num_heads=4, key_dim=32)(inputs, inputs)
+        hidden = layers.LayerNormalization()(layers.Add()([inputs, attended]))
+        hidden = layers.Dense(256, activation="relu")(hidden)
+        hidden = layers.Dense(128)(hidden)
+        outputs = layers.Dense(classes)(layers.GlobalAveragePooling1D()(hidden))
+        model = keras.Model(inputs, outputs)
+        x = rng.random((batch, 64, 128), dtype=np.float32)
+    else:
+        size = 96 if name == "mobilenetv2" else 64
+        constructor = {
+            "mobilenetv2": keras.applications.MobileNetV2,
+            "resnet50": keras.applications.ResNet50,
+            "densenet121": keras.applications.DenseNet121,
+            "efficientnetb0": keras.applications.EfficientNetB0,
+        }[name]
+        model = constructor(weights=None, input_shape=(size, size, 3), classes=classes, classifier_activation=None)
+        x = rng.random((batch, size, size, 3), dtype=np.float32)
+    y = rng.integers(0, classes, (batch,)).astype("int32")
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, x, y, batch
+
+
+def rule_of_thumb(model: Any, batch_size: int) -> int:
+    """The seeds' rule: 4 B x (3 x params + 2 x activations x batch)."""
+    from nnmem_callbacks.keras.layer_rules import layer_activation_bytes
+
+    params = int(sum(int(__import__("numpy").prod(v.shape)) for v in model.trainable_variables))
+    _, _, _, outputs_bytes = layer_activation_bytes(model)
+    activations = outputs_bytes // 4
+    return 4 * (3 * params + 2 * activations * batch_size)
+
+
+# -- truth per backend (run inside the worker process) ----------------------------
+def _state_bytes(model: Any, arrays: list[Any], counted: bool = False) -> int:
+    from nnmem_callbacks.keras.common import unique, variable_bytes
+    from nnmem_callbacks.keras.tf_graph import tf_allocator_bytes
+
+    sizes = [variable_bytes(v) for v in unique(model.variables) + unique(model.optimizer.variables)]
+    sizes += [int(a.nbytes) for a in arrays]
+    return sum(tf_allocator_bytes(s) for s in sizes) if counted else sum(sizes)
+
+
+def measure_tensorflow(model: Any, x: Any, y: Any) -> dict[str, Any]:
+    import tensorflow as tf
+
+    info = tf.config.experimental.get_memory_info
+    xt, yt = tf.identity(tf.constant(x)), tf.identity(tf.constant(y))
+    state = _state_bytes(model, [x, y], counted=True)
+    windows = {}
+    for window in ("first", "steady"):
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        current = info("CPU:0")["current"]
+        model.train_on_batch(xt, yt)
+        model.train_on_batch(xt, yt)
+        after = info("CPU:0")
+        windows[window] = {"measured": int(state + after["peak"] - current), "growth": int(after["current"] - current)}
+    return {
+        "measured_bytes": windows["first"]["measured"],
+        "measured_steady_bytes": windows["steady"]["measured"],
+        "persistent_growth_first_steps": windows["first"]["growth"],
+        "truth": "tf get_memory_info('CPU:0') peak delta + counted state",
+    }
+
+
+def measure_jax(model: Any, x: Any, y: Any) -> dict[str, Any]:
+    import jax.numpy as jnp
+
+    from nnmem_callbacks import devices
+
+    xj, yj = jnp.asarray(x), jnp.asarray(y)
+    model.train_on_batch(xj, yj)  # compile + one step
+    state = _state_bytes(model, [x, y])
+    exact = devices.reset_rss_peak()
+    before = devices.current_rss()
+    model.train_on_batch(xj, yj)
+    model.train_on_batch(xj, yj)
+    peak = devices.read_status_bytes("VmHWM") or devices.current_rss()
+    return {
+        "measured_bytes": int(state + max(peak - before, 0)),
+        "rss_delta_bytes": int(peak - before),
+        "exact_rss_peak": bool(exact),
+        "truth": "process peak RSS delta over 2 steps after a warm-up step + state bytes",
+    }
+
+
+def measure_torch(model: Any, x: Any, y: Any) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.groundtruth import allocation_events
+
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
+    state = _state_bytes(model, [x, y])
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model.train_on_batch(xt, yt)
+        model.train_on_batch(xt, yt)
+    running, peak = 0, 0
+    for event in allocation_events(prof, "cpu"):
+        running += event.extra_fields.alloc_size
+        peak = max(peak, running)
+    return {"measured_bytes": int(state + peak), "truth": "torch profiler allocation events over 2 steps + state bytes"}
+
+
+def worker(name: str) -> dict[str, Any]:
+    import keras
+
+    from nnmem_callbacks.keras import estimate_training
+
+    backend = keras.backend.backend()
+    model, x, y, batch = build_case(name)
+    started = time.perf_counter()
+    estimate = estimate_training(model, batch, x=x, y=y)
+    seconds = time.perf_counter() - started
+    row: dict[str, Any] = {
+        "case": name,
+        "backend": backend,
+        "batch_size": batch,
+        "description": CASES[name][1],
+        "method": estimate.method,
+        "estimate_s": round(seconds, 2),
+        "predicted_peak_bytes": int(estimate.peak_bytes),
+        "peak_phase": estimate.peak_phase,
+        "notes": list(estimate.notes),
+    }
+    row["rule_of_thumb_bytes"] = rule_of_thumb(model, batch)
+    if backend == "tensorflow":
+        row["predicted_bytes"] = int(estimate.extra.get("tf_allocator_peak_bytes", estimate.peak_bytes))
+        row.update(measure_tensorflow(model, x, y))
+    elif backend == "jax":
+        row["predicted_bytes"] = int(estimate.peak_bytes)
+        row.update(measure_jax(model, x, y))
+    else:
+        row["predicted_bytes"] = int(estimate.peak_bytes)
+        row.update(measure_torch(model, x, y))
+    measured = row["measured_bytes"]
+    row["error"] = (row["predicted_bytes"] - measured) / measured
+    row["rule_error"] = (row["rule_of_thumb_bytes"] - measured) / measured
+    if "measured_steady_bytes" in row:
+        row["error_steady"] = (row["predicted_bytes"] - row["measured_steady_bytes"]) / row["measured_steady_bytes"]
+        row["rule_error_steady"] = (row["rule_of_thumb_bytes"] - row["measured_steady_bytes"]) / row["measured_steady_bytes"]
+    return row
+
+
+def run_isolated(name: str, backend: str, timeout: int = 600) -> dict[str, Any]:
+    """Runs one case in a fresh process (TensorFlow's allocator keeps memory across models)."""
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.keras_accuracy", "--worker", name],
+            env=env, capture_output=True, text=True, timeout=timeout,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
+    except subprocess.TimeoutExpired:
+        return {"case": name, "backend": backend, "error_text": f"timeout after {timeout}s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("{"):
+            row = json.loads(line)
+            row["wall_s"] = round(time.perf_counter() - started, 1)
+            return row
+    return {"case": name, "backend": backend, "error_text": (done.stderr or done.stdout).strip().splitlines()[-1:]}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def stats(key: str) -> dict[str, Any]:
+        values = [abs(r[key]) for r in rows if r.get(key) is not None]
+        if not values:
+            return {"n": 0}
+        return {"n": len(values), "median_abs": statistics.median(values), "worst_abs": max(values)}
+
+    summary = {"ours": stats("error"), "rule_of_thumb": stats("rule_error")}
+    if any("error_steady" in r for r in rows):
+        summary["ours_steady"] = stats("error_steady")
+        summary["rule_of_thumb_steady"] = stats("rule_error_steady")
+    return summary
+
+
+def _mib(value: Any) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f}"
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{value * 100:+.1f}%"
+
+
+def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = [f"# Keras accuracy benchmark ({backend}, CPU)", ""]
+    lines += [f"- {k}: {v}" for k, v in meta.items()]
+    lines += ["", "Error = (predicted - measured) / measured. " + (rows[0].get("truth", "") if rows else ""), ""]
+    steady = backend == "tensorflow"
+    columns = ["case", "batch", "method", "pred MiB", "meas MiB", "error"]
+    if steady:
+        columns += ["meas steps 3-4 MiB", "error steady"]
+    columns += ["rule MiB", "rule err", "est s", "full-peak pred MiB"]
+    lines.append("| " + " | ".join(columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    for r in rows:
+        if "error_text" in r:
+            lines.append(f"| {r['case']} | - | failed: {r['error_text']} |")
+            continue
+        cells = [r["case"], str(r["batch_size"]), r["method"], _mib(r["predicted_bytes"]), _mib(r["measured_bytes"]), _pct(r["error"])]
+        if steady:
+            cells += [_mib(r.get("measured_steady_bytes")), _pct(r.get("error_steady"))]
+        cells += [_mib(r["rule_of_thumb_bytes"]), _pct(r["rule_error"]), f"{r['estimate_s']:.2f}", _mib(r["predicted_peak_bytes"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Summary", "", "| estimator | n | median abs error | worst abs error |", "|---|---|---|---|"]
+    for key, value in summary.items():
+        if value.get("n"):
+            lines.append(f"| {key} | {value['n']} | {value['median_abs']:.1%} | {value['worst_abs']:.1%} |")
+    notes = sorted({note for r in rows for note in r.get("notes", [])})
+    if notes:
+        lines += ["", "Estimator notes:"] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=BACKENDS, default="tensorflow")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--render", action="store_true", help="rewrite the Markdown from the committed JSON")
+    args = parser.parse_args(argv)
+    if args.render:
+        stem = os.path.join(args.out, f"keras_{args.backend}_cpu")
+        with open(stem + ".json", encoding="utf-8") as handle:
+            saved = json.load(handle)
+        with open(stem + ".md", "w", encoding="utf-8") as handle:
+            handle.write(to_markdown(args.backend, saved["rows"], saved["summary"], saved["meta"]))
+        return 0
+    if args.worker:
+        print(json.dumps(worker(args.worker)), flush=True)
+        return 0
+    started = time.perf_counter()
+    rows = []
+    for name in [c for c in args.cases.split(",") if c]:
+        row = run_isolated(name, args.backend)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "notes"}), flush=True)
+    summary = summarize([r for r in rows if "error_text" not in r])
+    import keras  # noqa: F401 - versions for the record
+
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "keras": __import__("keras").__version__,
+        "backend": args.backend,
+        "python": sys.version.split()[0],
+        "cpu_threads": os.cpu_count(),
+        "cases": args.cases,
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, f"keras_{args.backend}_cpu")
+    with open(stem + ".json", "w", encoding="utf-8") as handle:
+        json.dump({"meta": meta, "summary": summary, "rows": rows}, handle, indent=2)
+    with open(stem + ".md", "w", encoding="utf-8") as handle:
+        handle.write(to_markdown(args.backend, rows, summary, meta))
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""Keras quickstart: predict the training memory, then check it while fitting (CPU, synthetic data, seconds).
+
+    KERAS_BACKEND=tensorflow python examples/keras_quickstart.py   # or jax, torch
+
+1. The seed question's MLP (1000 -> 4 x 100 -> 10) at batch 256: estimate, and
+   the batch size that fits a budget (``fit_plan``).
+2. A small CNN trained with ``MemoryBudgetCallback``: predicted and measured
+   peaks land in ``history.history`` (and in TensorBoard with ``log_dir``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+
+import numpy as np
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+
+from nnmem_callbacks.keras import MemoryBudgetCallback, estimate_training, fit_plan  # noqa: E402
+from nnmem_callbacks.report import format_summary  # noqa: E402
+from nnmem_callbacks.units import format_bytes  # noqa: E402
+
+L = keras.layers
+
+
+def seed_mlp() -> keras.Model:
+    model = keras.Sequential([keras.Input((1000,))] + [L.Dense(100, activation="relu") for _ in range(4)] + [L.Dense(10)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def small_cnn() -> keras.Model:
+    model = keras.Sequential([
+        keras.Input((32, 32, 3)),
+        L.Conv2D(32, 3, activation="relu"),
+        L.MaxPooling2D(),
+        L.Conv2D(64, 3, activation="relu"),
+        L.GlobalAveragePooling2D(),
+        L.Dense(10),
+    ])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def main() -> None:
+    print(f"Keras backend: {keras.backend.backend()}")
+    # 1. the seed MLP, before training
+    model = seed_mlp()
+    estimate = estimate_training(model, batch_size=256)
+    print(format_summary(estimate))
+    budget = int(estimate.peak_bytes_at(64) / 0.95)
+    plan = fit_plan(model, budget=budget, batch_size=256)
+    print(f"\nTo fit {format_bytes(budget)}: fits={plan.fits}, largest batch {plan.max_batch_size}; use\n{plan.code}\n")
+
+    # 2. a small CNN, checked every epoch
+    rng = np.random.default_rng(0)
+    x = rng.random((512, 32, 32, 3), dtype=np.float32)
+    y = rng.integers(0, 10, 512).astype("int32")
+    log_dir = tempfile.mkdtemp(prefix="nnmem_keras_")
+    callback = MemoryBudgetCallback(batch_size=64, budget="2GiB", log_dir=log_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        history = small_cnn().fit(x, y, batch_size=64, epochs=2, callbacks=[callback], verbose=0)
+    for epoch, (predicted, measured) in enumerate(
+        zip(history.history["memory_predicted_peak_mib"], history.history["memory_measured_peak_mib"])
+    ):
+        print(f"epoch {epoch}: predicted {predicted:.1f} MiB, measured {measured:.1f} MiB ({callback._meter.kind})")
+    print(f"TensorBoard: tensorboard --logdir {log_dir}")
+
+
+if __name__ == "__main__":
+    main()

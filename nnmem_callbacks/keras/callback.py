@@ -1,0 +1,478 @@
+"""The Keras ``MemoryBudgetCallback``: predict at ``on_train_begin``, measure every epoch.
+
+Flat and backend-neutral (TensorFlow, JAX, torch). Keras gives callbacks no
+batch size and a running ``fit`` cannot change it, so the callback takes the
+batch size as an argument, only warns or raises, and points to
+:func:`~nnmem_callbacks.keras.fit_plan` for choosing a batch before ``fit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from typing import Any
+
+import keras
+
+from nnmem_callbacks import devices
+from nnmem_callbacks.estimate import MemoryEstimate
+from nnmem_callbacks.plan import (
+    DEFAULT_MARGIN,
+    MemoryBudgetExceeded,
+    Plan,
+    check_budget,
+    check_margin,
+    make_plan,
+    resolve_budget,
+)
+from nnmem_callbacks.units import MiB
+
+log = logging.getLogger(__name__)
+
+#: Batches that fit's ``tf.data`` pipeline holds beyond the one being trained on
+#: (the prefetch buffer and the batch being assembled), as measured on CPU.
+INPUT_PIPELINE_BATCHES = 2
+
+
+def _tf_counted(num_bytes: int) -> int:
+    from nnmem_callbacks.keras.tf_graph import tf_allocator_bytes
+
+    return tf_allocator_bytes(num_bytes)
+
+#: Keys added to ``logs`` every epoch (valid Keras metric names; MiB except the error).
+PREDICTED_PEAK = "memory_predicted_peak_mib"
+MEASURED_PEAK = "memory_measured_peak_mib"
+RELATIVE_ERROR = "memory_relative_error"
+BUDGET = "memory_budget_mib"
+
+
+class MemoryBudgetCallback(keras.callbacks.Callback):
+    """Predicts the peak memory of ``fit`` before the first step and checks it every epoch.
+
+    Args:
+        batch_size: The batch size passed to ``fit``. Keras does not tell
+            callbacks the batch size; when omitted it is read from ``data``
+            (a ``tf.data.Dataset`` with a static batch dimension, a
+            ``keras.utils.PyDataset`` with a ``batch_size``, or arrays whose
+            length divided by ``self.params["steps"]`` gives it), otherwise the
+            callback warns that it needs it and only measures.
+        budget: ``None``: free memory minus ``margin``; an ``int`` of bytes; a
+            ``float`` in (0, 1]: a fraction of the device capacity; a string
+            such as ``"2GiB"``.
+        policy: ``"warn"``: one warning with the breakdown, the largest batch
+            that fits and Keras code for each remedy with its predicted saving.
+            ``"raise"``: :class:`~nnmem_callbacks.MemoryBudgetExceeded` from
+            ``on_train_begin``, before any optimizer step, with the same text.
+        log_dir: Also write the values to TensorBoard event files here (no
+            TensorFlow needed).
+        margin: Headroom kept below the budget when proposing a batch size.
+        data: Optional training data to infer the batch size from.
+        x, y: Optional example arrays for the estimator (subclassed models).
+
+    Every epoch ``logs`` gains ``memory_predicted_peak_mib``,
+    ``memory_measured_peak_mib``, ``memory_relative_error`` and
+    ``memory_budget_mib``, so ``History`` and a ``keras.callbacks.TensorBoard``
+    placed after this callback record them.
+
+    Raises:
+        ValueError: For a policy other than ``"warn"``/``"raise"`` (the message
+            explains why ``shrink``/``accumulate`` are not possible here), an
+            invalid budget, margin or batch size.
+
+    Example:
+        >>> MemoryBudgetCallback(batch_size=256, budget="2GiB").policy
+        'warn'
+        >>> MemoryBudgetCallback(policy="shrink")
+        Traceback (most recent call last):
+        ...
+        ValueError: policy 'shrink' is not available in Keras: a running fit cannot change its batch size. Valid policies are 'warn', 'raise'; to train with a batch that fits, call nnmem_callbacks.keras.fit_plan(model, budget, batch_size) before fit and use its batch_size and gradient_accumulation_steps.
+    """
+
+    #: The policies accepted by ``policy``.
+    POLICIES = ("warn", "raise")
+
+    def __init__(
+        self,
+        batch_size: int | None = None,
+        budget: int | float | str | None = None,
+        policy: str = "warn",
+        log_dir: str | None = None,
+        *,
+        margin: float = DEFAULT_MARGIN,
+        data: Any = None,
+        x: Any = None,
+        y: Any = None,
+    ) -> None:
+        super().__init__()
+        if policy not in self.POLICIES:
+            if policy in ("shrink", "accumulate"):
+                raise ValueError(
+                    f"policy {policy!r} is not available in Keras: a running fit cannot change its batch size. Valid "
+                    f"policies are {', '.join(map(repr, self.POLICIES))}; to train with a batch that fits, call "
+                    f"nnmem_callbacks.keras.fit_plan(model, budget, batch_size) before fit and use its batch_size and "
+                    f"gradient_accumulation_steps."
+                )
+            raise ValueError(f"unknown policy {policy!r}; valid policies are {', '.join(map(repr, self.POLICIES))}")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.budget = check_budget(budget)
+        self.policy = policy
+        self.log_dir = log_dir
+        self.margin = check_margin(margin)
+        self.data = data
+        self.x, self.y = x, y
+        self._reset()
+
+    # ------------------------------------------------------------------ state
+    def _reset(self) -> None:
+        self.estimate: MemoryEstimate | None = None
+        self.plan: Plan | None = None
+        self.failure: str | None = None
+        self.message: str | None = None
+        self.measurements: list[dict[str, Any]] = []
+        self._train_batch_size: int | None = None
+        self._meter: _Meter | None = None
+        self._writer: Any = None
+        self._warned: set[str] = set()
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._close_writer()
+        self._reset()
+        self._meter = _Meter.for_backend()
+        batch_size, reason = self._infer_batch_size()
+        self._train_batch_size = batch_size
+        if batch_size is None:
+            self.failure = reason
+        else:
+            try:
+                from nnmem_callbacks.keras.estimator import estimate_training
+
+                self.estimate = estimate_training(self.model, batch_size, self.x, self.y)
+            except Exception as error:  # noqa: BLE001 - never break training
+                self.failure = f"{type(error).__name__}: {error}"
+        if self.estimate is None:
+            self._warn(
+                f"MemoryBudgetCallback could not estimate the training memory, so training goes on unchanged and the "
+                f"callback only measures: {self.failure}"
+            )
+        else:
+            self._plan()
+        self._safe(self._meter.start_run)
+        self._open_writer()
+        if self.estimate is not None and self.plan is not None and self.message and not self.plan.fits:
+            if self.policy == "raise":
+                raise MemoryBudgetExceeded(self.message)
+            self._warn(self.message)
+
+    def _plan(self) -> None:
+        from nnmem_callbacks.keras.planning import describe, keras_suggestions, optimizer_name
+
+        estimate = self.estimate
+        assert estimate is not None
+        capacity, free = self._safe(lambda: self._meter.capacity()) or devices.cpu_capacity()
+        budget_bytes = resolve_budget(self.budget, capacity_bytes=capacity, free_bytes=free, margin=self.margin)
+        self.plan = make_plan(estimate, budget_bytes, policy="warn", margin=self.margin)
+        suggestions = keras_suggestions(
+            estimate,
+            budget_bytes,
+            margin=self.margin,
+            optimizer_name=optimizer_name(self.model),
+            mixed="mixed" in estimate.precision,
+        )
+        self.plan = Plan(**{**self.plan.__dict__, "policy": self.policy, "suggestions": tuple(suggestions)})
+        text = describe(self.plan, estimate, suggestions)
+        if not self.plan.fits:
+            text += (
+                "\nA running fit cannot change its batch size: stop and restart with one of the above, or call "
+                "nnmem_callbacks.keras.fit_plan(model, budget, batch_size) before fit."
+            )
+        self.message = "MemoryBudgetCallback: " + text
+
+    def _infer_batch_size(self) -> tuple[int | None, str | None]:
+        if self.batch_size is not None:
+            return self.batch_size, None
+        data = self.data
+        steps = (self.params or {}).get("steps")
+        if data is not None:
+            spec = getattr(data, "element_spec", None)
+            if spec is not None:
+                first = spec[0] if isinstance(spec, (tuple, list)) else spec
+                while isinstance(first, (tuple, list, dict)):
+                    first = list(first.values())[0] if isinstance(first, dict) else first[0]
+                dim = first.shape[0] if first.shape.rank else None
+                if dim is not None:
+                    return int(dim), None
+            size = getattr(data, "batch_size", None)
+            if isinstance(size, int) and size > 0:
+                return size, None
+            length = _num_samples(data)
+            if length and steps:
+                return int(math.ceil(length / steps)), None
+        return None, (
+            "the batch size is unknown: Keras does not pass it to callbacks; use "
+            "MemoryBudgetCallback(batch_size=...) with the value given to fit (or data=... with a static batch "
+            "dimension)"
+        )
+
+    # --------------------------------------------------------------- epochs
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if self._meter is not None:
+            self._safe(self._meter.reset)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._meter is not None and not self._meter.exact:
+            self._safe(self._meter.sample)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._meter is None:
+            return
+        measured = self._safe(self._meter.read)
+        if measured is None:
+            return
+        values: dict[str, float] = {MEASURED_PEAK: measured / MiB}
+        row: dict[str, Any] = {"epoch": int(epoch), "kind": self._meter.kind, "measured_peak_bytes": int(measured)}
+        predicted = self._predicted_comparable()
+        if predicted is not None:
+            values[PREDICTED_PEAK] = predicted / MiB
+            values[RELATIVE_ERROR] = (measured - predicted) / max(predicted, 1)
+            row["predicted_peak_bytes"] = int(predicted)
+            row["relative_error"] = values[RELATIVE_ERROR]
+        if self.plan is not None:
+            values[BUDGET] = self.plan.budget_bytes / MiB
+        self.measurements.append(row)
+        if logs is not None:
+            logs.update(values)
+        self._write_scalars(values, epoch)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._close_writer()
+
+    # ---------------------------------------------------------- predictions
+    def _predicted_comparable(self) -> int | None:
+        """The prediction of what the meter reads (allocator or process figures, not only tensors)."""
+        if self.estimate is None or self._meter is None:
+            return None
+        size = self._train_batch_size or self.estimate.batch_size
+        peak = self.estimate.peak_bytes_at(size)
+        if self._meter.kind == "tensorflow":
+            extra = self.estimate.extra
+            if "tf_allocator_peak_bytes" in extra and self.estimate.batch_size == size:
+                peak = int(extra["tf_allocator_peak_bytes"])
+                resident = int(extra.get("tf_allocator_static_bytes", 0))
+            else:
+                resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]
+            # fit's tf.data pipeline prefetches: about INPUT_PIPELINE_BATCHES more batches are alive
+            batch_inputs = self.estimate.breakdown["inputs"] * size // max(self.estimate.batch_size, 1)
+            pipeline = sum(
+                _tf_counted(batch_inputs // max(self._num_inputs(), 1)) for _ in range(self._num_inputs())
+            ) * INPUT_PIPELINE_BATCHES
+            return max(self._meter.baseline - resident, 0) + peak + pipeline
+        if self._meter.kind == "rss":
+            resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]
+            return max(self._meter.baseline - resident, 0) + peak
+        return peak
+
+    def _num_inputs(self) -> int:
+        return int((self.estimate.extra if self.estimate else {}).get("inputs", 1) or 1)
+
+    # ----------------------------------------------------------- TensorBoard
+    def _open_writer(self) -> None:
+        if not self.log_dir:
+            return
+        self._writer = self._safe(lambda: _EventWriter(self.log_dir))
+        if self._writer is None:
+            return
+        from nnmem_callbacks.report import format_summary
+
+        parts = []
+        if self.estimate is not None:
+            parts.append("```\n" + format_summary(self.estimate) + "\n```")
+        if self.message:
+            parts.append("```\n" + self.message + "\n```")
+        if self.failure:
+            parts.append(f"no prediction: {self.failure}")
+        self._safe(lambda: self._writer.text("memory/estimate", "\n\n".join(parts) or "no estimate", 0))
+
+    def _write_scalars(self, values: dict[str, float], epoch: int) -> None:
+        if self._writer is None:
+            return
+        for name, value in values.items():
+            tag = "memory/" + name[len("memory_"):]
+            self._safe(lambda tag=tag, value=value: self._writer.scalar(tag, value, epoch))
+        self._safe(self._writer.flush)
+
+    def _close_writer(self) -> None:
+        writer, self._writer = getattr(self, "_writer", None), None
+        if writer is not None:
+            self._safe(writer.close)
+
+    # --------------------------------------------------------------- helpers
+    def _warn(self, message: str) -> None:
+        if message in self._warned:
+            return
+        self._warned.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+    @staticmethod
+    def _safe(function: Any) -> Any:
+        try:
+            return function()
+        except Exception as error:  # noqa: BLE001 - measuring and logging never break training
+            log.debug("MemoryBudgetCallback: %s failed: %s", getattr(function, "__name__", function), error)
+            return None
+
+
+def _num_samples(data: Any) -> int | None:
+    first = data
+    while isinstance(first, (tuple, list)) and first:
+        first = first[0]
+    if isinstance(first, dict) and first:
+        first = next(iter(first.values()))
+    shape = getattr(first, "shape", None)
+    if shape is not None and len(shape) > 0 and shape[0] is not None:
+        return int(shape[0])
+    return None
+
+
+class _Meter:
+    """The active backend's peak over an epoch.
+
+    * ``tensorflow``: ``get_memory_info(dev)['peak']`` after ``reset_memory_stats``
+      (allocations of 256 KiB and more on CPU).
+    * ``jax``: ``device.memory_stats()['peak_bytes_in_use']`` where available
+      (GPU/TPU; there is no reset, so the epoch's peak is only known when it
+      exceeds earlier ones, and the run's peak is reported), else process RSS.
+    * ``torch``/CPU: ``nnmem_callbacks.devices.PeakMeter`` (CUDA statistics or
+      the process's peak RSS).
+    """
+
+    def __init__(self, kind: str, device: Any = None) -> None:
+        self.kind = kind
+        self.device = device
+        self.baseline = 0
+        self.exact = True
+        self._rss: devices.PeakMeter | None = None
+        if kind in ("rss", "cuda"):
+            self._rss = devices.PeakMeter(device or "cpu")
+
+    @classmethod
+    def for_backend(cls) -> "_Meter":
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            gpus = tf.config.list_logical_devices("GPU")
+            return cls("tensorflow", "GPU:0" if gpus else "CPU:0")
+        if backend == "jax":
+            import jax
+
+            device = jax.devices()[0]
+            stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+            if stats and "peak_bytes_in_use" in stats:
+                return cls("jax", device)
+            return cls("rss", "cpu")
+        if backend == "torch":
+            try:
+                from keras.src.backend.torch.core import get_device
+
+                device = str(get_device())
+            except Exception:  # noqa: BLE001
+                device = "cpu"
+            if device.startswith("cuda"):
+                return cls("cuda", device)
+            return cls("rss", "cpu")
+        return cls("rss", "cpu")
+
+    def capacity(self) -> tuple[int, int]:
+        if self.kind == "cuda":
+            return devices.cuda_capacity(self.device)
+        if self.kind == "jax":
+            stats = self.device.memory_stats() or {}
+            total = int(stats.get("bytes_limit", 0))
+            if total:
+                return total, total - int(stats.get("bytes_in_use", 0))
+        return devices.cpu_capacity()
+
+    def start_run(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        if self.kind == "tensorflow":
+            import tensorflow as tf
+
+            tf.config.experimental.reset_memory_stats(self.device)
+            self.baseline = int(tf.config.experimental.get_memory_info(self.device)["current"])
+        elif self.kind == "jax":
+            stats = self.device.memory_stats() or {}
+            self.baseline = int(stats.get("bytes_in_use", 0))
+        else:
+            assert self._rss is not None
+            self._rss.reset()
+            self.exact = self._rss.exact
+            self.baseline = self._rss.read().current_bytes if self.kind == "rss" else 0
+
+    def sample(self) -> None:
+        if self._rss is not None:
+            self._rss.sample()
+
+    def read(self) -> int:
+        if self.kind == "tensorflow":
+            import tensorflow as tf
+
+            return int(tf.config.experimental.get_memory_info(self.device)["peak"])
+        if self.kind == "jax":
+            stats = self.device.memory_stats() or {}
+            return int(stats.get("peak_bytes_in_use", 0))
+        assert self._rss is not None
+        return int(self._rss.read().peak_bytes)
+
+
+class _EventWriter:
+    """Scalars and text as TensorBoard event files, with the ``tensorboard`` package only (no TensorFlow)."""
+
+    def __init__(self, log_dir: str) -> None:
+        # tensorboard's EventFileWriter imports TensorFlow when it is installed (tensorboard.compat);
+        # its RecordWriter and the protos do not, so the file is written here.
+        import os
+        import socket
+        import time
+
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        os.makedirs(log_dir, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.nnmem"
+        self.path = os.path.join(log_dir, name)
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._writer = RecordWriter(self._file)
+        self._writer.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+
+    def _write(self, summary: Any, step: int) -> None:
+        import time
+
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        self._writer.write(Event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._write(Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]), step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+
+        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
+        tensor = TensorProto(dtype=7, string_val=[text.encode("utf-8")], tensor_shape=TensorShapeProto())  # DT_STRING
+        self._write(Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)]), step)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()

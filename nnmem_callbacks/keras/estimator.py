@@ -1,0 +1,152 @@
+"""``estimate_training`` for Keras 3: one estimator per backend, one result type.
+
+* **tensorflow**: the traced graph of ``model.train_step`` is replayed with
+  reference-counted buffers (:mod:`nnmem_callbacks.keras.tf_graph`).
+* **jax**: the jitted stateless train step is lowered and compiled for the
+  batch shape and XLA's ``memory_analysis()`` is read
+  (:mod:`nnmem_callbacks.keras.jax_xla`).
+* **torch**: the Keras-on-torch step is traced by the PyTorch estimator on fake
+  tensors, with the Keras optimizer's slot variables counted exactly
+  (:mod:`nnmem_callbacks.keras.torch_backend`).
+
+When the backend estimator fails, the per-layer rules of
+:mod:`nnmem_callbacks.keras.layer_rules` take over; ``MemoryEstimate.method``
+and ``notes`` say which method ran and why, and one warning is emitted.
+
+Mixed precision (dtype policies), ``gradient_accumulation_steps`` on the
+optimizer and ``keras.RematScope`` are reflected because the real step is
+traced or compiled with them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from nnmem_callbacks.estimate import MemoryEstimate
+from nnmem_callbacks.keras.common import (
+    KerasEstimationError,
+    backend_name,
+    input_specs,
+    is_compiled,
+)
+
+#: ``method=`` values accepted by :func:`estimate_training`.
+METHODS = ("auto", "backend", "layer-rules")
+
+_warned: set[str] = set()
+
+
+def estimate_training(
+    model: Any,
+    batch_size: int | None = None,
+    x: Any = None,
+    y: Any = None,
+    *,
+    method: str = "auto",
+    check_scaling: bool = True,
+) -> MemoryEstimate:
+    """Predicts the peak memory of ``model.fit`` at ``batch_size``, before it runs.
+
+    Args:
+        model: A compiled Keras 3 model (Sequential, Functional or subclassed);
+            its optimizer, loss and dtype policy are used. Nothing about it
+            changes, except that an unbuilt optimizer may be built (TensorFlow
+            backend), as Keras does at the first ``fit`` step.
+        batch_size: The batch size; default: the first dimension of ``x``.
+        x: Example inputs (arrays, or lists/dicts of arrays). Only shapes and
+            dtypes are used. Required for subclassed models.
+        y: Example targets. Default: shaped like the model's output (without
+            the last axis, as integers, for sparse losses).
+        method: ``"auto"`` (the backend's estimator, layer rules if it fails),
+            ``"backend"`` (raise instead of falling back) or ``"layer-rules"``.
+        check_scaling: JAX compiles (torch traces) the step again at other
+            batch sizes for the growth per sample; ``False`` does it once
+            (faster for large models; the growth is then assumed from the
+            batch-dependent categories). TensorFlow always replays twice (cheap).
+
+    Returns:
+        A :class:`~nnmem_callbacks.MemoryEstimate`; ``method`` is
+        ``"tf-graph"``, ``"xla-memory-analysis"``, ``"torch-trace"`` or
+        ``"layer-rules"``.
+
+    Raises:
+        KerasEstimationError: For an uncompiled model, a missing batch size, a
+            subclassed model without ``x``, or an unknown ``method``.
+    """
+    if method not in METHODS:
+        raise KerasEstimationError(f"unknown method {method!r}; valid methods are {', '.join(map(repr, METHODS))}")
+    if not is_compiled(model):
+        raise KerasEstimationError("compile the model first (model.compile(optimizer=..., loss=...)): its optimizer and loss are estimated")
+    x_specs, y_specs, example_batch = input_specs(model, x, y)
+    if batch_size is None:
+        batch_size = example_batch
+    if batch_size is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise KerasEstimationError(f"batch_size must be a positive integer (or pass x=...), got {batch_size!r}")
+    _symbolic_build(model, batch_size, x_specs, y_specs)
+    notes: list[str] = []
+    backend = backend_name()
+    if method == "layer-rules":
+        from nnmem_callbacks.keras.layer_rules import estimate_layer_rules
+
+        notes.append("layer rules requested (method='layer-rules')")
+        return estimate_layer_rules(model, batch_size, x_specs, y_specs, notes)
+    try:
+        return _backend_estimate(backend, model, batch_size, x_specs, y_specs, notes, check_scaling)
+    except KerasEstimationError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure of the backend estimator
+        if method == "backend":
+            raise
+        from nnmem_callbacks.keras.layer_rules import estimate_layer_rules
+
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+        notes.append(f"the {backend} estimator failed ({reason}); layer-rules estimate")
+        _warn_once(f"nnmem_callbacks: the Keras {backend} estimator failed ({reason}); using per-layer rules instead")
+        return estimate_layer_rules(model, batch_size, x_specs, y_specs, notes)
+
+
+def _backend_estimate(
+    backend: str, model: Any, batch_size: int, x_specs: Any, y_specs: Any, notes: list[str], check_scaling: bool = True
+) -> MemoryEstimate:
+    if backend == "tensorflow":
+        from nnmem_callbacks.keras.tf_graph import estimate_tensorflow
+
+        return estimate_tensorflow(model, batch_size, x_specs, y_specs, notes)
+    if backend == "jax":
+        from nnmem_callbacks.keras.jax_xla import estimate_jax
+
+        return estimate_jax(model, batch_size, x_specs, y_specs, notes, check_scaling)
+    if backend == "torch":
+        from nnmem_callbacks.keras.torch_backend import estimate_torch
+
+        return estimate_torch(model, batch_size, x_specs, y_specs, notes, check_scaling)
+    raise NotImplementedError(f"no estimator for the Keras backend {backend!r}")
+
+
+def _symbolic_build(model: Any, batch_size: int, x_specs: Any, y_specs: Any) -> None:
+    """What ``fit`` does first: build the model, the compiled loss and metrics, and the optimizer.
+
+    Keras' own ``_symbolic_build`` runs on symbolic tensors: variables are
+    created (if they do not exist yet) but none changes its value.
+    """
+    import keras
+
+    from nnmem_callbacks.keras.common import tree_map
+
+    def symbolic(spec: Any) -> Any:
+        return keras.KerasTensor(spec.at(batch_size), dtype=spec.dtype)
+
+    build = getattr(model, "_symbolic_build", None)
+    if build is None:  # pragma: no cover - very old or very new Keras
+        if getattr(model.optimizer, "built", True) is False:
+            model.optimizer.build(model.trainable_variables)
+        return
+    build(data_batch=(tree_map(symbolic, x_specs), tree_map(symbolic, y_specs)))
+
+
+def _warn_once(message: str) -> None:
+    if message in _warned:
+        return
+    _warned.add(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -1,0 +1,155 @@
+"""Keras on JAX and on torch: each in its own subprocess (Keras picks its backend at import)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("keras")
+pytestmark = pytest.mark.keras
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+COMMON = textwrap.dedent(
+    """
+    import json, sys, warnings
+    import numpy as np, keras
+    from nnmem_callbacks.keras import MemoryBudgetCallback, estimate_training
+    L = keras.layers
+    out = {}
+
+    def mlp(hidden=100):
+        model = keras.Sequential([keras.Input((1000,))] + [L.Dense(hidden, activation="relu") for _ in range(4)] + [L.Dense(10)])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        return model
+
+    rng = np.random.default_rng(0)
+    x = rng.random((256, 1000), dtype=np.float32)
+    y = rng.integers(0, 10, 256).astype("int32")
+    """
+)
+
+CALLBACK = textwrap.dedent(
+    """
+    def callback_checks(log_dir):
+        callback = MemoryBudgetCallback(batch_size=64, budget="8GiB", log_dir=log_dir)
+        history = mlp().fit(x, y, batch_size=64, epochs=2, callbacks=[callback], verbose=0)
+        out["logged"] = sorted(k for k in history.history if k.startswith("memory_"))
+        out["epochs_logged"] = len(history.history["memory_relative_error"])
+        callback.batch_size = 32
+        mlp(50).fit(x, y, batch_size=32, epochs=1, callbacks=[callback], verbose=0)
+        out["reused_batch"] = callback.estimate.batch_size
+        out["reused_measurements"] = len(callback.measurements)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tight = MemoryBudgetCallback(batch_size=64, budget=callback.estimate.static_bytes)
+            mlp().fit(x, y, batch_size=64, epochs=1, callbacks=[tight], verbose=0)
+        out["warnings"] = sum("MemoryBudgetCallback" in str(w.message) for w in caught)
+        out["tensorflow_imported"] = "tensorflow" in sys.modules
+    """
+)
+
+
+def run_backend(backend: str, body: str, tmp_path, timeout: int = 300) -> dict:
+    code = COMMON + CALLBACK + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n"
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", LOG_DIR=str(tmp_path / "tb"))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(f"subprocess failed ({backend}):\n{done.stderr[-4000:]}")
+
+
+def read_scalars(log_dir: str) -> set:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(log_dir)
+    accumulator.Reload()
+    return set(accumulator.Tags()["scalars"])
+
+
+def _check_callback(result: dict, tmp_path) -> None:
+    assert result["logged"] == [
+        "memory_budget_mib",
+        "memory_measured_peak_mib",
+        "memory_predicted_peak_mib",
+        "memory_relative_error",
+    ]
+    assert result["epochs_logged"] == 2
+    assert result["reused_batch"] == 32 and result["reused_measurements"] == 1
+    assert result["warnings"] == 1
+    assert not result["tensorflow_imported"]
+    assert {"memory/predicted_peak_mib", "memory/measured_peak_mib"} <= read_scalars(str(tmp_path / "tb"))
+
+
+def test_jax_backend(tmp_path):
+    pytest.importorskip("jax")
+    result = run_backend(
+        "jax",
+        """
+        import os
+        from nnmem_callbacks.keras.jax_xla import compile_train_step
+        from nnmem_callbacks.keras.common import input_specs
+        model = mlp(1000)
+        est = estimate_training(model, batch_size=256)
+        out["method"] = est.method
+        out["peak"] = est.peak_bytes
+        out["sum"] = sum(est.breakdown.values())
+        out["static"] = est.static_bytes
+        out["grows"] = est.peak_bytes_at(512) > est.peak_bytes
+        out["heavy_imports"] = [m for m in ("torch", "tensorflow") if m in sys.modules]
+        xs, ys, _ = input_specs(model)
+        analysis = compile_train_step(model, 256, xs, ys).memory_analysis()
+        out["xla"] = int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+                         - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
+        from benchmarks.keras_accuracy import measure_jax
+        out["rss_truth"] = measure_jax(model, x, y)["measured_bytes"]
+        callback_checks(os.environ["LOG_DIR"])
+        """,
+        tmp_path,
+    )
+    assert result["method"] == "xla-memory-analysis"
+    assert result["peak"] == result["sum"] == result["xla"]
+    assert result["static"] >= 3 * (1000 * 1000 * 3 + 1000 * 1000 + 10 * 1000) * 4 * 0.99
+    assert result["grows"]
+    assert result["heavy_imports"] == []  # estimating on JAX imports neither torch nor tensorflow
+    # the truth on CPU is process RSS (no allocator statistics): a loose check
+    assert abs(result["peak"] - result["rss_truth"]) / result["rss_truth"] < 0.35, result
+    _check_callback(result, tmp_path)
+
+
+def test_torch_backend(tmp_path):
+    pytest.importorskip("torch")
+    result = run_backend(
+        "torch",
+        """
+        import os
+        model = mlp(1000)
+        est = estimate_training(model, batch_size=256)
+        out["method"] = est.method
+        out["peak"] = est.peak_bytes
+        out["optimizer_state"] = est.breakdown["optimizer_state"]
+        out["keras_state"] = est.extra["keras_optimizer_state_bytes"]
+        out["torch_imported"] = "torch" in sys.modules
+        from benchmarks.keras_accuracy import measure_torch
+        out["truth"] = measure_torch(model, x, y)["measured_bytes"]
+        sgd = mlp()
+        sgd.compile(optimizer=keras.optimizers.RMSprop(), loss="sparse_categorical_crossentropy")
+        other = estimate_training(sgd, batch_size=64)
+        out["rmsprop_method"] = other.method
+        out["rmsprop_notes"] = list(other.notes)
+        callback_checks(os.environ["LOG_DIR"])
+        """,
+        tmp_path,
+    )
+    assert result["method"] == "torch-trace"
+    assert result["optimizer_state"] == result["keras_state"]
+    assert abs(result["peak"] - result["truth"]) / result["truth"] < 0.15, result
+    assert result["rmsprop_method"] == "torch-trace"
+    assert any("RMSprop update ran on fake tensors" in note for note in result["rmsprop_notes"])
+    _check_callback(result, tmp_path)

@@ -1,0 +1,308 @@
+"""Keras on TensorFlow: the graph-replay estimator against the allocator, and the callback.
+
+Runs in-process when Keras' backend is TensorFlow (the default); skipped otherwise
+(the JAX and torch backends are tested in subprocesses, tests/test_keras_backends.py).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+if keras.backend.backend() != "tensorflow":  # pragma: no cover - another test imported keras first
+    pytest.skip("Keras backend is not tensorflow in this process", allow_module_level=True)
+
+import tensorflow as tf  # noqa: E402
+
+from nnmem_callbacks import MemoryBudgetExceeded  # noqa: E402
+from nnmem_callbacks.keras import KerasEstimationError, MemoryBudgetCallback, estimate_training, fit_plan  # noqa: E402
+from nnmem_callbacks.keras.tf_graph import tf_allocator_bytes  # noqa: E402
+
+pytestmark = pytest.mark.keras
+L = keras.layers
+
+
+def mlp(hidden: int = 100) -> keras.Model:
+    model = keras.Sequential([keras.Input((1000,))] + [L.Dense(hidden, activation="relu") for _ in range(4)] + [L.Dense(10)])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+
+
+def data(n: int = 512, features: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.random((n, features), dtype=np.float32), rng.integers(0, 10, n).astype("int32")
+
+
+def measured_allocator_peak(model: keras.Model, x: np.ndarray, y: np.ndarray, estimate) -> int:
+    """TF CPU allocator peak over two train_on_batch steps + the counted state (the benchmark's truth)."""
+    info = tf.config.experimental.get_memory_info
+    xt, yt = tf.identity(tf.constant(x)), tf.identity(tf.constant(y))
+    state = estimate.extra["tf_allocator_static_bytes"] + tf_allocator_bytes(x.nbytes) + tf_allocator_bytes(y.nbytes)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    current = info("CPU:0")["current"]
+    model.train_on_batch(xt, yt)
+    model.train_on_batch(xt, yt)
+    return int(state + info("CPU:0")["peak"] - current)
+
+
+# -- estimator -------------------------------------------------------------------
+def test_mlp_estimate_matches_the_allocator():
+    model = mlp(1000)
+    x, y = data(128)
+    est = estimate_training(model, batch_size=128)
+    assert est.method == "tf-graph"
+    assert est.batch_size == 128
+    assert sum(est.breakdown.values()) == est.peak_bytes
+    assert est.breakdown["optimizer_state"] >= 2 * est.breakdown["parameters"]
+    measured = measured_allocator_peak(model, x, y, est)
+    predicted = est.extra["tf_allocator_peak_bytes"]
+    assert abs(predicted - measured) / measured < 0.15, (predicted, measured)
+
+
+def test_estimate_changes_no_values_and_scales_with_the_batch():
+    model = mlp()
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    est = estimate_training(model, batch_size=64)
+    assert int(model.optimizer.iterations.numpy()) == 0
+    for old, variable in zip(before, model.trainable_variables):
+        np.testing.assert_array_equal(old, variable.numpy())
+    assert est.peak_bytes_at(128) > est.peak_bytes_at(64) == est.peak_bytes
+    assert est.per_sample_bytes > 0
+
+
+def test_functional_cnn_lstm_and_layer_rules():
+    inputs = keras.Input((16, 16, 3))
+    hidden = L.Conv2D(8, 3, activation="relu")(inputs)
+    hidden = L.BatchNormalization()(hidden)
+    outputs = L.Dense(4)(L.GlobalAveragePooling2D()(hidden))
+    cnn = keras.Model(inputs, outputs)
+    cnn.compile(optimizer="sgd", loss="mse")
+    est = estimate_training(cnn, batch_size=8)
+    assert est.method == "tf-graph" and est.breakdown["activations"] > 0
+    rules = estimate_training(cnn, batch_size=8, method="layer-rules")
+    assert rules.method == "layer-rules" and rules.peak_bytes > 0
+
+    lstm = keras.Sequential([keras.Input((20,), dtype="int32"), L.Embedding(100, 8), L.LSTM(16), L.Dense(3)])
+    lstm.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    est = estimate_training(lstm, batch_size=16)
+    assert est.method == "tf-graph"
+    # per-step gate activations kept for backward are counted (TensorList accumulators)
+    assert est.breakdown["activations"] > 16 * 20 * 16 * 4 * 4
+
+
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.first = L.Dense(32, activation="relu")
+        self.second = L.Dense(5)
+
+    def call(self, x):
+        return self.second(self.first(x))
+
+
+def test_subclassed_models_need_x():
+    model = Subclassed()
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(KerasEstimationError, match="x="):
+        estimate_training(model, batch_size=4)
+    x = np.zeros((4, 12), np.float32)
+    est = estimate_training(model, x=x, y=np.zeros((4, 5), np.float32))
+    assert est.batch_size == 4 and est.method == "tf-graph"
+    assert est.breakdown["parameters"] == (12 * 32 + 32 + 32 * 5 + 5) * 4
+
+
+def test_invalid_inputs():
+    model = keras.Sequential([keras.Input((3,)), L.Dense(2)])
+    with pytest.raises(KerasEstimationError, match="compile"):
+        estimate_training(model, batch_size=2)
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(KerasEstimationError, match="batch_size"):
+        estimate_training(model)
+    with pytest.raises(KerasEstimationError, match="method"):
+        estimate_training(model, 2, method="guess")
+
+
+def test_mixed_precision_accumulation_and_remat_are_reflected():
+    def build(policy=None, accumulate=None, remat=False):
+        keras.mixed_precision.set_global_policy(policy or "float32")
+        try:
+            def make():
+                return keras.Sequential([keras.Input((256,))] + [L.Dense(256, activation="relu") for _ in range(6)] + [L.Dense(4)])
+
+            if remat:
+                with keras.RematScope(mode="activations"):  # "full" fails in Keras' own fit on TF
+                    model = make()
+            else:
+                model = make()
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        optimizer = keras.optimizers.Adam(gradient_accumulation_steps=accumulate) if accumulate else "adam"
+        model.compile(optimizer=optimizer, loss="mse")
+        return estimate_training(model, batch_size=512)
+
+    base = build()
+    mixed = build("mixed_float16")
+    assert mixed.precision == "16-mixed"
+    def growth(est):  # bytes per 1024 more samples: activations and temporaries
+        return est.peak_bytes_at(2048) - est.peak_bytes_at(1024)
+
+    assert growth(mixed) < 0.8 * growth(base)
+    accumulated = build(accumulate=4)
+    assert accumulated.breakdown["optimizer_state"] >= base.breakdown["optimizer_state"] + base.breakdown["parameters"]
+    remat = build(remat=True)
+    assert remat.method == "tf-graph"
+    # On TF, RematScope(mode="activations") wraps each activation in tf.recompute_grad; the allocator
+    # measures *more* memory than without it (12.3 vs 9.4 MiB at batch 512), and the replay follows.
+    assert growth(remat) > growth(base)
+
+
+def test_fallback_when_the_trace_fails(monkeypatch):
+    import nnmem_callbacks.keras.tf_graph as tf_graph
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no graph today")
+
+    monkeypatch.setattr(tf_graph, "estimate_tensorflow", broken)
+    model = mlp()
+    with pytest.warns(RuntimeWarning, match="no graph today"):
+        est = estimate_training(model, batch_size=32)
+    assert est.method == "layer-rules"
+    assert any("no graph today" in note for note in est.notes)
+    with pytest.raises(RuntimeError):
+        estimate_training(model, batch_size=32, method="backend")
+
+
+def test_fit_plan_keeps_the_effective_batch():
+    model = mlp()
+    est = estimate_training(model, batch_size=512)
+    budget = int(est.peak_bytes_at(100) / 0.95) + 1
+    plan = fit_plan(model, budget=budget, batch_size=512)
+    assert not plan.fits and 1 <= plan.batch_size < 512
+    assert plan.batch_size * plan.gradient_accumulation_steps >= 512
+    assert plan.estimate.peak_bytes_at(plan.batch_size) <= budget
+    assert "gradient_accumulation_steps=" in plan.code and f"batch_size={plan.batch_size}" in plan.code
+
+
+# -- callback --------------------------------------------------------------------
+def test_callback_logs_and_reuse_across_fits():
+    callback = MemoryBudgetCallback(batch_size=64, budget="8GiB")
+    x, y = data(256)
+    model = mlp()
+    history = model.fit(x, y, batch_size=64, epochs=2, callbacks=[callback], verbose=0)
+    for key in ("memory_predicted_peak_mib", "memory_measured_peak_mib", "memory_relative_error", "memory_budget_mib"):
+        assert len(history.history[key]) == 2, key
+    assert history.history["memory_measured_peak_mib"][0] > 0
+    first = callback.estimate
+    assert callback.plan.fits and len(callback.measurements) == 2
+    # a second fit with another model and batch size: state is reset
+    callback.batch_size = 32
+    other = mlp(200)
+    history = other.fit(x, y, batch_size=32, epochs=1, callbacks=[callback], verbose=0)
+    assert callback.estimate is not first and callback.estimate.batch_size == 32
+    assert len(callback.measurements) == 1 and len(history.history["memory_relative_error"]) == 1
+
+
+def test_warn_policy_warns_once_with_code():
+    model = mlp()
+    est = estimate_training(model, batch_size=256)
+    budget = int(est.peak_bytes_at(64) / 0.95) + 1
+    x, y = data(512)
+    callback = MemoryBudgetCallback(batch_size=256, budget=budget)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=256, epochs=2, callbacks=[callback], verbose=0)
+    messages = [str(w.message) for w in caught if "MemoryBudgetCallback" in str(w.message)]
+    assert len(messages) == 1
+    text = messages[0]
+    assert "Largest batch size that fits" in text
+    assert "batch_size=" in text and "gradient_accumulation_steps=" in text
+    assert "mixed_precision.set_global_policy" in text
+    assert callback.plan.max_fitting_batch_size < 256
+
+
+def test_raise_policy_stops_before_any_step():
+    model = mlp(1000)
+    x, y = data(128)
+    callback = MemoryBudgetCallback(batch_size=128, budget=1024, policy="raise")
+    with pytest.raises(MemoryBudgetExceeded, match="Predicted peak"):
+        model.fit(x, y, batch_size=128, epochs=1, callbacks=[callback], verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_policy_and_argument_validation():
+    with pytest.raises(ValueError, match="cannot change its batch size"):
+        MemoryBudgetCallback(policy="accumulate")
+    with pytest.raises(ValueError, match="valid policies are 'warn', 'raise'"):
+        MemoryBudgetCallback(policy="explode")
+    with pytest.raises(ValueError, match="budget"):
+        MemoryBudgetCallback(budget=-3)
+    with pytest.raises(ValueError, match="batch_size"):
+        MemoryBudgetCallback(batch_size=0)
+
+
+def test_batch_size_from_a_dataset_and_missing_batch_size():
+    x, y = data(128)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32, drop_remainder=True)
+    callback = MemoryBudgetCallback(data=dataset)
+    mlp().fit(dataset, epochs=1, callbacks=[callback], verbose=0)
+    assert callback.estimate is not None and callback.estimate.batch_size == 32
+
+    unknown = MemoryBudgetCallback()
+    with pytest.warns(UserWarning, match="batch_size="):
+        history = mlp().fit(x, y, batch_size=32, epochs=1, callbacks=[unknown], verbose=0)
+    assert unknown.estimate is None
+    assert "memory_measured_peak_mib" in history.history
+    assert "memory_predicted_peak_mib" not in history.history
+
+
+def test_failed_estimate_lets_training_go_on(monkeypatch):
+    import nnmem_callbacks.keras.estimator as estimator
+
+    def broken(*args, **kwargs):
+        raise KerasEstimationError("cannot estimate this one")
+
+    monkeypatch.setattr(estimator, "estimate_training", broken)
+    x, y = data(64)
+    callback = MemoryBudgetCallback(batch_size=32, policy="raise")
+    with pytest.warns(UserWarning, match="cannot estimate this one"):
+        history = mlp().fit(x, y, batch_size=32, epochs=1, callbacks=[callback], verbose=0)
+    assert len(history.history["loss"]) == 1
+    assert callback.failure and "memory_measured_peak_mib" in history.history
+
+
+def test_tensorboard_files_read_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    x, y = data(128)
+    own = tmp_path / "own"
+    keras_logs = tmp_path / "keras"
+    callbacks = [MemoryBudgetCallback(batch_size=32, log_dir=str(own)), keras.callbacks.TensorBoard(str(keras_logs))]
+    mlp().fit(x, y, batch_size=32, epochs=2, callbacks=callbacks, verbose=0)
+    accumulator = EventAccumulator(str(own))
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    assert {"memory/predicted_peak_mib", "memory/measured_peak_mib", "memory/relative_error"} <= set(tags["scalars"])
+    assert [event.step for event in accumulator.Scalars("memory/measured_peak_mib")] == [0, 1]
+    assert "memory/estimate" in tags["tensors"]
+    # values placed in logs reach the Keras TensorBoard callback that runs after ours
+    train_dir = keras_logs / "train"
+    keras_accumulator = EventAccumulator(str(train_dir))
+    keras_accumulator.Reload()
+    keras_tags = set(keras_accumulator.Tags()["scalars"]) | set(keras_accumulator.Tags()["tensors"])
+    assert any("memory_predicted_peak_mib" in tag for tag in keras_tags), keras_tags
+
+
+def test_importing_the_keras_package_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import nnmem_callbacks.keras as k, sys; k.estimate_training; print('torch' in sys.modules)"
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stderr[-2000:]
