@@ -737,11 +737,35 @@ def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> Memo
             f"Keras estimation is not available yet in this version of nnmem_callbacks, so {spec!r} cannot be "
             f"estimated; for now use `nnmem calc --params N --activations N` (napkin mode) or a PyTorch factory"
         ) from None
+    precision = _checked(napkin.check_precision, args.precision, "--precision")
+    if precision != "32-true":
+        raise CliError(
+            f"a saved Keras model keeps the dtype policy it was saved with, so --precision {precision} cannot be "
+            f"applied to {spec!r}; save it under keras.mixed_precision.set_global_policy('mixed_bfloat16') "
+            f"(or 'mixed_float16') instead, and drop --precision"
+        )
     import keras
 
     model = keras.models.load_model(spec)
-    precision = _checked(napkin.check_precision, args.precision, "--precision")
-    return keras_estimate(model, batch_size=args.batch_size, optimizer=args.optimizer, precision=precision)
+    if args.optimizer != "adam" or getattr(model, "optimizer", None) is None:
+        model.compile(optimizer=_keras_optimizer(keras, args.optimizer), loss=getattr(model, "loss", None) or "mse")
+    if getattr(model, "loss", None) is None:
+        raise CliError(f"the Keras model in {spec!r} was saved without a loss; compile it with a loss and save it again")
+    return keras_estimate(model, batch_size=args.batch_size)
+
+
+def _keras_optimizer(keras: Any, name: str) -> Any:
+    """A Keras optimizer for an ``--optimizer`` name (the same names as for PyTorch)."""
+    key = name.lower()
+    if key in ("sgd_momentum", "momentum"):
+        return keras.optimizers.SGD(momentum=0.9)
+    try:
+        return keras.optimizers.get(key)
+    except ValueError:
+        raise CliError(
+            f"unknown optimizer {name!r} for a Keras model; use sgd, sgd_momentum, adam, adamw, adagrad, rmsprop, "
+            f"adamax, adadelta or nadam"
+        ) from None
 
 
 def napkin_from_args(args: argparse.Namespace, device: str = "cuda") -> MemoryEstimate:

@@ -370,3 +370,23 @@ def test_demo_without_quickstart_or_lightning(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
     code, _, err = run_cli(capsys, "demo")
     assert code == 2 and "pip install 'nnmem_callbacks[lightning]'" in err
+
+
+def test_estimate_a_saved_keras_model(capsys, tmp_path):
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("checks the TensorFlow backend")
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    path = tmp_path / "tiny.keras"
+    model.save(path)
+    code, out, _ = run_cli(capsys, "estimate", str(path), "--batch-size", "16", "--device", "cpu", "--json")
+    assert code == 0
+    data = json.loads(out)
+    from nnmem_callbacks.keras import estimate_training as keras_estimate
+
+    expected = keras_estimate(keras.models.load_model(path), batch_size=16)
+    assert data["peak_bytes"] == expected.peak_bytes
+    assert data["method"] == "tf-graph"
+    code, _, err = run_cli(capsys, "estimate", str(path), "--batch-size", "16", "--precision", "bf16-mixed")
+    assert code == 2 and "dtype policy" in err
