@@ -234,7 +234,7 @@ def measure_cpu_peak(
         else:
             current_phase = "between"
         if running > peak:
-            peak, peak_time = running, t
+            peak = running
             peak_phase_name = current_phase
         if current_phase in phase_peaks:
             phase_peaks[current_phase] = max(phase_peaks[current_phase], baseline + running)

@@ -475,7 +475,7 @@ def to_markdown(rows: list[dict[str, Any]], r: dict[str, Any], env: dict[str, An
     for row in rows:
         for c in row["commands"]:
             lines.append(c)
-    lines += [f"python -m benchmarks.seeds   # this file", "```", ""]
+    lines += ["python -m benchmarks.seeds   # this file", "```", ""]
     return "\n".join(lines)
 
 

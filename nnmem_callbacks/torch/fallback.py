@@ -23,7 +23,6 @@ Known limitations:
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -69,7 +68,6 @@ def estimate_closed_form(config, reason: str, notes: list[str]) -> MemoryEstimat
     inputs = sum(
         _numel(spec.shape) * _dtype_map_size(spec.dtype, config) for spec in config.batch.tensor_specs()
     )
-    fixed = static["parameters"] + static["buffers"] + static["optimizer_state"]
     backward = {
         str(Category.PARAMETERS): static["parameters"],
         str(Category.BUFFERS): static["buffers"],
@@ -99,7 +97,6 @@ def estimate_closed_form(config, reason: str, notes: list[str]) -> MemoryEstimat
         peak_phase, peak, breakdown = "step2/backward", backward_peak, backward
     else:
         peak_phase, peak, breakdown = "step2/optimizer", optimizer_peak, optimizer_phase
-    del fixed
     return MemoryEstimate(
         peak_bytes=int(peak),
         breakdown=breakdown,
@@ -325,4 +322,4 @@ def _probe_batch(config, probe_size: int, device: torch.device) -> Any:
     return tree_unflatten(leaves, config.batch.treespec)
 
 
-__all__ = ["estimate_closed_form", "dataclasses"]
+__all__ = ["estimate_closed_form"]
