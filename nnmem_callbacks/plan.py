@@ -12,6 +12,8 @@ Example:
     >>> plan = make_plan(est, budget_bytes=5_300, policy="accumulate", margin=0.05)
     >>> plan.batch_size, plan.accumulate_grad_batches, plan.fits
     (4, 2, False)
+    >>> make_plan(est, budget_bytes=4_300, policy="accumulate").batch_size  # at most 3 fit: 3 steps of 3 keep the 8
+    3
 """
 
 from __future__ import annotations
@@ -215,10 +217,13 @@ def make_plan(
     max_fit = estimate.max_batch_size(usable, include_reserve=include_reserve)
     original = estimate.batch_size
     batch_size, accumulate = original, accumulate_grad_batches
-    if not fits and max_fit >= 1 and policy in ("shrink", "accumulate"):
+    if not fits and max_fit >= 1 and policy == "shrink":
         batch_size = min(max_fit, original)
-        if policy == "accumulate":
-            accumulate = accumulate_grad_batches * math.ceil(original / batch_size)
+    elif not fits and max_fit >= 1 and policy == "accumulate":
+        # the fewest accumulation steps that fit, then the smallest batch that keeps the effective batch
+        steps = math.ceil(original / max_fit)
+        batch_size = math.ceil(original / steps)
+        accumulate = accumulate_grad_batches * steps
     suggestions = suggest(estimate, budget_bytes, max_fit, alternatives or {}, include_reserve=include_reserve)
     return Plan(
         policy=policy,

@@ -167,15 +167,11 @@ def fit_plan(
     estimate = estimate_training(model, batch_size, x, y)
     capacity, free = devices.device_capacity(device)
     budget_bytes = resolve_budget(budget, capacity_bytes=capacity, free_bytes=free, margin=margin)
-    plan = make_plan(estimate, budget_bytes, policy="warn", margin=margin)
+    plan = make_plan(estimate, budget_bytes, policy="accumulate", margin=margin)
     estimate = dataclasses.replace(estimate, extra={**dict(estimate.extra), "optimizer": optimizer_name(model)})
-    batch, steps = estimate.batch_size, 1
-    if not plan.fits and plan.max_fitting_batch_size >= 1:
-        steps = math.ceil(estimate.batch_size / plan.max_fitting_batch_size)
-        batch = math.ceil(estimate.batch_size / steps)  # batch * steps >= the requested batch, batch fits
     return FitPlan(
-        batch_size=batch,
-        gradient_accumulation_steps=steps,
+        batch_size=plan.batch_size,
+        gradient_accumulation_steps=plan.accumulate_grad_batches,
         fits=plan.fits,
         max_batch_size=plan.max_fitting_batch_size,
         budget_bytes=plan.budget_bytes,
