@@ -68,7 +68,7 @@ from nnmem_callbacks.torch.inputs import (
     resolve_device,
     resolve_precision,
 )
-from nnmem_callbacks.torch.tracer import StorageTracker, TraceResult
+from nnmem_callbacks.torch.tracer import OpMemo, StorageTracker, TraceResult
 
 #: CUDA context bytes assumed when no CUDA device can be asked (typical for
 #: recent drivers with lazy module loading).
@@ -361,7 +361,14 @@ def _optimizer_state_tensors(optimizers: Sequence[torch.optim.Optimizer]) -> lis
     return [value for optimizer in optimizers for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
 
 
-def run_trace(config: StepConfig, batch_size: int, *, steps: int = 2, optimizer_steps: bool = True) -> TraceResult:
+def run_trace(
+    config: StepConfig,
+    batch_size: int,
+    *,
+    steps: int = 2,
+    optimizer_steps: bool = True,
+    session: "TraceSession | None" = None,
+) -> TraceResult:
     """Simulates ``steps`` training steps at ``batch_size`` and returns the log.
 
     The cyclic garbage collector is paused during the trace: tensors of a
@@ -369,7 +376,7 @@ def run_trace(config: StepConfig, batch_size: int, *, steps: int = 2, optimizer_
     cost time (a fake-tensor trace creates many short-lived Python objects).
     """
     with _gc_paused():
-        return _run_trace(config, batch_size, steps=steps, optimizer_steps=optimizer_steps)
+        return _run_trace(config, batch_size, steps=steps, optimizer_steps=optimizer_steps, session=session or TraceSession())
 
 
 @contextlib.contextmanager
@@ -383,12 +390,24 @@ def _gc_paused():
             gc.enable()
 
 
-def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_steps: bool) -> TraceResult:
+class TraceSession:
+    """One fake-tensor mode and op memo shared by the traces of one estimate.
+
+    The traces at other batch sizes then replay the ops whose inputs do not
+    depend on the batch (weight casts, the optimizer) from the first trace.
+    """
+
+    def __init__(self) -> None:
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.memo = OpMemo(self.fake_mode) if FAST_DISPATCH else None
+
+
+def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_steps: bool, session: TraceSession) -> TraceResult:
     model = config.model
     precision = config.precision
     device = config.trace_device
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    tracker = StorageTracker(config.target_device.type, fake_mode=fake_mode if FAST_DISPATCH else None)
+    fake_mode = session.fake_mode
+    tracker = StorageTracker(config.target_device.type, memo=session.memo)
     emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
     with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation() if emulate_cuda else contextlib.nullcontext()):
         model.train()
@@ -505,7 +524,8 @@ def _scaling_sizes(batch_size: int) -> tuple[int, int]:
 
 def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool) -> MemoryEstimate:
     batch_size = config.batch.batch_size
-    main = run_trace(config, batch_size)
+    session = TraceSession()
+    main = run_trace(config, batch_size, session=session)
     if main.placeholders:
         notes.append(
             f"{main.placeholders} .item()/bool() call(s) on traced values got placeholder values; "
@@ -517,7 +537,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         )
     lines: list[PhaseLine] = []
     if check_scaling:
-        lines = _scaling_lines(config, main, notes)
+        lines = _scaling_lines(config, main, notes, session)
     else:
         notes.append("batch scaling not traced (check_scaling=False); per-sample bytes assumed from the batch-dependent categories")
     if not lines:
@@ -651,7 +671,7 @@ def _paired_lines(
     return lines, unaligned
 
 
-def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str]) -> list[PhaseLine]:
+def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], session: TraceSession) -> list[PhaseLine]:
     """Lines of live bytes against the batch size, from traces at two more sizes.
 
     Every moment of the step holds ``a + b * n`` bytes at batch ``n`` as long as
@@ -668,8 +688,8 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str]) -> l
         notes.append("no batch tensor has the batch dimension first; per-sample bytes assumed 0")
         return []
     try:
-        fit = run_trace(config, fit_size, steps=1, optimizer_steps=False)
-        check = run_trace(config, check_size, steps=1, optimizer_steps=False)
+        fit = run_trace(config, fit_size, steps=1, optimizer_steps=False, session=session)
+        check = run_trace(config, check_size, steps=1, optimizer_steps=False, session=session)
     except EstimationInputError:
         raise
     except Exception as error:  # noqa: BLE001

@@ -44,7 +44,7 @@ _SKIP_OPS = frozenset(
 )
 
 
-class _OpMemo:
+class OpMemo:
     """Remembers the outputs of fake ops by their inputs' metadata.
 
     FakeTensorMode's own dispatch cache hashes every argument's full metadata
@@ -68,7 +68,7 @@ class _OpMemo:
         if isinstance(value, torch.Tensor):
             raise KeyError
         if isinstance(value, (list, tuple)):
-            return (type(value).__name__, tuple(_OpMemo._arg_key(v) for v in value))
+            return (type(value).__name__, tuple(OpMemo._arg_key(v) for v in value))
         if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
             return value
         raise KeyError
@@ -194,9 +194,10 @@ class StorageTracker(TorchDispatchMode):
         device_type: str = "cpu",
         size_fn: Callable[[int], int] | None = None,
         fake_mode: FakeTensorMode | None = None,
+        memo: "OpMemo | None" = None,
     ) -> None:
         super().__init__()
-        self._memo = _OpMemo(fake_mode) if fake_mode is not None else None
+        self._memo = memo if memo is not None else (OpMemo(fake_mode) if fake_mode is not None else None)
         self.device_type = device_type
         self._size_fn = size_fn or (lambda n: n)
         self._next_key = 1
