@@ -593,3 +593,24 @@ def test_foreach_and_fused_optimizers_are_simulated_as_they_run():
     assert temporaries["foreach"] >= param_bytes(model)
     assert temporaries["fused"] < temporaries["single"]
     assert all(est.method == "trace" for est in (single, foreach, fused))
+
+
+def test_fast_dispatch_replays_out_variants_and_views_faithfully():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nnmem_callbacks.torch.tracer import StorageTracker
+
+    mode = FakeTensorMode()
+    tracker = StorageTracker("cpu", fake_mode=mode)
+    with mode, tracker:
+        a, b = torch.empty(8, 8), torch.empty(8, 8)
+        for _ in range(2):  # the second round is replayed from the memo
+            out = torch.empty(8, 8)
+            result = torch.add(a, b, out=out)
+            assert result is out
+            view = a.t()
+            assert view.untyped_storage() is a.untyped_storage() and view.shape == (8, 8) and view.stride() == (1, 8)
+            fresh = a + b
+            assert fresh.untyped_storage() is not a.untyped_storage()
+            inplace = a.mul_(2)
+            assert inplace is a

@@ -80,16 +80,16 @@ class OpMemo:
             return None
 
     @staticmethod
-    def _flat_args(args: tuple) -> list[Any]:
+    def _flat_args(args: tuple, kwargs: dict) -> list[Any]:
         flat = []
-        for value in args:
+        for value in (*args, *(kwargs[k] for k in sorted(kwargs))):
             if isinstance(value, (list, tuple)):
                 flat.extend(value)
             else:
                 flat.append(value)
         return flat
 
-    def record(self, key: Any, func: Any, args: tuple, out: Any) -> None:
+    def record(self, key: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         if key is None or func in _SKIP_OPS:
             return
         if isinstance(out, FakeTensor):
@@ -99,7 +99,7 @@ class OpMemo:
         else:
             self.entries[key] = _UNCACHEABLE
             return
-        flat = self._flat_args(args)
+        flat = self._flat_args(args, kwargs)
         plans = []
         fresh_storages = set()
         for output in outputs:
@@ -118,16 +118,16 @@ class OpMemo:
             if view is not None:
                 plans.append(("view", view, tuple(output.shape), output.stride(), output.storage_offset(), output.dtype, output.device))
                 continue
-            if id(storage) in fresh_storages or output.storage_offset() != 0:
+            if id(storage) in fresh_storages or output.storage_offset() != 0 or func._schema.is_mutable:
                 self.entries[key] = _UNCACHEABLE
                 return
             fresh_storages.add(id(storage))
             plans.append(("fresh", tuple(output.shape), output.stride(), output.dtype, output.device, output.requires_grad))
         self.entries[key] = (container, plans)
 
-    def replay(self, entry: Any, args: tuple) -> Any:
+    def replay(self, entry: Any, args: tuple, kwargs: dict) -> Any:
         container, plans = entry
-        flat = self._flat_args(args)
+        flat = self._flat_args(args, kwargs)
         mode = self.fake_mode
         outputs = []
         for plan in plans:
@@ -329,11 +329,11 @@ class StorageTracker(TorchDispatchMode):
             entry = memo.entries.get(key) if key is not None else _UNCACHEABLE
             if entry is None:
                 out = func(*args, **kwargs)
-                memo.record(key, func, args, out)
+                memo.record(key, func, args, kwargs, out)
             elif entry is _UNCACHEABLE:
                 out = func(*args, **kwargs)
             else:
-                out = memo.replay(entry, args)
+                out = memo.replay(entry, args, kwargs)
         else:
             out = func(*args, **kwargs)
         packet = func.overloadpacket
