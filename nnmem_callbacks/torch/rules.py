@@ -26,8 +26,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable
+import os
+import sys
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -109,13 +112,33 @@ _RNN_FITS: dict[tuple, _RnnFit] = {}
 _RNN_PROBES = ((8, 8), (16, 8), (8, 16))
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Silences the profiler's native start/stop lines (Kineto writes them to fd 2)."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 (embedded interpreters)
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
 def _kernel_peak(call: Callable[[], Any]) -> tuple[Any, int]:
     """Runs ``call`` under the profiler; returns its result and the peak of its allocations."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             result = call()
     except RuntimeError:  # a profiler is already running (the user's): measure nothing
         return call(), 0
