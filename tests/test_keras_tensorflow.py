@@ -65,6 +65,44 @@ def test_mlp_estimate_matches_the_allocator():
     assert abs(predicted - measured) / measured < 0.15, (predicted, measured)
 
 
+def test_bfc_simulator_charges_whole_chunks():
+    from nnmem_callbacks.keras.tf_graph import BFCSimulator
+
+    bfc = BFCSimulator()
+    big = bfc.alloc(1_605_632)  # 1.53 MiB in the first 2 MiB region: < 2x the request, no split
+    assert bfc.in_use == 2 << 20
+    small = bfc.alloc(1 << 20)  # a fresh 4 MiB region, split (4 >= 2 x 1)
+    assert bfc.in_use == (2 << 20) + (1 << 20)
+    bfc.free(big)
+    again = bfc.alloc(600 * 1024)  # best fit: the freed 2 MiB chunk is split (2 MiB >= 2 x 600 KiB)
+    assert bfc.chunks[again][1] == 600 * 1024
+    bfc.free(small), bfc.free(again)
+    assert bfc.in_use == 0 and bfc.peak == (2 << 20) + (1 << 20)
+
+
+def test_einsum_workspace_rule_follows_the_kernel_layout():
+    from nnmem_callbacks.keras.tf_graph import WORKSPACE_RULES
+
+    specs = {
+        "aecd,abcd->acbe": ((16, 64, 4, 32), (16, 64, 4, 32)),  # both operands transposed + output transposed
+        "acbe,aecd->abcd": ((16, 4, 64, 64), (16, 64, 4, 32)),  # one operand + output
+        "abc,cde->abde": ((16, 64, 128), (128, 4, 32)),  # no copy (adjoint flag)
+    }
+    graph = tf.Graph()
+    with graph.as_default():
+        ops = {eq: tf.einsum(eq, tf.zeros(a), tf.zeros(b)).op for eq, (a, b) in specs.items()}
+
+    def size_of(tensor):
+        return int(np.prod(tensor.shape.as_list())) * 4
+
+    rule = WORKSPACE_RULES["Einsum"]
+    mib = 1 << 20
+    # measured peaks of one eager op (TF 2.21): 3.0, 1.5 and 0.5 MiB = output + this workspace
+    assert rule(ops["aecd,abcd->acbe"], size_of) == 2 * mib
+    assert rule(ops["acbe,aecd->abcd"], size_of) == 1 * mib
+    assert rule(ops["abc,cde->abde"], size_of) == 0
+
+
 def test_estimate_changes_no_values_and_scales_with_the_batch():
     model = mlp()
     before = [v.numpy().copy() for v in model.trainable_variables]
