@@ -334,6 +334,11 @@ def _common(optimizer: str, precision: str, device: str, params: int, largest_pa
     )
 
 
+def _static_parts(common: dict) -> dict[str, int]:
+    """The parameter-side fields of :class:`_Parts` from :func:`_common`'s result."""
+    return {key: common[key] for key in ("params", "grads", "state", "copies", "opt_temp")}
+
+
 def _input_bytes(precision: str) -> int:
     """Bytes of one float input element: fp32 unless the whole model is half or double."""
     return {"16-true": 2, "bf16-true": 2, "64-true": 8}.get(precision, 4)
@@ -497,11 +502,7 @@ def transformer_estimate(
     else:
         bwd_recompute = 0
     parts = _Parts(
-        params=common["params"],
-        grads=common["grads"],
-        state=common["state"],
-        copies=common["copies"],
-        opt_temp=common["opt_temp"],
+        **_static_parts(common),
         inputs=2 * s * 8,  # int64 token ids and labels
         acts=sum(act_terms.values()),
         fwd_temp=logits + (s * vocab * 4 if e != 4 else 0),  # logits and their fp32 up-cast, inside the loss
@@ -599,11 +600,7 @@ def mlp_estimate(
         temp = widths[i + 1] * e + (widths[i] * e if i else 0)
         phases.append((f"step2/backward:linear{i}", grads_so_far, common["copies"], alive, 0, temp))
     parts = _Parts(
-        params=common["params"],
-        grads=common["grads"],
-        state=common["state"],
-        copies=common["copies"],
-        opt_temp=common["opt_temp"],
+        **_static_parts(common),
         inputs=widths[0] * _input_bytes(precision),
         acts=acts,
         fwd_temp=widths[-1] * 4 if cross_entropy and e != 4 else 0,
@@ -674,11 +671,7 @@ def params_estimate(
     precision = common["precision"]
     e = _COMPUTE_BYTES[precision]
     parts = _Parts(
-        params=common["params"],
-        grads=common["grads"],
-        state=common["state"],
-        copies=common["copies"],
-        opt_temp=common["opt_temp"],
+        **_static_parts(common),
         inputs=input_size * _input_bytes(precision),
         acts=activations * e,
     )
