@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -70,6 +71,8 @@ def test_ddp_ranks_agree_on_the_smallest_batch(tmp_path):
         assert set(rank["sizes"]) == {ranks[0]["batch_size"]}
         assert rank["fits"] is False  # rank 0 fits alone, but the agreed plan is rank 1's
         assert len(rank["measured"]) == 1 and rank["measured"][0] > 0
-    assert ranks[1]["max_fit"] == ranks[0]["batch_size"]
+    # the agreed plan is rank 1's: the fewest accumulation steps that fit, the smallest batch keeping 64
+    steps = math.ceil(64 / ranks[1]["max_fit"])
+    assert ranks[0]["batch_size"] == math.ceil(64 / steps) <= ranks[1]["max_fit"]
     assert ranks[1]["warnings"] == []  # rank-zero warnings only
     assert any("changed the run" in w for w in ranks[0]["warnings"])
