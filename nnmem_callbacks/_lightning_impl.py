@@ -177,24 +177,6 @@ def _instance_patches(obj: Any, patches: Mapping[str, Any]) -> Iterator[None]:
                 object.__setattr__(obj, name, old)
 
 
-def _first_tensor_dim0(batch: Any) -> int | None:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() > 0 else None
-    if isinstance(batch, Mapping):
-        values = list(batch.values())
-    elif isinstance(batch, (list, tuple)):
-        values = list(batch)
-    else:
-        return None
-    for value in values:
-        found = _first_tensor_dim0(value)
-        if found is not None:
-            return found
-    return None
-
-
 def _model_resident_bytes(module: Any, device_kind: str) -> int:
     """Bytes of parameters and buffers already resident on a device of ``device_kind``."""
     total = 0
@@ -515,12 +497,11 @@ class MemoryBudgetCallbackMixin:
             batch, loss_fn, source = self._batch_and_loss(trainer, pl_module)
         except Exception as error:
             return None, None, f"no batch to estimate with ({type(error).__name__}: {error})"
-        batch_size = _first_tensor_dim0(batch)
         try:
             estimate = self._run_estimator(trainer, pl_module, batch, loss_fn, trainer.precision)
         except Exception as error:
             return None, None, f"the estimator failed on {source}: {type(error).__name__}: {error}"
-        return estimate, int(estimate.batch_size or batch_size or 0) or None, None
+        return estimate, estimate.batch_size, None  # the estimator reads it from the batch (dim 0 of the first tensor)
 
     def _batch_and_loss(self, trainer: Any, pl_module: Any) -> tuple[Any, Callable[[Any, Any], Any], str]:
         """One real batch and the loss function to trace, with a description of their source."""
