@@ -103,6 +103,86 @@ def test_einsum_workspace_rule_follows_the_kernel_layout():
     assert rule(ops["abc,cde->abde"], size_of) == 0
 
 
+def _grappler_regrouped_muls(function, *args) -> dict[str, list[str]]:
+    """Runs ``function`` once and reads Grappler's regrouped ``Mul`` ops from the executed graph."""
+    from tensorflow.python.eager import context
+
+    context.context().enable_run_metadata()
+    try:
+        function(*args)
+        metadata = context.context().export_run_metadata()
+    finally:
+        context.context().disable_run_metadata()
+    graph = max(metadata.function_graphs, key=lambda g: len(g.pre_optimization_graph.node))
+    before = {n.name: n for n in graph.pre_optimization_graph.node}
+    regrouped = {}
+    for node in graph.post_optimization_graph.node:
+        old = before.get(node.name)
+        if node.op == "Mul" and old is not None and sorted(node.input) != sorted(old.input):
+            regrouped[node.name] = sorted(i for i in node.input if not i.startswith("^"))
+    return regrouped
+
+
+@pytest.mark.parametrize("leaves", [("m", "m", "s"), ("s", "m", "m", "s"), ("m", "v", "s", "m")])
+def test_minimize_broadcasts_regroups_like_grappler(leaves):
+    from nnmem_callbacks.keras.tf_graph import GraphReplayer, _phases, _schedule, _tensor_input_name, function_lookup
+
+    shapes = {"m": (16, 64, 64), "v": (64,), "s": ()}
+    specs = [tf.TensorSpec(shapes[kind]) for kind in leaves]
+
+    @tf.function(autograph=False)
+    def product(*values):
+        out = tf.nn.softmax(values[0]) if values[0].shape.rank else values[0] * 1.5
+        for value in values[1:]:
+            out = out * tf.exp(value)  # a left-deep chain of Mul, each with one consumer
+        return tf.reduce_sum(out)
+
+    graph = product.get_concrete_function(*specs).graph
+    ops = graph.get_operations()
+    replayer = GraphReplayer(function_lookup(graph), 16)
+    _, inputs_of, _ = _schedule(ops, _phases(ops), {t.ref() for t in graph.outputs}, replayer.elements)
+    ours = {
+        op.name: sorted(_tensor_input_name(t) for t in inputs_of[op.name])
+        for op in ops
+        if op.type == "Mul" and sorted(t.name for t in inputs_of[op.name]) != sorted(t.name for t in op.inputs)
+    }
+    values = [tf.random.uniform(shapes[kind]) for kind in leaves]
+    real = _grappler_regrouped_muls(product, *values)
+    assert ours == real
+    if len({shapes[kind] for kind in leaves}) > 1 and len(leaves) > 2:
+        assert real, "Grappler regrouped nothing: the case no longer exercises the stage"
+
+
+def test_minimize_broadcasts_moves_a_product_into_the_forward_pass():
+    """``(g * softmax) * c`` in a gradient becomes ``(c * softmax) * g``: the inner product lives from the forward on."""
+    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+
+    x = tf.Variable(tf.random.uniform((16, 4, 64, 64)))
+    weight = tf.Variable(tf.random.uniform((16, 4, 64, 64)))
+
+    @tf.function(autograph=False)
+    def step():
+        with tf.GradientTape() as tape:
+            scores = tf.nn.softmax(x * 0.125)
+            loss = tf.reduce_sum(scores * weight)
+        return tape.gradient(loss, x)
+
+    graph = step.get_concrete_function().graph
+    replayer = GraphReplayer(function_lookup(graph), 1)
+    replayer.replay(graph)
+    real = _grappler_regrouped_muls(step)
+    assert real, "Grappler did not regroup the softmax gradient"
+    ordered = replayer.order
+    forward_only = [
+        name for name, inputs in real.items()
+        if name.startswith("gradient_tape/") and not any(i.startswith("gradient_tape/") for i in inputs)
+    ]
+    assert forward_only, f"no regrouped product of forward values in {real}"
+    for name in forward_only:
+        # the executor runs it as soon as the softmax exists; so does the replay
+        assert ordered.index(name) == ordered.index("Softmax") + 1
+
+
 def test_estimate_changes_no_values_and_scales_with_the_batch():
     model = mlp()
     before = [v.numpy().copy() for v in model.trainable_variables]
