@@ -140,7 +140,7 @@ def test_minimize_broadcasts_regroups_like_grappler(leaves):
     graph = product.get_concrete_function(*specs).graph
     ops = graph.get_operations()
     replayer = GraphReplayer(function_lookup(graph), 16)
-    _, inputs_of, _ = _schedule(ops, _phases(ops), {t.ref() for t in graph.outputs}, replayer.elements)
+    _, inputs_of, _, _ = _schedule(ops, _phases(ops), {t.ref() for t in graph.outputs}, replayer.elements)
     ours = {
         op.name: sorted(_tensor_input_name(t) for t in inputs_of[op.name])
         for op in ops

@@ -468,12 +468,22 @@ class GraphReplayer:
     Args:
         lookup: Finds a function graph by name (for calls, branches, loop bodies).
         batch_size: The batch size substituted for unknown dimensions.
+        bfc: The allocator model charged for each counted buffer, if any.
+        parallel_ops: How many ready optimizer ops run at once (TensorFlow's
+            inter-op threads, :func:`inter_op_threads`).
     """
 
-    def __init__(self, lookup: Callable[[str], Any], batch_size: int, bfc: BFCSimulator | None = None) -> None:
+    def __init__(
+        self,
+        lookup: Callable[[str], Any],
+        batch_size: int,
+        bfc: BFCSimulator | None = None,
+        parallel_ops: int = 1,
+    ) -> None:
         self.lookup = lookup
         self.n = batch_size
         self.bfc = bfc
+        self.parallel_ops = max(1, int(parallel_ops))
         self.trace: list | None = None  # (+/-, tensor, bytes, charged bytes, in use) when debugging
         self.trips: dict[str, int] = {}
         self.unknown = Counter()
@@ -521,8 +531,16 @@ class GraphReplayer:
         created = graph.get_operations()
         phases_created = _phases(created) if track_phases else {op.name: "body" for op in created}
         graph_outputs = {t.ref() for t in graph.outputs}
-        ops, inputs_of, self.shapes = _schedule(created, phases_created, graph_outputs, self.elements)
+        ops, inputs_of, self.shapes, waves = _schedule(
+            created, phases_created, graph_outputs, self.elements, self.parallel_ops
+        )
         self.order = [op.name for op in ops]
+        # an op whose successor runs in the same wave keeps its inputs until the wave is done
+        holds = [
+            i + 1 < len(ops) and ops[i].name in waves and waves.get(ops[i + 1].name) == waves[ops[i].name]
+            for i in range(len(ops))
+        ]
+        deferred: list = []
         result.ops = len(ops)
         remaining: dict[Any, int] = {}
         for op in ops:
@@ -613,7 +631,7 @@ class GraphReplayer:
 
         phases = [phases_created[op.name] for op in ops]
         phase_by_op = phases_created
-        for op, phase in zip(ops, phases):
+        for index, (op, phase) in enumerate(zip(ops, phases)):
             kind = op.type
             category = {
                 "forward": Category.ACTIVATIONS.value,
@@ -750,16 +768,21 @@ class GraphReplayer:
                             continue
                     allocate(t, size, category)
             record(phase, transient, transient_counted)
-            # free what this op consumed last, and outputs nobody reads
-            for t in inputs_of[op.name] if kind not in METADATA_OPS else ():
-                key = t.ref()
-                if key in remaining:
-                    remaining[key] -= 1
-                    if remaining[key] <= 0:
+            deferred.append(op)
+            if holds[index]:
+                continue
+            for done_op in deferred:
+                # free what this op consumed last, and outputs nobody reads
+                for t in inputs_of[done_op.name] if done_op.type not in METADATA_OPS else ():
+                    key = t.ref()
+                    if key in remaining:
+                        remaining[key] -= 1
+                        if remaining[key] <= 0:
+                            release(t)
+                for t in done_op.outputs:
+                    if remaining.get(t.ref(), 0) <= 0:
                         release(t)
-            for t in op.outputs:
-                if remaining.get(t.ref(), 0) <= 0:
-                    release(t)
+            deferred.clear()
         result.unknown_shapes = Counter(self.unknown)
         result.approximations = Counter(self.approx)
         outputs_lists = {t.ref(): list_bytes.get(t.ref(), 0) for t in graph.outputs if t.dtype.name == "variant"}
@@ -1042,8 +1065,9 @@ def _schedule(
     phases: dict[str, str],
     graph_outputs: set | None = None,
     elements: Callable[[Any], int] | None = None,
-) -> tuple[list, dict[str, list], dict[Any, Any]]:
-    """The order the replay runs ops in, each op's data inputs, and changed output shapes.
+    width: int = 1,
+) -> tuple[list, dict[str, list], dict[Any, Any], dict[str, int]]:
+    """The order the replay runs ops in, each op's data inputs, changed output shapes, and waves.
 
     Forward and gradient ops run in creation order. An optimizer op runs as soon
     as its inputs are ready: TensorFlow's executor is data-flow driven, so the
@@ -1058,6 +1082,12 @@ def _schedule(
     broadcast-minimizing regrouping of ``Mul`` trees is replayed first
     (:func:`minimize_broadcasts`); a regrouped op runs as soon as its new operands
     exist, as the executor runs it.
+
+    Ops that run as soon as they are ready (the optimizer's) run ``width`` at a
+    time, as the executor's inter-op threads run them: the ops of one *wave* hold
+    their inputs and outputs at the same time (Adam's first- and second-moment
+    updates of a variable overlap). ``waves`` maps each op of a wave of two or
+    more to the wave's first position in the order.
     """
     by_name = {op.name: op for op in ops}
 
@@ -1072,7 +1102,7 @@ def _schedule(
     if elements is not None:
         eager, shapes = minimize_broadcasts(ops, inputs_of, graph_outputs or set(), elements)
     if not eager and not any(phase == "optimizer" for phase in phases.values()):
-        return list(ops), inputs_of, shapes
+        return list(ops), inputs_of, shapes, {}
     outputs = {t.ref() for inputs in inputs_of.values() for t in inputs}
     # an IdentityN nobody reads any more (all its consumers were rewired) does not run
     dropped = {op.name for op in ops if op.type == "IdentityN" and not any(t.ref() in outputs for t in op.outputs)}
@@ -1090,21 +1120,35 @@ def _schedule(
     done: set[str] = set()
     position = {op.name: i for i, op in enumerate(ops)}
 
+    waves: dict[str, int] = {}
+
     def emit(op: Any) -> None:
         import heapq
 
         heap = [(position[op.name], op.name)]
         while heap:
-            _, name = heapq.heappop(heap)
-            if name in done:
-                continue
-            done.add(name)
-            order.append(by_name[name])
-            for consumer in consumers.get(name, ()):
-                deps = waiting[consumer]
-                deps.discard(name)
-                if not deps and consumer not in done:
-                    heapq.heappush(heap, (position[consumer], consumer))
+            # the ready ops run ``width`` at a time (the inter-op thread pool); an op's
+            # consumers become ready once its wave is done
+            wave = []
+            while heap and len(wave) < width:
+                _, name = heapq.heappop(heap)
+                if name in done:
+                    continue
+                done.add(name)
+                wave.append(name)
+            if not wave:
+                break
+            start = len(order)
+            for name in wave:
+                order.append(by_name[name])
+                if len(wave) > 1:
+                    waves[name] = start
+            for name in wave:
+                for consumer in consumers.get(name, ()):
+                    deps = waiting[consumer]
+                    deps.discard(name)
+                    if not deps and consumer not in done:
+                        heapq.heappush(heap, (position[consumer], consumer))
 
     done.update(dropped)
     for op in ops:  # captured resources, constants: ready from the start
@@ -1121,7 +1165,7 @@ def _schedule(
         if op.name not in done:
             done.add(op.name)
             order.append(op)
-    return order, inputs_of, shapes
+    return order, inputs_of, shapes, waves
 
 
 def _identity_permutation(op: Any) -> bool:
@@ -1209,14 +1253,35 @@ def function_lookup(root_graph: Any) -> Callable[[str], Any]:
 
 
 # -- the estimator -------------------------------------------------------------
-def trace_train_step(model: Any, x_specs: Any, y_specs: Any) -> Any:
-    """The concrete graph of ``model.train_step`` on ``(x, y)`` specs with a ``None`` batch dimension."""
+def inter_op_threads() -> int:
+    """The size of TensorFlow's inter-op thread pool: the configured value, else the usable CPUs."""
+    import os
+
+    import tensorflow as tf
+
+    configured = int(tf.config.threading.get_inter_op_parallelism_threads() or 0)
+    if configured > 0:
+        return configured
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def trace_train_step(model: Any, x_specs: Any, y_specs: Any, batch_size: int | None = None) -> Any:
+    """The concrete graph of ``model.train_step`` on ``(x, y)`` specs.
+
+    With ``batch_size`` the batch dimension is that number, as in the function
+    TensorFlow runs (Keras calls it with concrete tensors, and the runtime
+    specializes the graph to their shapes); without it, it stays ``None``.
+    """
     import tensorflow as tf
 
     from nnmem_callbacks.keras.common import tree_map
 
     def tensor_spec(spec: Any) -> Any:
-        return tf.TensorSpec(spec.shape, tf.as_dtype(spec.dtype))
+        shape = spec.shape if batch_size is None else spec.at(batch_size)
+        return tf.TensorSpec(shape, tf.as_dtype(spec.dtype))
 
     data = (tree_map(tensor_spec, x_specs), tree_map(tensor_spec, y_specs))
     function = tf.function(model.train_step, autograph=False)
@@ -1234,13 +1299,13 @@ def estimate_tensorflow(model: Any, batch_size: int, x_specs: Any, y_specs: Any,
     optimizer = model.optimizer
     was_built = bool(getattr(optimizer, "built", False))
     iterations = int(optimizer.iterations.numpy()) if was_built else 0
-    concrete = trace_train_step(model, x_specs, y_specs)
+    # one trace per replayed batch size: with a symbolic batch, shapes computed at run time
+    # (``Tensordot``'s flattened ``batch x steps`` rows) would be unknown or wrongly sized
+    concretes = {n: trace_train_step(model, x_specs, y_specs, n) for n in (batch_size, 2 * batch_size)}
     if not was_built:
         notes.append("tracing built the optimizer (its slot variables), as Keras does at the first fit step")
     if was_built and int(optimizer.iterations.numpy()) != iterations:  # pragma: no cover - tracing never runs
         notes.append("warning: optimizer iterations changed during tracing")
-    graph = concrete.graph
-    lookup = function_lookup(graph)
     static = static_bytes(model, unique(optimizer.variables))
     from nnmem_callbacks.keras.common import variable_bytes
 
@@ -1254,7 +1319,8 @@ def estimate_tensorflow(model: Any, batch_size: int, x_specs: Any, y_specs: Any,
         for size in state_sizes:
             if tf_allocator_bytes(size):
                 bfc.alloc(size)
-        replayer = GraphReplayer(lookup, n, bfc=bfc)
+        graph = concretes[n].graph
+        replayer = GraphReplayer(function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads())
         results[n], _ = replayer.replay(graph)
     main = results[batch_size]
     double = results[2 * batch_size]
