@@ -4,8 +4,10 @@ How it works:
 
 1. ``tf.function(model.train_step).get_concrete_function(specs)`` traces the
    real Keras train step (forward, loss, ``GradientTape`` gradients, the
-   optimizer's update) on :class:`tf.TensorSpec` inputs whose batch dimension
-   is ``None``. Tracing does not execute anything: no variable changes and the
+   optimizer's update) on :class:`tf.TensorSpec` inputs of the requested batch
+   size, and again at twice it (TensorFlow specializes the function to the
+   shapes it is called with, and so must the replay: a ``Tensordot`` flattens
+   ``batch x steps`` rows that a symbolic batch leaves unknown). Tracing does not execute anything: no variable changes and the
    optimizer's ``iterations`` stays where it was. If the optimizer was not yet
    built, tracing builds it (creates its slot variables) exactly as Keras does
    at the start of the first ``fit``; that is the only side effect.
@@ -14,6 +16,11 @@ How it works:
    exist, as TensorFlow's data-flow executor runs it: a variable's update starts
    right after its gradient, in the middle of the backward pass (the
    ``IdentityN`` gathering the gradients is skipped, as Grappler removes it).
+   Ready optimizer ops run in waves as wide as the inter-op thread pool, so
+   that Adam's two moment updates of one variable overlap as they do for real.
+   Before that, Grappler's regrouping of ``Mul`` trees
+   (:func:`minimize_broadcasts`) is replayed: it moves a part of a gradient
+   (``scale * softmax`` in attention) into the forward pass.
    An op's outputs are allocated when it runs, a tensor is freed when its last
    consumer has run. The runtime's aliasing rules are followed:
    ``ReadVariableOp`` on CPU returns the variable's own buffer,
@@ -29,9 +36,8 @@ How it works:
    are simulated recursively; their transient peak is added at the call. A
    ``While`` loop's ``TensorList`` accumulators (what the gradient of an RNN
    keeps per time step) are sized as iterations x element.
-4. Every tensor size is a line in the batch size ``n`` (the ``None`` dimension
-   is ``n``), so a single trace gives the peak at any batch size: the replay is
-   run at the requested batch and at twice it.
+4. The replays at the requested batch and at twice it give each phase's
+   line in the batch size.
 
 TensorFlow's CPU allocator statistics (``get_memory_info('CPU:0')``) count only
 allocations of at least 256 KiB; smaller tensors come from ``malloc`` (oneDNN's
@@ -43,19 +49,24 @@ definition of the peak); the figure comparable to
 ``get_memory_info('CPU:0')['peak']`` is in ``extra["tf_allocator_peak_bytes"]``.
 
 Known limitations (see ``benchmarks/results/keras_tensorflow_cpu.md``):
-    * The executor may run independent ops in another order than creation
-      order (inter-op parallelism); Grappler's rewrites (fusions, constant
-      folding, layout changes) are not replayed. Shape-only consumers
-      (``Shape``, ``Size``...) are assumed to run at once and not to keep their
-      input alive.
-    * Grappler's rewrites are not replayed: on the benchmark ``MultiHeadAttention``
-      block the executed graph computes a part of the softmax gradient during the
-      forward pass (a 1 MiB buffer the traced graph does not have): -18 %.
+    * Forward and backward ops run in creation order; the executor may run
+      independent ones in another order (inter-op parallelism). Running every
+      backward op as soon as it is ready was tried and overestimated ResNet-50
+      by ~10 %. Only the optimizer's ops (and ops regrouped by Grappler) run as
+      soon as they are ready, in waves as wide as the inter-op pool, each op
+      taking the same time: a crude model of the thread pool.
+    * Of Grappler's rewrites only ``ArithmeticOptimizer``'s
+      ``MinimizeBroadcasts`` regrouping of ``Mul`` trees is replayed (checked
+      against the executed graph); fusions, constant folding and layout changes
+      are not. Shape-only consumers (``Shape``, ``Size``...) are assumed to run
+      at once and not to keep their input alive.
     * The measured truth itself varies from run to run with the executor's thread
-      interleaving (the benchmark LSTM: 7.3 to 12.0 MiB over six runs of the
-      same first two steps; the replay says 6.9 MiB).
-    * Backward ops run in creation order; running them as soon as they are ready
-      (as the executor may) was tried and overestimated ResNet-50 by ~10 %.
+      interleaving. In the benchmark LSTM, the gradient ``While`` loop computes
+      each step's recurrent-kernel gradient (256 KiB) in parallel iterations and
+      adds them one after the other; how many wait for the add depends on thread
+      timing (7.3 to 12.0 MiB peaks over six runs of the same first two steps;
+      under the profiler, 33 were waiting at the peak). The replay assumes none
+      wait.
     * With ``jit_compile=True`` (Keras' default on GPUs) XLA owns the buffers;
       the replay then approximates XLA's buffer assignment (a note says so).
     * The first step's copy-on-write of ``AssignAdd``/``AssignSub`` is modelled as
@@ -63,6 +74,8 @@ Known limitations (see ``benchmarks/results/keras_tensorflow_cpu.md``):
       (``persistent_growth_first_steps`` in the benchmark, <= 1.2 MiB there).
     * ``While`` loops whose trip count cannot be read from the graph are
       assumed to run ``parallel_iterations`` times (reported in ``notes``).
+    * The graph is traced twice (at the batch and at twice it), as TensorFlow
+      specializes the function to the shapes it is called with.
 """
 
 from __future__ import annotations
