@@ -154,7 +154,7 @@ def test_minimize_broadcasts_regroups_like_grappler(leaves):
 
 
 def test_minimize_broadcasts_moves_a_product_into_the_forward_pass():
-    """``(g * softmax) * c`` in a gradient becomes ``(c * softmax) * g``: the inner product lives from the forward on."""
+    """``(g * softmax) * c`` in a gradient becomes ``(c * softmax) * g``, alive from the forward on."""
     from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
 
     x = tf.Variable(tf.random.uniform((16, 4, 64, 64)))

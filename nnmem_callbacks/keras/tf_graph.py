@@ -7,8 +7,9 @@ How it works:
    optimizer's update) on :class:`tf.TensorSpec` inputs of the requested batch
    size, and again at twice it (TensorFlow specializes the function to the
    shapes it is called with, and so must the replay: a ``Tensordot`` flattens
-   ``batch x steps`` rows that a symbolic batch leaves unknown). Tracing does not execute anything: no variable changes and the
-   optimizer's ``iterations`` stays where it was. If the optimizer was not yet
+   ``batch x steps`` rows that a symbolic batch leaves unknown). Tracing does
+   not execute anything: no variable changes and the optimizer's
+   ``iterations`` stays where it was. If the optimizer was not yet
    built, tracing builds it (creates its slot variables) exactly as Keras does
    at the start of the first ``fit``; that is the only side effect.
 2. The ops of the graph are replayed in creation order (a topological order:
