@@ -505,16 +505,20 @@ class GraphReplayer:
         self.shapes: dict[Any, Any] = {}  # output shapes changed by a replayed Grappler rewrite
         self.order: list[str] = []  # the op names of the last replay, in the order they ran
 
+    def shape_of(self, tensor: Any) -> Any:
+        """The static shape of ``tensor``, as a replayed Grappler rewrite left it."""
+        return self.shapes.get(tensor.ref(), tensor.shape)
+
     def elements(self, tensor: Any) -> int:
         """Number of elements of ``tensor`` at the replayed batch size (0 when unknown)."""
-        size = _shape_size(self.shapes.get(tensor.ref(), tensor.shape), 1)
+        size = _shape_size(self.shape_of(tensor), 1)
         return size.at(self.n) if size is not None else 0
 
     # -- sizes ---------------------------------------------------------------
     def size_of(self, tensor: Any, list_bytes: dict[Any, int] | None = None) -> int:
         if list_bytes is not None and tensor.dtype.name == "variant":
             return int(list_bytes.get(tensor.ref(), 0))
-        size = _shape_size(self.shapes.get(tensor.ref(), tensor.shape), _dtype_size(tensor.dtype))
+        size = _shape_size(self.shape_of(tensor), _dtype_size(tensor.dtype))
         if size is None:
             if _dtype_size(tensor.dtype):
                 self.unknown[tensor.op.type] += 1
@@ -950,13 +954,18 @@ def _broadcast_shape(first: Any, second: Any) -> Any:
     return tf.TensorShape([y if x == 1 else x for x, y in zip(a, b)])
 
 
-def _all_ones_or_zeros(tensor: Any) -> bool:
+def _constant_array(tensor: Any) -> Any:
+    """The value of ``tensor`` when the graph fixes it (a numpy array), else ``None``."""
     from tensorflow.python.framework import tensor_util
 
     try:
-        value = tensor_util.constant_value(tensor)
+        return tensor_util.constant_value(tensor)
     except Exception:  # noqa: BLE001
-        return False
+        return None
+
+
+def _all_ones_or_zeros(tensor: Any) -> bool:
+    value = _constant_array(tensor)
     return value is not None and (bool((value == 1).all()) or bool((value == 0).all()))
 
 
@@ -1183,12 +1192,7 @@ def _schedule(
 
 
 def _identity_permutation(op: Any) -> bool:
-    from tensorflow.python.framework import tensor_util
-
-    try:
-        perm = tensor_util.constant_value(op.inputs[1])
-    except Exception:  # noqa: BLE001
-        return False
+    perm = _constant_array(op.inputs[1])
     return perm is not None and [int(v) for v in perm.reshape(-1)] == list(range(int(perm.size)))
 
 
@@ -1201,12 +1205,7 @@ def _reads_variable(tensor: Any) -> bool:
 
 
 def _const_value(tensor: Any) -> Any:
-    from tensorflow.python.framework import tensor_util
-
-    try:
-        value = tensor_util.constant_value(tensor)
-    except Exception:  # noqa: BLE001
-        return None
+    value = _constant_array(tensor)
     if value is None:
         return None
     try:
