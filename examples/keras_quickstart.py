@@ -63,13 +63,26 @@ def main() -> None:
     y = rng.integers(0, 10, 512).astype("int32")
     log_dir = tempfile.mkdtemp(prefix="nnmem_keras_")
     callback = MemoryBudgetCallback(batch_size=64, budget="2GiB", log_dir=log_dir)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
         history = small_cnn().fit(x, y, batch_size=64, epochs=2, callbacks=[callback], verbose=0)
-    for epoch, (predicted, measured) in enumerate(
-        zip(history.history["memory_predicted_peak_mib"], history.history["memory_measured_peak_mib"])
+    for warning in caught:
+        if "cannot read" in str(warning.message):  # the meter fell back to process RSS: say why
+            print(f"note: {warning.message}\n")
+    names = callback.metric_names
+    if callback._meter.process_level:
+        compared = "the rise of the process RSS above its level at fit start (predicted: tensor peak minus what was resident)"
+    else:
+        compared = f"the {callback._meter.source}"
+    print(f"Compared each epoch: {compared}")
+    logged = history.history
+    for epoch, (tensor_peak, predicted, measured) in enumerate(
+        zip(logged[names.predicted_peak], logged[names.predicted], logged[names.measured])
     ):
-        print(f"epoch {epoch}: predicted {predicted:.1f} MiB, measured {measured:.1f} MiB ({callback._meter.kind})")
+        print(
+            f"epoch {epoch}: tensor peak predicted {tensor_peak:.1f} MiB; compared figure predicted {predicted:.1f} MiB, "
+            f"measured {measured:.1f} MiB ({names.measured})"
+        )
     print(f"TensorBoard: tensorboard --logdir {log_dir}")
 
 

@@ -1,8 +1,7 @@
 """Device capacity and measured memory peaks, per runtime.
 
-Adapters ask this module two questions: how much memory does the training
-device have (and how much is free now), and what was the peak use over an
-interval (an epoch, or one phase of a step)?
+Adapters ask this module how much memory the training device has (and how
+much is free now), and read the operating system's figures for the process.
 
 * **CUDA** (through torch, imported lazily): capacity and free memory from
   ``torch.cuda.mem_get_info``; peaks from ``max_memory_allocated`` and
@@ -15,14 +14,12 @@ interval (an epoch, or one phase of a step)?
   Linux, some containers) the peak is the largest RSS sampled at the interval
   boundaries, and :attr:`PeakMeter.exact` is ``False``.
 
-Nothing here imports torch at module import time.
+The meters that read these figures during training live in
+:mod:`nnmem_callbacks.monitor`. Nothing here imports torch at module import time.
 
 Example:
-    >>> meter = PeakMeter("cpu")
-    >>> meter.reset()
-    >>> block = bytearray(8 * 1024 * 1024)  # touch 8 MiB
-    >>> peak = meter.read()
-    >>> peak.peak_bytes >= peak.current_bytes > 0
+    >>> total, free = cpu_capacity()
+    >>> total >= free > 0 and current_rss() > 0
     True
 """
 
@@ -134,114 +131,6 @@ def device_capacity(device: Any) -> tuple[int, int]:
     if device_type(device) == "cuda":
         return cuda_capacity(device)
     return cpu_capacity()
-
-
-@dataclasses.dataclass(frozen=True)
-class PeakReading:
-    """Memory figures measured over one interval, all in bytes.
-
-    Attributes:
-        kind: ``"cuda"`` or ``"cpu"``.
-        peak_bytes: CUDA: ``max_memory_allocated`` (live tensors); CPU: the
-            process's peak RSS.
-        reserved_bytes: CUDA: ``max_memory_reserved``; ``None`` on CPU.
-        device_used_bytes: CUDA: used memory of the whole device now
-            (``total - free``, includes the context); ``None`` on CPU.
-        current_bytes: CUDA: ``memory_allocated`` now; CPU: RSS now.
-        exact: ``False`` when the peak could only be sampled (CPU without a
-            writable ``clear_refs``).
-    """
-
-    kind: str
-    peak_bytes: int
-    reserved_bytes: int | None = None
-    device_used_bytes: int | None = None
-    current_bytes: int = 0
-    exact: bool = True
-
-
-class PeakMeter:
-    """Measures the peak memory of the training device over intervals.
-
-    Call :meth:`reset` at the start of an interval and :meth:`read` at its end.
-    :meth:`sample` may be called in between; it only matters on CPU without
-    ``clear_refs``, where the peak is the largest sampled RSS.
-
-    Args:
-        device: The training device (``torch.device`` or string).
-    """
-
-    def __init__(self, device: Any = "cpu") -> None:
-        self.device = device
-        self.kind = "cuda" if device_type(device) == "cuda" else "cpu"
-        self.exact = True
-        self._sampled = 0
-
-    def reset(self) -> None:
-        """Starts a new interval."""
-        if self.kind == "cuda":
-            import torch
-
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return
-        self.exact = reset_rss_peak()
-        self._sampled = current_rss()
-
-    def sample(self) -> None:
-        """Records the current use (CPU fallback without ``clear_refs``)."""
-        if self.kind == "cpu" and not self.exact:
-            self._sampled = max(self._sampled, current_rss())
-
-    def read(self) -> PeakReading:
-        """The peak since the last :meth:`reset`."""
-        if self.kind == "cuda":
-            import torch
-
-            total, free = cuda_capacity(self.device)
-            return PeakReading(
-                kind="cuda",
-                peak_bytes=int(torch.cuda.max_memory_allocated(self.device)),
-                reserved_bytes=int(torch.cuda.max_memory_reserved(self.device)),
-                device_used_bytes=int(total - free),
-                current_bytes=int(torch.cuda.memory_allocated(self.device)),
-            )
-        rss = current_rss()
-        if self.exact:
-            hwm = read_status_bytes("VmHWM")
-            if hwm is not None:
-                return PeakReading(kind="cpu", peak_bytes=max(hwm, rss), current_bytes=rss)
-        self._sampled = max(self._sampled, rss)
-        return PeakReading(kind="cpu", peak_bytes=self._sampled, current_bytes=rss, exact=False)
-
-
-def is_out_of_memory(exception: BaseException) -> str | None:
-    """Classifies an exception as an out-of-memory error.
-
-    Returns:
-        ``"cuda"`` for a CUDA OOM, ``"cpu"`` for a host OOM, ``None`` otherwise.
-
-    Example:
-        >>> is_out_of_memory(MemoryError()), is_out_of_memory(ValueError("x"))
-        ('cpu', None)
-        >>> is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-        'cuda'
-    """
-    name = type(exception).__name__
-    text = str(exception)
-    if name == "OutOfMemoryError" or "CUDA out of memory" in text or "CUDA error: out of memory" in text:
-        return "cuda"
-    if isinstance(exception, MemoryError):
-        return "cpu"
-    lowered = text.lower()
-    if isinstance(exception, RuntimeError) and (
-        "can't allocate memory" in lowered
-        or "not enough memory" in lowered
-        or "defaultcpuallocator" in lowered
-    ):
-        return "cpu"
-    if "out of memory" in lowered:
-        return "cuda" if "cuda" in lowered or "hip" in lowered else "cpu"
-    return None
 
 
 def clear_refs_writable() -> bool:

@@ -6,9 +6,11 @@ The functions take any object with the ``SummaryWriter`` methods
 ``tensorboardX``. matplotlib is imported lazily, with the ``Agg`` backend.
 
 Example:
-    >>> layout = custom_scalars_layout("cpu")
+    >>> layout = custom_scalars_layout("cuda")
     >>> layout["memory"]["peak: predicted vs measured (MiB)"]
     ['Multiline', ['memory/predicted_peak_mib', 'memory/measured_peak_mib']]
+    >>> custom_scalars_layout("cpu")["memory"]["process RSS rise above fit start: predicted vs measured (MiB)"][1]
+    ['memory/predicted_rss_rise_mib', 'memory/measured_rss_rise_mib']
 """
 
 from __future__ import annotations
@@ -35,11 +37,26 @@ def custom_scalars_layout(kind: str = "cpu") -> dict[str, dict[str, list[Any]]]:
 
     Args:
         kind: ``"cuda"`` adds charts for the allocator reserve and the device
-            total; ``"cpu"`` charts the process RSS only.
+            total; ``"cpu"`` charts the rise of the process RSS above its
+            fit-start level, beside the predicted tensor peak.
 
     Returns:
         A layout for ``SummaryWriter.add_custom_scalars``.
     """
+    if kind == "cpu":  # process RSS: what is compared is its rise above the fit-start level (nnmem_callbacks.monitor)
+        from nnmem_callbacks.monitor import RssMeter, metric_names
+
+        names = metric_names(RssMeter()).for_lightning()
+        return {
+            "memory": {
+                "process RSS rise above fit start: predicted vs measured (MiB)": [
+                    "Multiline",
+                    [names.predicted, names.measured],
+                ],
+                "relative error of the prediction": ["Multiline", [names.relative_error]],
+                "predicted tensor peak (MiB)": ["Multiline", [PREDICTED_TENSOR_PEAK]],
+            }
+        }
     charts: dict[str, list[Any]] = {
         "peak: predicted vs measured (MiB)": ["Multiline", [PREDICTED_PEAK, MEASURED_PEAK]],
         "relative error of the prediction": ["Multiline", [RELATIVE_ERROR]],

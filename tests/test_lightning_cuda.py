@@ -15,7 +15,7 @@ pl = pytest.importorskip("pytorch_lightning")
 sys.path.insert(0, os.path.dirname(__file__))
 from _lightning_models import MLP, DataModule, trainer_kwargs  # noqa: E402
 
-from nnmem_callbacks import devices  # noqa: E402
+from nnmem_callbacks import devices, monitor  # noqa: E402
 from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine  # noqa: E402
 from nnmem_callbacks.lightning import MemoryBudgetCallback  # noqa: E402
 
@@ -76,7 +76,7 @@ def cuda_estimate():
 def test_peak_meter_reads_cuda_stats(monkeypatch):
     cuda = FakeCuda()
     cuda.install(monkeypatch)
-    meter = devices.PeakMeter(torch.device("cuda", 0))
+    meter = monitor.CudaMeter(torch.device("cuda", 0))
     meter.reset()
     cuda.touch(50 * MiB)
     reading = meter.read()

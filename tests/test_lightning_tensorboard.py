@@ -37,9 +37,10 @@ def test_tensorboard_series_layout_text_and_figure(tmp_path):
     events.Reload()
     tags = events.Tags()
 
-    predicted = events.Scalars("memory/predicted_peak_mib")
-    measured = events.Scalars("memory/measured_peak_mib")
-    errors = events.Scalars("memory/relative_error")
+    # on CPU the process RSS is compared as its rise above the fit-start level
+    predicted = events.Scalars("memory/predicted_rss_rise_mib")
+    measured = events.Scalars("memory/measured_rss_rise_mib")
+    errors = events.Scalars("memory/rss_rise_relative_error")
     assert len(predicted) == len(measured) == len(errors) == 3  # one per epoch
     assert [s.step for s in predicted] == [s.step for s in measured] == [4, 8, 12]
     expected = callback._predicted_comparable() / 2**20
@@ -47,15 +48,15 @@ def test_tensorboard_series_layout_text_and_figure(tmp_path):
         assert p.value == pytest.approx(expected, rel=1e-5)
         assert m.value > 0
         assert e.value == pytest.approx((m.value - p.value) / p.value, rel=1e-3, abs=1e-6)
-        assert abs(e.value) < 0.5  # process RSS: baseline + predicted tensor peak is close on CPU
     tensor_peak = events.Scalars("memory/predicted_tensor_peak_mib")[0].value
     assert tensor_peak == pytest.approx(callback.estimate.peak_bytes / 2**20, rel=1e-5)
+    assert events.Scalars("memory/predicted_peak_mib")[0].value == pytest.approx(tensor_peak, rel=1e-5)
 
     # the custom-scalars layout puts predicted and measured on one chart
     config = events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
     layout = layout_pb2.Layout.FromString(config)
     charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
-    assert ["memory/predicted_peak_mib", "memory/measured_peak_mib"] in charts.values()
+    assert ["memory/predicted_rss_rise_mib", "memory/measured_rss_rise_mib"] in charts.values()
 
     text = events.Tensors("memory/estimate/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "| parameters |" in text and "predicted peak" in text

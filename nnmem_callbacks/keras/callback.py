@@ -15,7 +15,7 @@ from typing import Any
 
 import keras
 
-from nnmem_callbacks import devices
+from nnmem_callbacks import devices, monitor
 from nnmem_callbacks.estimate import MemoryEstimate
 from nnmem_callbacks.plan import (
     DEFAULT_MARGIN,
@@ -40,7 +40,8 @@ def _tf_counted(num_bytes: int) -> int:
 
     return tf_allocator_bytes(num_bytes)
 
-#: Keys added to ``logs`` every epoch (valid Keras metric names; MiB except the error).
+#: Keys added to ``logs`` every epoch when the backend's allocator is measured (valid Keras metric names; MiB
+#: except the error). Process RSS is logged under other names: see :func:`nnmem_callbacks.monitor.metric_names`.
 PREDICTED_PEAK = "memory_predicted_peak_mib"
 MEASURED_PEAK = "memory_measured_peak_mib"
 RELATIVE_ERROR = "memory_relative_error"
@@ -70,10 +71,22 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         data: Optional training data to infer the batch size from.
         x, y: Optional example arrays for the estimator (subclassed models).
 
-    Every epoch ``logs`` gains ``memory_predicted_peak_mib``,
-    ``memory_measured_peak_mib``, ``memory_relative_error`` and
-    ``memory_budget_mib``, so ``History`` and a ``keras.callbacks.TensorBoard``
-    placed after this callback record them.
+    Every epoch ``logs`` gains the figures, so ``History`` and a
+    ``keras.callbacks.TensorBoard`` placed after this callback record them.
+    Their names say what was measured (:attr:`metric_names`):
+
+    * the backend's allocator (TensorFlow with allocator statistics, JAX on
+      GPU, torch on CUDA): ``memory_predicted_peak_mib``,
+      ``memory_measured_peak_mib``, ``memory_relative_error``;
+    * otherwise process RSS, compared as its rise above the fit-start level:
+      ``memory_measured_rss_rise_mib``, ``memory_predicted_rss_rise_mib``,
+      ``memory_rss_rise_relative_error``, beside ``memory_predicted_peak_mib``
+      (the tensor peak). TensorFlow on a CPU whose allocator keeps no
+      statistics lands here, with one warning that says how to get the
+      allocator's figure.
+
+    ``memory_budget_mib`` is logged too. Every key is present every epoch: a
+    figure that could not be measured is NaN, and a warning says why.
 
     Raises:
         ValueError: For a policy other than ``"warn"``/``"raise"`` (the message
@@ -133,14 +146,24 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self.message: str | None = None
         self.measurements: list[dict[str, Any]] = []
         self._train_batch_size: int | None = None
-        self._meter: _Meter | None = None
+        self._meter: monitor.Meter | None = None
+        self._names: monitor.MetricNames | None = None
         self._writer: Any = None
         self._warned: set[str] = set()
+
+    @property
+    def metric_names(self) -> monitor.MetricNames | None:
+        """The names this fit logs under (they depend on the meter: allocator or process RSS); set at fit start."""
+        return self._names
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._close_writer()
         self._reset()
-        self._meter = _Meter.for_backend()
+        chosen = self._safe(lambda: monitor.keras_meter(keras.backend.backend()), "choosing a meter")
+        self._meter, meter_warning = chosen if chosen is not None else (monitor.RssMeter(), None)
+        self._names = monitor.metric_names(self._meter)
+        if meter_warning:
+            self._warn(meter_warning)
         batch_size, reason = self._infer_batch_size()
         self._train_batch_size = batch_size
         if batch_size is None:
@@ -159,7 +182,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             )
         else:
             self._plan()
-        self._safe(self._meter.start_run)
+        self._safe(self._meter.start, "reading the memory at fit start")
         self._open_writer()
         if self.estimate is not None and self.plan is not None and self.message and not self.plan.fits:
             if self.policy == "raise":
@@ -171,7 +194,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
 
         estimate = self.estimate
         assert estimate is not None
-        capacity, free = self._safe(lambda: self._meter.capacity()) or devices.cpu_capacity()
+        capacity, free = self._safe(self._meter.capacity, "reading the device capacity") or devices.cpu_capacity()
         budget_bytes = resolve_budget(self.budget, capacity_bytes=capacity, free_bytes=free, margin=self.margin)
         self.plan = make_plan(estimate, budget_bytes, policy="warn", margin=self.margin)
         suggestions = keras_suggestions(
@@ -219,28 +242,40 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     # --------------------------------------------------------------- epochs
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self._meter is not None:
-            self._safe(self._meter.reset)
+            self._safe(self._meter.reset, "resetting the memory peak")
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self._meter is not None and not self._meter.exact:
-            self._safe(self._meter.sample)
+        if self._meter is not None:
+            self._safe(self._meter.sample, "sampling the memory in use")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._meter is None:
+        """Adds the measured and predicted figures to ``logs`` (every key every epoch; NaN when unmeasurable)."""
+        if self._meter is None or self._names is None:
             return
-        measured = self._safe(self._meter.read)
-        if measured is None:
-            return
-        values: dict[str, float] = {MEASURED_PEAK: measured / MiB}
-        row: dict[str, Any] = {"epoch": int(epoch), "kind": self._meter.kind, "measured_peak_bytes": int(measured)}
+        names = self._names
+        reading = self._safe(self._meter.read, "reading the memory peak")
+        measured = None
+        if reading is not None:
+            measured = reading.peak_bytes - self._meter.baseline if self._meter.process_level else reading.peak_bytes
+            measured = max(int(measured), 0)
+        values: dict[str, float] = {names.measured: measured / MiB if measured is not None else math.nan}
+        row: dict[str, Any] = {
+            "epoch": int(epoch),
+            "kind": self._meter.kind,
+            "measured_bytes": measured,
+            "exact": bool(reading.exact) if reading is not None else False,
+        }
         predicted = self._predicted_comparable()
         if predicted is not None:
-            values[PREDICTED_PEAK] = predicted / MiB
-            values[RELATIVE_ERROR] = (measured - predicted) / max(predicted, 1)
-            row["predicted_peak_bytes"] = int(predicted)
-            row["relative_error"] = values[RELATIVE_ERROR]
+            values[names.predicted_peak] = self._predicted_peak() / MiB
+            values[names.predicted] = predicted / MiB
+            values[names.relative_error] = (
+                (measured - predicted) / max(predicted, 1) if measured is not None else math.nan
+            )
+            row["predicted_bytes"] = int(predicted)
+            row["relative_error"] = values[names.relative_error]
         if self.plan is not None:
-            values[BUDGET] = self.plan.budget_bytes / MiB
+            values[names.budget] = self.plan.budget_bytes / MiB
         self.measurements.append(row)
         if logs is not None:
             logs.update(values)
@@ -250,12 +285,16 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self._close_writer()
 
     # ---------------------------------------------------------- predictions
+    def _predicted_peak(self) -> int:
+        assert self.estimate is not None
+        return int(self.estimate.peak_bytes_at(self._train_batch_size or self.estimate.batch_size))
+
     def _predicted_comparable(self) -> int | None:
-        """The prediction of what the meter reads (allocator or process figures, not only tensors)."""
+        """The prediction of what the meter measures: the allocator's peak, or the rise of process RSS."""
         if self.estimate is None or self._meter is None:
             return None
         size = self._train_batch_size or self.estimate.batch_size
-        peak = self.estimate.peak_bytes_at(size)
+        peak = self._predicted_peak()
         if self._meter.kind == "tensorflow":
             extra = self.estimate.extra
             if "tf_allocator_peak_bytes" in extra and self.estimate.batch_size == size:
@@ -269,9 +308,10 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
                 _tf_counted(batch_inputs // max(self._num_inputs(), 1)) for _ in range(self._num_inputs())
             ) * INPUT_PIPELINE_BATCHES
             return max(self._meter.baseline - resident, 0) + peak + pipeline
-        if self._meter.kind == "rss":
+        if self._meter.process_level:
+            # what exists before the first step is already in the fit-start RSS
             resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]
-            return max(self._meter.baseline - resident, 0) + peak
+            return monitor.predicted_rss_rise(peak, resident)
         return peak
 
     def _num_inputs(self) -> int:
@@ -281,7 +321,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     def _open_writer(self) -> None:
         if not self.log_dir:
             return
-        self._writer = self._safe(lambda: _EventWriter(self.log_dir))
+        self._writer = self._safe(lambda: _EventWriter(self.log_dir), "opening the TensorBoard event file")
         if self._writer is None:
             return
         from nnmem_callbacks.report import format_summary
@@ -293,20 +333,22 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             parts.append("```\n" + self.message + "\n```")
         if self.failure:
             parts.append(f"no prediction: {self.failure}")
-        self._safe(lambda: self._writer.text("memory/estimate", "\n\n".join(parts) or "no estimate", 0))
+        self._safe(
+            lambda: self._writer.text("memory/estimate", "\n\n".join(parts) or "no estimate", 0), "writing TensorBoard"
+        )
 
     def _write_scalars(self, values: dict[str, float], epoch: int) -> None:
         if self._writer is None:
             return
         for name, value in values.items():
             tag = "memory/" + name[len("memory_"):]
-            self._safe(lambda tag=tag, value=value: self._writer.scalar(tag, value, epoch))
-        self._safe(self._writer.flush)
+            self._safe(lambda tag=tag, value=value: self._writer.scalar(tag, value, epoch), "writing TensorBoard")
+        self._safe(self._writer.flush, "writing TensorBoard")
 
     def _close_writer(self) -> None:
         writer, self._writer = getattr(self, "_writer", None), None
         if writer is not None:
-            self._safe(writer.close)
+            self._safe(writer.close, "closing the TensorBoard event file")
 
     # --------------------------------------------------------------- helpers
     def _warn(self, message: str) -> None:
@@ -315,12 +357,13 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self._warned.add(message)
         warnings.warn(message, UserWarning, stacklevel=3)
 
-    @staticmethod
-    def _safe(function: Any) -> Any:
+    def _safe(self, function: Any, what: str) -> Any:
+        """Runs ``function``; a failure never breaks training, and is said once (never silently)."""
         try:
             return function()
         except Exception as error:  # noqa: BLE001 - measuring and logging never break training
-            log.debug("MemoryBudgetCallback: %s failed: %s", getattr(function, "__name__", function), error)
+            log.debug("MemoryBudgetCallback: %s failed", what, exc_info=True)
+            self._warn(f"MemoryBudgetCallback: {what} failed ({type(error).__name__}: {error}); training goes on.")
             return None
 
 
@@ -334,99 +377,6 @@ def _num_samples(data: Any) -> int | None:
     if shape is not None and len(shape) > 0 and shape[0] is not None:
         return int(shape[0])
     return None
-
-
-class _Meter:
-    """The active backend's peak over an epoch.
-
-    * ``tensorflow``: ``get_memory_info(dev)['peak']`` after ``reset_memory_stats``
-      (allocations of 256 KiB and more on CPU).
-    * ``jax``: ``device.memory_stats()['peak_bytes_in_use']`` where available
-      (GPU/TPU; there is no reset, so the epoch's peak is only known when it
-      exceeds earlier ones, and the run's peak is reported), else process RSS.
-    * ``torch``/CPU: ``nnmem_callbacks.devices.PeakMeter`` (CUDA statistics or
-      the process's peak RSS).
-    """
-
-    def __init__(self, kind: str, device: Any = None) -> None:
-        self.kind = kind
-        self.device = device
-        self.baseline = 0
-        self.exact = True
-        self._rss: devices.PeakMeter | None = None
-        if kind in ("rss", "cuda"):
-            self._rss = devices.PeakMeter(device or "cpu")
-
-    @classmethod
-    def for_backend(cls) -> "_Meter":
-        backend = keras.backend.backend()
-        if backend == "tensorflow":
-            import tensorflow as tf
-
-            gpus = tf.config.list_logical_devices("GPU")
-            return cls("tensorflow", "GPU:0" if gpus else "CPU:0")
-        if backend == "jax":
-            import jax
-
-            device = jax.devices()[0]
-            stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-            if stats and "peak_bytes_in_use" in stats:
-                return cls("jax", device)
-            return cls("rss", "cpu")
-        if backend == "torch":
-            try:
-                from keras.src.backend.torch.core import get_device
-
-                device = str(get_device())
-            except Exception:  # noqa: BLE001
-                device = "cpu"
-            if device.startswith("cuda"):
-                return cls("cuda", device)
-            return cls("rss", "cpu")
-        return cls("rss", "cpu")
-
-    def capacity(self) -> tuple[int, int]:
-        if self.kind == "cuda":
-            return devices.cuda_capacity(self.device)
-        if self.kind == "jax":
-            stats = self.device.memory_stats() or {}
-            total = int(stats.get("bytes_limit", 0))
-            if total:
-                return total, total - int(stats.get("bytes_in_use", 0))
-        return devices.cpu_capacity()
-
-    def start_run(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        if self.kind == "tensorflow":
-            import tensorflow as tf
-
-            tf.config.experimental.reset_memory_stats(self.device)
-            self.baseline = int(tf.config.experimental.get_memory_info(self.device)["current"])
-        elif self.kind == "jax":
-            stats = self.device.memory_stats() or {}
-            self.baseline = int(stats.get("bytes_in_use", 0))
-        else:
-            assert self._rss is not None
-            self._rss.reset()
-            self.exact = self._rss.exact
-            self.baseline = self._rss.read().current_bytes if self.kind == "rss" else 0
-
-    def sample(self) -> None:
-        if self._rss is not None:
-            self._rss.sample()
-
-    def read(self) -> int:
-        if self.kind == "tensorflow":
-            import tensorflow as tf
-
-            return int(tf.config.experimental.get_memory_info(self.device)["peak"])
-        if self.kind == "jax":
-            stats = self.device.memory_stats() or {}
-            return int(stats.get("peak_bytes_in_use", 0))
-        assert self._rss is not None
-        return int(self._rss.read().peak_bytes)
 
 
 class _EventWriter:
