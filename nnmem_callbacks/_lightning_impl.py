@@ -441,7 +441,8 @@ class MemoryBudgetCallbackMixin:
             self._safe(lambda logger=logger: logger.log_metrics(metrics, step=trainer.global_step), "logging metrics")
         # process RSS also grows with the runtime's own first-step costs (kernels, thread pools, allocator caches):
         # there a miss must exceed a tenth of the fit-start RSS as well
-        slack = MISS_TOLERANCE * max(predicted or 0, self._baseline_rss or 0 if self._meter.process_level else 0)
+        reference = max(predicted or 0, (self._baseline_rss or 0) if self._meter.process_level else 0)
+        slack = MISS_TOLERANCE * reference
         if predicted is not None and measured > predicted + slack and not self._miss_warned:
             self._miss_warned = True
             rises = self._phase_rises or self._phase_peaks
