@@ -1,6 +1,17 @@
 """Keras accuracy benchmark: predicted vs measured peak memory per backend, each case in its own process.
 
     python -m benchmarks.keras_accuracy --backend tensorflow|jax|torch [--cases mlp,lstm] [--repeats 3] [--out benchmarks/results]
+    python -m benchmarks.keras_accuracy --backend tensorflow --onednn 0   # and --onednn 1: both TF CPU kernel paths
+
+On TensorFlow, ``--onednn 0|1`` sets ``TF_ENABLE_ONEDNN_OPTS`` in every worker
+(default: the host's own default, which is on only on AVX-512-class CPUs) and
+writes ``keras_tensorflow_cpu_onednn{0,1}.{md,json}``. With oneDNN off the
+workers set ``TF_CPU_ALLOCATOR_USE_BFC=true``, without which TensorFlow's CPU
+allocator keeps no statistics to measure.
+
+Cases come in two groups: the zoo the estimator was developed on, and models from
+outside it (``keras.applications`` architectures and layer-built models that no
+rule was written for), reported separately.
 
 Each case runs ``--repeats`` times, each time in a fresh process; the measured truth is
 the median of those runs (the allocator's peak over the same steps varies with the
@@ -44,7 +55,7 @@ from typing import Any
 BACKENDS = ("tensorflow", "jax", "torch")
 
 #: name -> (batch size, description). Small inputs keep each backend under ~10 minutes on 2 CPU cores.
-CASES: dict[str, tuple[int, str]] = {
+ZOO_CASES: dict[str, tuple[int, str]] = {
     "mlp": (256, "seed MLP 1000 -> 4x100 -> 10"),
     "conv1d": (32, "Conv1D text model, 200 steps x 64 channels"),
     "lstm": (32, "Embedding + LSTM(128), 50 steps"),
@@ -54,6 +65,18 @@ CASES: dict[str, tuple[int, str]] = {
     "densenet121": (4, "keras.applications.DenseNet121, 64x64, weights=None"),
     "efficientnetb0": (8, "keras.applications.EfficientNetB0, 64x64, weights=None"),
 }
+
+#: Models from outside the zoo: nothing in the estimator was written or tuned for them.
+OUTSIDE_CASES: dict[str, tuple[int, str]] = {
+    "mobilenetv3small": (8, "keras.applications.MobileNetV3Small, 96x96, weights=None"),
+    "vgg16": (8, "keras.applications.VGG16, 48x48, weights=None"),
+    "xception": (4, "keras.applications.Xception, 80x80, weights=None"),
+    "gru_text": (32, "Embedding + Bidirectional(GRU(64)) + Dense, 80 steps"),
+    "transformer": (8, "2 encoder blocks (MHA 4x32, LayerNorm, Dropout 0.1, FFN 512), 96 tokens x 128, token + position embedding"),
+    "audio_cnn": (16, "Conv1D/BatchNorm/Dropout audio net, 4000 samples"),
+}
+
+CASES: dict[str, tuple[int, str]] = {**ZOO_CASES, **OUTSIDE_CASES}
 
 
 def build_case(name: str) -> tuple[Any, Any, Any, int]:
@@ -91,13 +114,48 @@ def build_case(name: str) -> tuple[Any, Any, Any, int]:
         outputs = layers.Dense(classes)(layers.GlobalAveragePooling1D()(hidden))
         model = keras.Model(inputs, outputs)
         x = rng.random((batch, 64, 128), dtype=np.float32)
+    elif name == "gru_text":
+        model = keras.Sequential([
+            keras.Input((80,), dtype="int32"),
+            layers.Embedding(8000, 96),
+            layers.Bidirectional(layers.GRU(64)),
+            layers.Dense(64, activation="relu"),
+            layers.Dense(classes),
+        ])
+        x = rng.integers(0, 8000, (batch, 80)).astype("int32")
+    elif name == "transformer":
+        tokens, width = 96, 128
+        ids = keras.Input((tokens,), dtype="int32")
+        positions = keras.ops.arange(tokens)
+        hidden = layers.Embedding(4000, width)(ids) + layers.Embedding(tokens, width)(positions)
+        for _ in range(2):
+            attended = layers.MultiHeadAttention(num_heads=4, key_dim=32, dropout=0.1)(hidden, hidden)
+            hidden = layers.LayerNormalization()(hidden + layers.Dropout(0.1)(attended))
+            feed = layers.Dense(width)(layers.Dense(512, activation="gelu")(hidden))
+            hidden = layers.LayerNormalization()(hidden + layers.Dropout(0.1)(feed))
+        outputs = layers.Dense(classes)(layers.GlobalAveragePooling1D()(hidden))
+        model = keras.Model(ids, outputs)
+        x = rng.integers(0, 4000, (batch, tokens)).astype("int32")
+    elif name == "audio_cnn":
+        model = keras.Sequential([keras.Input((4000, 1))])
+        for filters, kernel, stride in ((32, 9, 4), (64, 5, 2), (64, 5, 2), (128, 3, 2)):
+            model.add(layers.Conv1D(filters, kernel, strides=stride, padding="same"))
+            model.add(layers.BatchNormalization())
+            model.add(layers.Activation("relu"))
+            model.add(layers.Dropout(0.1))
+        model.add(layers.GlobalMaxPooling1D())
+        model.add(layers.Dense(classes))
+        x = rng.random((batch, 4000, 1), dtype=np.float32)
     else:
-        size = 96 if name == "mobilenetv2" else 64
+        size = {"mobilenetv2": 96, "mobilenetv3small": 96, "vgg16": 48, "xception": 80}.get(name, 64)
         constructor = {
             "mobilenetv2": keras.applications.MobileNetV2,
             "resnet50": keras.applications.ResNet50,
             "densenet121": keras.applications.DenseNet121,
             "efficientnetb0": keras.applications.EfficientNetB0,
+            "mobilenetv3small": keras.applications.MobileNetV3Small,
+            "vgg16": keras.applications.VGG16,
+            "xception": keras.applications.Xception,
         }[name]
         model = constructor(weights=None, input_shape=(size, size, 3), classes=classes, classifier_activation=None)
         x = rng.random((batch, size, size, 3), dtype=np.float32)
@@ -227,9 +285,36 @@ def worker(name: str) -> dict[str, Any]:
     return row
 
 
-def run_isolated(name: str, backend: str, timeout: int = 600) -> dict[str, Any]:
+def mode_environment(onednn: str | None) -> dict[str, str]:
+    """The environment of a TensorFlow mode: oneDNN on or off, with allocator statistics either way."""
+    if onednn is None:
+        return {}
+    env = {"TF_ENABLE_ONEDNN_OPTS": onednn}
+    if onednn == "0":
+        env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # without it TF's CPU allocator keeps no statistics
+    return env
+
+
+def host_fingerprint() -> dict[str, Any]:
+    """What decides TensorFlow's CPU kernels and allocator here (recorded with every result)."""
+    model, flags = "unknown", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name") and model == "unknown":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return {"cpu": model, "isa": ",".join(isa) or "unknown", "cpu_threads": os.cpu_count()}
+
+
+def run_isolated(name: str, backend: str, timeout: int = 900, onednn: str | None = None) -> dict[str, Any]:
     """Runs one case in a fresh process (TensorFlow's allocator keeps memory across models)."""
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    env.update(mode_environment(onednn))
     started = time.perf_counter()
     try:
         done = subprocess.run(
@@ -247,7 +332,7 @@ def run_isolated(name: str, backend: str, timeout: int = 600) -> dict[str, Any]:
     return {"case": name, "backend": backend, "error_text": (done.stderr or done.stdout).strip().splitlines()[-1:]}
 
 
-def run_repeated(name: str, backend: str, repeats: int) -> dict[str, Any]:
+def run_repeated(name: str, backend: str, repeats: int, onednn: str | None = None) -> dict[str, Any]:
     """Runs a case ``repeats`` times (fresh processes); the truth is the median measurement.
 
     On TensorFlow the allocator's peak over the same first two steps varies from run to
@@ -255,7 +340,7 @@ def run_repeated(name: str, backend: str, repeats: int) -> dict[str, Any]:
     benchmark LSTM measured 7.3 to 12.0 MiB over six runs. The median of a few runs is
     the figure compared; the runs are kept in ``measured_runs``.
     """
-    rows = [run_isolated(name, backend) for _ in range(max(repeats, 1))]
+    rows = [run_isolated(name, backend, onednn=onednn) for _ in range(max(repeats, 1))]
     good = [r for r in rows if "error_text" not in r]
     if not good:
         return rows[0]
@@ -276,6 +361,14 @@ def run_repeated(name: str, backend: str, repeats: int) -> dict[str, Any]:
     return row
 
 
+def summarize_rows(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Median and worst absolute value of ``key`` over ``rows``."""
+    values = [abs(r[key]) for r in rows if r.get(key) is not None]
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "median_abs": statistics.median(values), "worst_abs": max(values)}
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def stats(key: str) -> dict[str, Any]:
         values = [abs(r[key]) for r in rows if r.get(key) is not None]
@@ -284,6 +377,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {"n": len(values), "median_abs": statistics.median(values), "worst_abs": max(values)}
 
     summary = {"ours": stats("error"), "rule_of_thumb": stats("rule_error")}
+    zoo = [r for r in rows if r.get("case") in ZOO_CASES]
+    outside = [r for r in rows if r.get("case") in OUTSIDE_CASES]
+    if zoo and outside:
+        summary["ours_zoo"] = summarize_rows(zoo, "error")
+        summary["ours_outside_zoo"] = summarize_rows(outside, "error")
+    if any("upper_covers_runs" in r for r in rows):
+        covered = [r for r in rows if "upper_covers_runs" in r]
+        summary["upper_bound_covers_every_run"] = {
+            "n": len(covered),
+            "covered": sum(bool(r["upper_covers_runs"]) for r in covered),
+        }
     if any("error_steady" in r for r in rows):
         summary["ours_steady"] = stats("error_steady")
         summary["rule_of_thumb_steady"] = stats("rule_error_steady")
@@ -339,9 +443,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--render", action="store_true", help="rewrite the Markdown from the committed JSON")
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per case; the truth is their median")
+    parser.add_argument(
+        "--onednn", choices=("0", "1"), help="TensorFlow: run every worker with TF_ENABLE_ONEDNN_OPTS=0 or 1"
+    )
     args = parser.parse_args(argv)
+    suffix = f"_onednn{args.onednn}" if args.onednn is not None and args.backend == "tensorflow" else ""
     if args.render:
-        stem = os.path.join(args.out, f"keras_{args.backend}_cpu")
+        stem = os.path.join(args.out, f"keras_{args.backend}_cpu{suffix}")
         with open(stem + ".json", encoding="utf-8") as handle:
             saved = json.load(handle)
         with open(stem + ".md", "w", encoding="utf-8") as handle:
@@ -353,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = []
     for name in [c for c in args.cases.split(",") if c]:
-        row = run_repeated(name, args.backend, args.repeats)
+        row = run_repeated(name, args.backend, args.repeats, onednn=args.onednn if args.backend == "tensorflow" else None)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "notes"}), flush=True)
     summary = summarize([r for r in rows if "error_text" not in r])
@@ -364,13 +472,19 @@ def main(argv: list[str] | None = None) -> int:
         "keras": __import__("keras").__version__,
         "backend": args.backend,
         "python": sys.version.split()[0],
-        "cpu_threads": os.cpu_count(),
+        **host_fingerprint(),
         "cases": args.cases,
         "repeats": args.repeats,
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
+    if args.backend == "tensorflow":
+        import tensorflow as tf
+
+        meta["tensorflow"] = tf.__version__
+        meta["TF_ENABLE_ONEDNN_OPTS"] = args.onednn if args.onednn is not None else "host default"
+        meta["truth"] = "median of the fresh processes' allocator peaks; range and every run in the JSON"
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"keras_{args.backend}_cpu")
+    stem = os.path.join(args.out, f"keras_{args.backend}_cpu{suffix}")
     with open(stem + ".json", "w", encoding="utf-8") as handle:
         json.dump({"meta": meta, "summary": summary, "rows": rows}, handle, indent=2)
     with open(stem + ".md", "w", encoding="utf-8") as handle:
