@@ -45,6 +45,7 @@ def estimate_training(
     *,
     method: str = "auto",
     check_scaling: bool = True,
+    probe_kernels: bool = True,
 ) -> MemoryEstimate:
     """Predicts the peak memory of ``model.fit`` at ``batch_size``, before it runs.
 
@@ -64,6 +65,10 @@ def estimate_training(
             batch sizes for the growth per sample; ``False`` does it once
             (faster for large models; the growth is then assumed from the
             batch-dependent categories). TensorFlow always replays twice (cheap).
+        probe_kernels: TensorFlow: measure the scratch memory of the step's
+            kernels on this host, in a child process, cached per host
+            (:mod:`nnmem_callbacks.keras.tf_probes`); ``False`` uses the
+            graph's rules, and ``notes`` says so.
 
     Returns:
         A :class:`~nnmem_callbacks.MemoryEstimate`; ``method`` is
@@ -92,7 +97,7 @@ def estimate_training(
         notes.append("layer rules requested (method='layer-rules')")
         return estimate_layer_rules(model, batch_size, x_specs, y_specs, notes)
     try:
-        return _backend_estimate(backend, model, batch_size, x_specs, y_specs, notes, check_scaling)
+        return _backend_estimate(backend, model, batch_size, x_specs, y_specs, notes, check_scaling, probe_kernels)
     except KerasEstimationError:
         raise
     except Exception as error:  # noqa: BLE001 - any failure of the backend estimator
@@ -107,12 +112,19 @@ def estimate_training(
 
 
 def _backend_estimate(
-    backend: str, model: Any, batch_size: int, x_specs: Any, y_specs: Any, notes: list[str], check_scaling: bool = True
+    backend: str,
+    model: Any,
+    batch_size: int,
+    x_specs: Any,
+    y_specs: Any,
+    notes: list[str],
+    check_scaling: bool = True,
+    probe_kernels: bool = True,
 ) -> MemoryEstimate:
     if backend == "tensorflow":
         from nnmem_callbacks.keras.tf_graph import estimate_tensorflow
 
-        return estimate_tensorflow(model, batch_size, x_specs, y_specs, notes)
+        return estimate_tensorflow(model, batch_size, x_specs, y_specs, notes, probe_kernels=probe_kernels)
     if backend == "jax":
         from nnmem_callbacks.keras.jax_xla import estimate_jax
 

@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections import Counter
 from typing import Any, Callable
 
@@ -195,10 +196,11 @@ WORKSPACE_RULES: dict[str, Callable[[Any, Callable[[Any], int]], int]] = {
     "Einsum": _einsum_workspace,
 }
 
-#: Hidden outputs that live as long as the op's first output: ``rule(op, size_of) -> bytes``.
-#: oneDNN's max pooling keeps a workspace (1 byte per output element) for ``MaxPoolGrad``; the
-#: profiler shows it as a second allocation of the ``MaxPool`` node (``[32,1,98,128]`` output +
-#: a 401,408-byte buffer), freed after the gradient.
+#: Hidden outputs that live as long as the op's first output: ``rule(op, size_of) -> bytes``, applied
+#: when oneDNN is on. oneDNN's max pooling keeps a workspace (1 byte per output element) for
+#: ``MaxPoolGrad``; the profiler shows it as a second allocation of the ``MaxPool`` node
+#: (``[32,1,98,128]`` output + a 401,408-byte buffer), freed after the gradient. TensorFlow's own
+#: (Eigen) max pooling keeps none: its gradient recomputes the argmax.
 COMPANION_RULES: dict[str, Callable[[Any, Callable[[Any], int]], int]] = {
     "MaxPool": lambda op, size_of: (
         size_of(op.outputs[0]) // max(op.outputs[0].dtype.size, 1)
@@ -485,6 +487,11 @@ class GraphReplayer:
         bfc: The allocator model charged for each counted buffer, if any.
         parallel_ops: How many ready optimizer ops run at once (TensorFlow's
             inter-op threads, :func:`inter_op_threads`).
+        scratch: Kernel scratch measured on this host (allocator-counted bytes at
+            this batch size) by op name; it replaces the op's rule
+            (:mod:`nnmem_callbacks.keras.tf_probes`).
+        onednn: Whether TensorFlow runs its oneDNN kernels (companion rules
+            such as oneDNN's max-pooling workspace apply only then).
     """
 
     def __init__(
@@ -493,11 +500,15 @@ class GraphReplayer:
         batch_size: int,
         bfc: BFCSimulator | None = None,
         parallel_ops: int = 1,
+        scratch: dict[str, int] | None = None,
+        onednn: bool = True,
     ) -> None:
         self.lookup = lookup
         self.n = batch_size
         self.bfc = bfc
         self.parallel_ops = max(1, int(parallel_ops))
+        self.scratch = dict(scratch or {})
+        self.onednn = bool(onednn)
         self.trace: list | None = None  # (+/-, tensor, bytes, charged bytes, in use) when debugging
         self.trips: dict[str, int] = {}
         self.unknown = Counter()
@@ -752,14 +763,16 @@ class GraphReplayer:
             else:
                 self._list_sizes(op, list_bytes)
                 rule = WORKSPACE_RULES.get(kind)
-                if rule is not None:
+                if op.name in self.scratch:
+                    transient = transient_counted = int(self.scratch[op.name])
+                elif rule is not None:
                     try:
                         transient = int(rule(op, self.size_of))
                     except Exception:  # noqa: BLE001 - a rule never breaks the replay
                         self.approx[f"workspace {kind}"] += 1
                     transient_counted = tf_allocator_bytes(transient)
                 forwarded = set()
-                companion_rule = COMPANION_RULES.get(kind)
+                companion_rule = COMPANION_RULES.get(kind) if self.onednn else None
                 if companion_rule is not None and op.outputs:
                     try:
                         hidden = int(companion_rule(op, self.size_of))
@@ -873,7 +886,7 @@ class GraphReplayer:
 
     def _sub(self, graph: Any, op: Any, list_bytes, *, inputs: list) -> tuple[int, int]:
         incoming = {i: list_bytes.get(t.ref(), 0) for i, t in enumerate(inputs) if t.dtype.name == "variant"}
-        result, out_lists = GraphReplayer(self.lookup, self.n).replay(
+        result, out_lists = GraphReplayer(self.lookup, self.n, onednn=self.onednn).replay(
             graph, inputs_category=None, input_list_bytes=incoming, track_phases=False
         )
         for (key, size), out in zip(out_lists.items(), [t for t in op.outputs if t.dtype.name == "variant"]):
@@ -886,7 +899,7 @@ class GraphReplayer:
         trips = self._trip_count(op, list_bytes)
         self.trips[op.name] = trips
         incoming = {i: list_bytes.get(t.ref(), 0) for i, t in enumerate(inputs) if t.dtype.name == "variant"}
-        replayer = GraphReplayer(self.lookup, self.n)
+        replayer = GraphReplayer(self.lookup, self.n, onednn=self.onednn)
         replayer.trips = self.trips
         result, out_lists = replayer.replay(body, inputs_category=None, input_list_bytes=incoming, track_phases=False)
         # growth of each list per iteration = its size after one body pass - before
@@ -1301,8 +1314,24 @@ def trace_train_step(model: Any, x_specs: Any, y_specs: Any, batch_size: int | N
     return function.get_concrete_function(data)
 
 
-def estimate_tensorflow(model: Any, batch_size: int, x_specs: Any, y_specs: Any, notes: list[str]) -> Any:
-    """Estimates the TensorFlow train step by graph replay (see the module docstring)."""
+def onednn_enabled() -> bool:
+    """Whether this process's TensorFlow runs its oneDNN kernels (``TF_ENABLE_ONEDNN_OPTS`` or the host default)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):  # pragma: no cover - a TensorFlow without the query
+        return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "0") == "1"
+
+
+def estimate_tensorflow(
+    model: Any, batch_size: int, x_specs: Any, y_specs: Any, notes: list[str], *, probe_kernels: bool = True
+) -> Any:
+    """Estimates the TensorFlow train step by graph replay (see the module docstring).
+
+    With ``probe_kernels`` the scratch of the step's kernels is measured on this
+    host (:mod:`nnmem_callbacks.keras.tf_probes`); without, the graph's rules apply.
+    """
     from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine, upper_envelope
     from nnmem_callbacks.keras.common import accumulation_steps, precision_of, static_bytes, tree_leaves, unique
 
@@ -1325,6 +1354,23 @@ def estimate_tensorflow(model: Any, batch_size: int, x_specs: Any, y_specs: Any,
     state_sizes = [variable_bytes(v) for v in unique(model.variables) + unique(optimizer.variables)]
     counted_static = sum(tf_allocator_bytes(size) for size in state_sizes)
     static_total = sum(static.values())
+    onednn = onednn_enabled()
+    scratch_curves: dict[str, Any] = {}
+    if probe_kernels:
+        from nnmem_callbacks.keras import tf_probes
+
+        try:
+            probes, undescribed = tf_probes.collect(
+                concretes[batch_size].graph, concretes[2 * batch_size].graph, batch_size, onednn=onednn
+            )
+            scratch_curves, report = tf_probes.measure(probes, (batch_size, 2 * batch_size))
+            report.skipped += undescribed
+            notes.append(report.note())
+        except Exception as error:  # noqa: BLE001 - probing never breaks the estimate
+            notes.append(f"TensorFlow kernel scratch not probed ({type(error).__name__}: {error}); graph rules apply")
+    else:
+        notes.append("TensorFlow kernel scratch from the graph's rules (probe_kernels=False)")
+    notes.append(f"TensorFlow kernels: oneDNN {'on' if onednn else 'off'} in this process")
     results = {}
     for n in (batch_size, 2 * batch_size):
         # the allocator as the step finds it: the variables and slots in their chunks
@@ -1333,7 +1379,10 @@ def estimate_tensorflow(model: Any, batch_size: int, x_specs: Any, y_specs: Any,
             if tf_allocator_bytes(size):
                 bfc.alloc(size)
         graph = concretes[n].graph
-        replayer = GraphReplayer(function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads())
+        scratch = {name: curve.at(n) for name, curve in scratch_curves.items()}  # curves are over samples
+        replayer = GraphReplayer(
+            function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads(), scratch=scratch, onednn=onednn
+        )
         results[n], _ = replayer.replay(graph)
     main = results[batch_size]
     double = results[2 * batch_size]

@@ -1,0 +1,149 @@
+"""TensorFlow kernel probes: what is collected from the traced step, the cache, and a real child run."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+if "tensorflow" not in sys.modules:
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+if keras.backend.backend() != "tensorflow":  # pragma: no cover - another test imported keras first
+    pytest.skip("Keras backend is not tensorflow in this process", allow_module_level=True)
+
+from nnmem_callbacks.keras import estimate_training, tf_probes  # noqa: E402
+from nnmem_callbacks.keras.common import input_specs  # noqa: E402
+from nnmem_callbacks.keras.estimator import _symbolic_build  # noqa: E402
+from nnmem_callbacks.keras.tf_graph import trace_train_step  # noqa: E402
+from nnmem_callbacks.probes.cache import ProbeCache  # noqa: E402
+
+pytestmark = pytest.mark.keras
+L = keras.layers
+
+
+def conv_model() -> keras.Model:
+    model = keras.Sequential([keras.Input((50, 8)), L.Conv1D(16, 3), L.MaxPooling1D(2), L.Flatten(), L.Dense(4)])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+
+
+def traced_probes(model: keras.Model, batch: int) -> dict:
+    x_specs, y_specs, _ = input_specs(model)
+    _symbolic_build(model, batch, x_specs, y_specs)
+    graph = trace_train_step(model, x_specs, y_specs, batch).graph
+    double = trace_train_step(model, x_specs, y_specs, 2 * batch).graph
+    probes, undescribed = tf_probes.collect(graph, double, batch)
+    assert undescribed == 0
+    return probes
+
+
+def test_collect_marks_the_batch_dims_and_shape_values():
+    probes = traced_probes(conv_model(), 6)
+    by_type = {}
+    for probe in probes.values():
+        by_type.setdefault(probe.op_type, []).append(probe)
+    assert {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "MatMul"} <= set(by_type)
+    (backprop_input,) = by_type["Conv2DBackpropInput"]
+    sizes, kernel, grad = backprop_input.inputs
+    assert sizes.value == ("b1", 1, 50, 8)  # input_sizes comes from a Shape op: the batch entry is per sample
+    assert kernel.shape == (1, 3, 8, 16) and kernel.value is None  # the weights do not scale
+    assert grad.shape == ("b1", 1, 48, 16)
+    assert grad.at(4) == ((4, 1, 48, 16), None)
+    # the same op at another batch size is the same probe (one cache entry serves every batch)
+    again = traced_probes(conv_model(), 10)
+    assert {p.key() for p in again.values()} == {p.key() for p in probes.values()}
+
+
+class FakeChild:
+    """Stands in for the probe process: scratch = 1000 + 10 x samples, or saturating at 3 samples, or failing."""
+
+    def __init__(self, shape: str = "linear") -> None:
+        self.calls: list[list[dict]] = []
+        self.shape = shape
+
+    def __call__(self, requests: list[dict], timeout: float):
+        self.calls.append(requests)
+        results, errors = {}, []
+        for request in requests:
+            if self.shape == "failing":
+                errors.append((request["key"], f"{request['op']}: InvalidArgumentError: no kernel"))
+                continue
+            for n in request["samples"]:
+                value = 1000 + 10 * n if self.shape == "linear" else min(n, 3) * 100_000
+                results.setdefault(request["key"], {})[n] = value
+        return results, errors, False
+
+
+def test_measure_caches_points_and_a_warm_cache_probes_nothing(tmp_path, monkeypatch):
+    probes = traced_probes(conv_model(), 6)
+    child = FakeChild()
+    monkeypatch.setattr(tf_probes, "_run_child", child)
+    fingerprint = {"device_type": "cpu", "framework": "tensorflow", "test": 1}
+    curves, report = tf_probes.measure(probes, (6, 12), cache=ProbeCache(fingerprint, tmp_path))
+    assert len(child.calls) == 1 and report.probed == len(probes) and report.cached == 0
+    assert all(curve.at(6) == 1060 for curve in curves.values())
+    curves, report = tf_probes.measure(probes, (6, 12), cache=ProbeCache(fingerprint, tmp_path))
+    assert len(child.calls) == 1, "a warm cache must not start the probe process"
+    assert report.cached == len(probes) and report.probed == 0
+    assert "from the probe cache" in report.note()
+    # another host fingerprint (oneDNN on instead of off, say) starts over
+    tf_probes.measure(probes, (6, 12), cache=ProbeCache({**fingerprint, "onednn": True}, tmp_path))
+    assert len(child.calls) == 2
+
+
+def test_a_curve_that_is_not_linear_is_probed_where_the_replay_evaluates(tmp_path, monkeypatch):
+    probes = traced_probes(conv_model(), 8)
+    child = FakeChild("saturating")
+    monkeypatch.setattr(tf_probes, "_run_child", child)
+    curves, _ = tf_probes.measure(probes, (8, 16), cache=ProbeCache({"device_type": "cpu", "t": 2}, tmp_path))
+    assert [sorted(set(r["samples"])) for r in child.calls[1]][0] == [8, 16]
+    assert all(curve.at(16) == 300_000 and curve.at(8) == 300_000 for curve in curves.values())
+
+
+def test_failures_are_reported_cached_and_not_retried(tmp_path, monkeypatch):
+    probes = traced_probes(conv_model(), 6)
+    child = FakeChild("failing")
+    monkeypatch.setattr(tf_probes, "_run_child", child)
+    fingerprint = {"device_type": "cpu", "t": 3}
+    curves, report = tf_probes.measure(probes, (6, 12), cache=ProbeCache(fingerprint, tmp_path))
+    assert curves == {} and report.failed == len(probes)
+    assert "failed" in report.note() and "no kernel" in report.note()
+    _, report = tf_probes.measure(probes, (6, 12), cache=ProbeCache(fingerprint, tmp_path))
+    assert len(child.calls) == 1 and report.failed == len(probes)
+
+
+def test_the_probe_process_runs_real_kernels():
+    probes = traced_probes(conv_model(), 6)
+    requests = [probe.request([1, 2]) for probe in probes.values()]
+    results, errors, timed_out = tf_probes._run_child(requests, timeout=240)
+    assert not timed_out and not errors, errors
+    assert set(results) == {probe.key() for probe in probes.values()}
+    assert all(set(points) == {1, 2} and min(points.values()) >= 0 for points in results.values())
+
+
+def test_probe_kernels_false_uses_the_graph_rules(monkeypatch):
+    def no_child(*args, **kwargs):
+        raise AssertionError("probe_kernels=False must not start the probe process")
+
+    monkeypatch.setattr(tf_probes, "_run_child", no_child)
+    estimate = estimate_training(conv_model(), batch_size=6, probe_kernels=False)
+    assert estimate.method == "tf-graph"
+    assert any("probe_kernels=False" in note for note in estimate.notes)
+    assert any("oneDNN" in note for note in estimate.notes)
+
+
+def test_measured_scratch_enters_the_replay(tmp_path, monkeypatch):
+    model = conv_model()
+    monkeypatch.setenv("NNMEM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tf_probes, "_run_child", FakeChild())
+    with_scratch = estimate_training(model, batch_size=6, x=np.zeros((6, 50, 8), "float32"))
+    without = estimate_training(model, batch_size=6, x=np.zeros((6, 50, 8), "float32"), probe_kernels=False)
+    assert any("measured on this host" in note for note in with_scratch.notes)
+    # ~1 KiB per probed op, alive while it runs: the peak can only grow (never by more than the largest scratch)
+    assert without.extra["tf_allocator_peak_bytes"] <= with_scratch.extra["tf_allocator_peak_bytes"]
+    assert with_scratch.peak_bytes - without.peak_bytes <= 2048
