@@ -160,6 +160,11 @@ class MemoryEstimate:
             approximations that apply.
         phase_breakdowns: Bytes per category at the peak of each phase.
         extra: Estimator-specific details (plain values only).
+        variability: Bytes the runtime's own run-to-run variation may add to
+            the peak, as a line in the batch size (TensorFlow: ops and loop
+            iterations that the executor's threads overlap in an unlucky run).
+            ``None`` where the runtime does not vary (every PyTorch estimate).
+            Planning budgets with :meth:`upper_bytes_at`.
     """
 
     peak_bytes: int
@@ -175,6 +180,7 @@ class MemoryEstimate:
     notes: tuple[str, ...] = ()
     phase_breakdowns: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    variability: PhaseLine | None = None
 
     def __post_init__(self) -> None:
         full = {str(category): 0 for category in Category}
@@ -238,6 +244,23 @@ class MemoryEstimate:
             return self.reserved_bytes
         return int(round(peak * self.reserved_bytes / self.peak_bytes))
 
+    def upper_bytes_at(self, batch_size: int) -> int:
+        """The peak an unlucky run may reach at ``batch_size``: :meth:`peak_bytes_at` plus :attr:`variability`.
+
+        Example:
+            >>> est = MemoryEstimate(peak_bytes=100, breakdown={"parameters": 100}, batch_size=1,
+            ...                      variability=PhaseLine("scheduling", 10, 5))
+            >>> est.peak_bytes_at(1), est.upper_bytes_at(1), est.upper_bytes_at(3) - est.peak_bytes_at(3)
+            (100, 115, 25)
+        """
+        extra = max(self.variability.at(batch_size), 0) if self.variability is not None else 0
+        return self.peak_bytes_at(batch_size) + extra
+
+    @property
+    def upper_bytes(self) -> int:
+        """:meth:`upper_bytes_at` the estimate's batch size."""
+        return self.upper_bytes_at(self.batch_size)
+
     def device_bytes_at(self, batch_size: int) -> int:
         """What the device will show at ``batch_size``: reserve plus overhead."""
         return self.reserved_bytes_at(batch_size) + self.overhead_bytes
@@ -249,6 +272,10 @@ class MemoryEstimate:
 
     def max_batch_size(self, budget_bytes: int, *, include_reserve: bool = False, limit: int = MAX_BATCH_SEARCH_LIMIT) -> int:
         """The largest batch size whose predicted peak fits ``budget_bytes``.
+
+        The peak compared is :meth:`upper_bytes_at`: where the runtime varies
+        from run to run (:attr:`variability`), a batch that fits only in a lucky
+        run does not fit.
 
         Args:
             budget_bytes: Bytes available.
@@ -265,7 +292,7 @@ class MemoryEstimate:
             ...                batch_size=1).max_batch_size(50)
             0
         """
-        measure = self.device_bytes_at if include_reserve else self.peak_bytes_at
+        measure = self.device_bytes_at if include_reserve else self.upper_bytes_at
         if measure(1) > budget_bytes:
             return 0
         low, high = 1, 2
@@ -298,6 +325,8 @@ class MemoryEstimate:
             "peak_phase": self.peak_phase,
             "phases": [dataclasses.asdict(line) for line in self.phases],
             "reserved_bytes": self.reserved_bytes,
+            "upper_bytes": self.upper_bytes,
+            "variability": dataclasses.asdict(self.variability) if self.variability is not None else None,
             "overhead_bytes": self.overhead_bytes,
             "device_bytes": self.device_bytes,
             "device": self.device,

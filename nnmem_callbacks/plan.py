@@ -210,7 +210,8 @@ def make_plan(
     """
     check_policy(policy)
     check_margin(margin)
-    measure = estimate.device_bytes_at if include_reserve else estimate.peak_bytes_at
+    # where the runtime varies from run to run, an unlucky run must fit too (MemoryEstimate.upper_bytes_at)
+    measure = estimate.device_bytes_at if include_reserve else estimate.upper_bytes_at
     predicted = measure(estimate.batch_size)
     fits = predicted <= budget_bytes
     usable = int(budget_bytes * (1 - margin))
@@ -261,7 +262,7 @@ def suggest(
     include_reserve: bool = False,
 ) -> list[Suggestion]:
     """Concrete ways to reduce the peak, each with its predicted saving."""
-    measure = estimate.device_bytes_at if include_reserve else estimate.peak_bytes_at
+    measure = estimate.device_bytes_at if include_reserve else estimate.upper_bytes_at
     current = measure(estimate.batch_size)
     suggestions: list[Suggestion] = []
     if 1 <= max_fitting_batch_size < estimate.batch_size:

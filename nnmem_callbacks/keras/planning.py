@@ -34,19 +34,19 @@ def keras_suggestions(
     mixed: bool = False,
 ) -> list[Suggestion]:
     """Ways to fit ``budget_bytes``, each as Keras code with its predicted saving."""
-    current = estimate.peak_bytes
+    current = estimate.upper_bytes  # the peak an unlucky run may reach: what planning budgets with
     usable = int(budget_bytes * (1 - margin))
     max_fit = estimate.max_batch_size(usable)
     suggestions: list[Suggestion] = []
     if 1 <= max_fit < estimate.batch_size:
-        saving = current - estimate.peak_bytes_at(max_fit)
+        saving = current - estimate.upper_bytes_at(max_fit)
         suggestions.append(
             Suggestion("batch_size", saving, f"model.fit(..., batch_size={max_fit})  # saves {format_bytes(saving)}")
         )
         steps = math.ceil(estimate.batch_size / max_fit)
         smaller = max(1, math.ceil(estimate.batch_size / steps))
         accumulators = estimate.breakdown[str(Category.PARAMETERS)]  # one accumulator per trainable variable
-        saving = current - estimate.peak_bytes_at(smaller) - accumulators
+        saving = current - estimate.upper_bytes_at(smaller) - accumulators
         suggestions.append(
             Suggestion(
                 "accumulate",

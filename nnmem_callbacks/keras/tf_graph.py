@@ -492,6 +492,11 @@ class GraphReplayer:
             (:mod:`nnmem_callbacks.keras.tf_probes`).
         onednn: Whether TensorFlow runs its oneDNN kernels (companion rules
             such as oneDNN's max-pooling workspace apply only then).
+        unlucky: Replay an unlucky run of the executor instead of the expected
+            one: the ready ops of every phase run ``parallel_ops`` at a time
+            (not only the optimizer's), and a ``While`` loop has
+            ``min(parallel_iterations, trips)`` iterations in flight. Its peak
+            bounds what run-to-run scheduling adds.
     """
 
     def __init__(
@@ -502,6 +507,7 @@ class GraphReplayer:
         parallel_ops: int = 1,
         scratch: dict[str, int] | None = None,
         onednn: bool = True,
+        unlucky: bool = False,
     ) -> None:
         self.lookup = lookup
         self.n = batch_size
@@ -509,6 +515,7 @@ class GraphReplayer:
         self.parallel_ops = max(1, int(parallel_ops))
         self.scratch = dict(scratch or {})
         self.onednn = bool(onednn)
+        self.unlucky = bool(unlucky)
         self.trace: list | None = None  # (+/-, tensor, bytes, charged bytes, in use) when debugging
         self.trips: dict[str, int] = {}
         self.unknown = Counter()
@@ -561,7 +568,12 @@ class GraphReplayer:
         phases_created = _phases(created) if track_phases else {op.name: "body" for op in created}
         graph_outputs = {t.ref() for t in graph.outputs}
         ops, inputs_of, self.shapes, waves = _schedule(
-            created, phases_created, graph_outputs, self.elements, self.parallel_ops
+            created,
+            phases_created,
+            graph_outputs,
+            self.elements,
+            self.parallel_ops,
+            eager_phases=tuple(set(phases_created.values())) if self.unlucky else EAGER_PHASES,
         )
         self.order = [op.name for op in ops]
         # an op whose successor runs in the same wave keeps its inputs until the wave is done
@@ -886,7 +898,7 @@ class GraphReplayer:
 
     def _sub(self, graph: Any, op: Any, list_bytes, *, inputs: list) -> tuple[int, int]:
         incoming = {i: list_bytes.get(t.ref(), 0) for i, t in enumerate(inputs) if t.dtype.name == "variant"}
-        result, out_lists = GraphReplayer(self.lookup, self.n, onednn=self.onednn).replay(
+        result, out_lists = GraphReplayer(self.lookup, self.n, onednn=self.onednn, unlucky=self.unlucky).replay(
             graph, inputs_category=None, input_list_bytes=incoming, track_phases=False
         )
         for (key, size), out in zip(out_lists.items(), [t for t in op.outputs if t.dtype.name == "variant"]):
@@ -899,7 +911,7 @@ class GraphReplayer:
         trips = self._trip_count(op, list_bytes)
         self.trips[op.name] = trips
         incoming = {i: list_bytes.get(t.ref(), 0) for i, t in enumerate(inputs) if t.dtype.name == "variant"}
-        replayer = GraphReplayer(self.lookup, self.n, onednn=self.onednn)
+        replayer = GraphReplayer(self.lookup, self.n, onednn=self.onednn, unlucky=self.unlucky)
         replayer.trips = self.trips
         result, out_lists = replayer.replay(body, inputs_category=None, input_list_bytes=incoming, track_phases=False)
         # growth of each list per iteration = its size after one body pass - before
@@ -911,6 +923,13 @@ class GraphReplayer:
             after = out_lists.get(body_outputs[i].ref(), before) if i < len(body_outputs) else before
             growth = after - before  # pushes grow a list, pops (gradient loops) shrink it
             list_bytes[out.ref()] = max(before + growth * trips, 0)
+        if self.unlucky:
+            # the executor runs up to ``parallel_iterations`` iterations of the body at once
+            try:
+                in_flight = max(1, min(int(op.get_attr("parallel_iterations")), trips))
+            except (ValueError, TypeError):  # pragma: no cover - every While op has the attribute
+                in_flight = 1
+            return result.peak * in_flight, result.peak_counted * in_flight
         return result.peak, result.peak_counted
 
     def _trip_count(self, op: Any, list_bytes: dict[Any, int]) -> int:
@@ -1102,6 +1121,7 @@ def _schedule(
     graph_outputs: set | None = None,
     elements: Callable[[Any], int] | None = None,
     width: int = 1,
+    eager_phases: tuple[str, ...] = EAGER_PHASES,
 ) -> tuple[list, dict[str, list], dict[Any, Any], dict[str, int]]:
     """The order the replay runs ops in, each op's data inputs, changed output shapes, and waves.
 
@@ -1137,7 +1157,7 @@ def _schedule(
     shapes: dict[Any, Any] = {}
     if elements is not None:
         eager, shapes = minimize_broadcasts(ops, inputs_of, graph_outputs or set(), elements)
-    if not eager and not any(phase == "optimizer" for phase in phases.values()):
+    if not eager and not any(phase in eager_phases for phase in phases.values()):
         return list(ops), inputs_of, shapes, {}
     outputs = {t.ref() for inputs in inputs_of.values() for t in inputs}
     # an IdentityN nobody reads any more (all its consumers were rewired) does not run
@@ -1145,7 +1165,7 @@ def _schedule(
     waiting: dict[str, set[str]] = {}
     consumers: dict[str, list[str]] = {}
     for op in ops:
-        if phases.get(op.name) not in EAGER_PHASES and op.name not in eager:
+        if phases.get(op.name) not in eager_phases and op.name not in eager:
             continue
         deps = {t.op.name for t in inputs_of[op.name]} | {c.name for c in op.control_inputs}
         deps = {d for d in deps if d in by_name and by_name[d].type != "IdentityN"}
@@ -1371,21 +1391,34 @@ def estimate_tensorflow(
     else:
         notes.append("TensorFlow kernel scratch from the graph's rules (probe_kernels=False)")
     notes.append(f"TensorFlow kernels: oneDNN {'on' if onednn else 'off'} in this process")
-    results = {}
+    results, unlucky = {}, {}
     for n in (batch_size, 2 * batch_size):
-        # the allocator as the step finds it: the variables and slots in their chunks
-        bfc = BFCSimulator()
-        for size in state_sizes:
-            if tf_allocator_bytes(size):
-                bfc.alloc(size)
         graph = concretes[n].graph
         scratch = {name: curve.at(n) for name, curve in scratch_curves.items()}  # curves are over samples
-        replayer = GraphReplayer(
-            function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads(), scratch=scratch, onednn=onednn
-        )
-        results[n], _ = replayer.replay(graph)
+        for bad_luck, into in ((False, results), (True, unlucky)):
+            # the allocator as the step finds it: the variables and slots in their chunks
+            bfc = BFCSimulator()
+            for size in state_sizes:
+                if tf_allocator_bytes(size):
+                    bfc.alloc(size)
+            replayer = GraphReplayer(
+                function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads(), scratch=scratch,
+                onednn=onednn, unlucky=bad_luck,
+            )
+            into[n], _ = replayer.replay(graph)
     main = results[batch_size]
     double = results[2 * batch_size]
+    # what the executor's scheduling may add in an unlucky run, as a line in the batch size
+    spread = {n: max(unlucky[n].peak - results[n].peak, 0) for n in results}
+    spread_slope = max((spread[2 * batch_size] - spread[batch_size]) / batch_size, 0.0)
+    variability = PhaseLine(
+        "tensorflow scheduling", int(round(spread[batch_size] - spread_slope * batch_size)), int(round(spread_slope))
+    )
+    if spread[batch_size]:
+        notes.append(
+            f"TensorFlow's executor overlaps ops and loop iterations differently from run to run: an unlucky run "
+            f"may reach {spread[batch_size] / 2**20:.1f} MiB more; planning budgets with that upper bound"
+        )
     lines = []
     phase_breakdowns = {}
     for phase, value in main.phase_peaks.items():
@@ -1426,12 +1459,14 @@ def estimate_tensorflow(
         method="tf-graph",
         notes=tuple(notes),
         phase_breakdowns=phase_breakdowns,
+        variability=variability,
         extra={
             "backend": "tensorflow",
             "ops": main.ops,
             "tf_allocator_peak_bytes": int(counted_peak),
             "tf_allocator_static_bytes": int(counted_static),
             "tf_allocator_peak_bytes_2x": int(counted_static + double.peak_counted),
+            "tf_allocator_peak_upper_bytes": int(counted_static + max(unlucky[batch_size].peak_counted, main.peak_counted)),
             "seconds": round(time.perf_counter() - started, 3),
             "inputs": len(tree_leaves(x_specs)) + len(tree_leaves(y_specs)),
         },
