@@ -1,0 +1,7 @@
+"""``python -m nnmem_callbacks.cli``: the ``nnmem`` command."""
+
+import sys
+
+from nnmem_callbacks.cli import main
+
+sys.exit(main())
