@@ -570,7 +570,7 @@ def mlp_estimate(
         alive = sum(saved[: i + 1]) + out + (loss if i == len(layer_params) - 1 else 0)
         # the gradient of the output, and of the input (not computed for the first layer)
         temp = widths[i + 1] * e + (widths[i] * e if i else 0)
-        phases.append((f"step2/backward:linear{i}", grads_so_far, common["copies"], alive, 0, temp))
+        phases.append((f"step2/backward (layer {i + 1} of {len(layer_params)})", grads_so_far, common["copies"], alive, 0, temp))
     parts = _Parts(
         **_static_parts(common),
         inputs=widths[0] * _input_bytes(precision),

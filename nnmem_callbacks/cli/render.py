@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any, Sequence
 
@@ -45,6 +46,19 @@ def _batch_text(batch_size: int | None) -> str:
     return str(batch_size)
 
 
+_RAW_BYTES = re.compile(r"\b(\d{4,}) bytes\b")
+
+
+def readable_note(note: str) -> str:
+    """A note with raw byte counts written with units.
+
+    Example:
+        >>> readable_note("rounding adds 28971460 bytes to the peak")
+        'rounding adds 27.63 MiB to the peak'
+    """
+    return _RAW_BYTES.sub(lambda match: format_bytes(int(match.group(1))), note)
+
+
 def render_estimate(
     estimate: MemoryEstimate, fit: FitSummary, *, title: str, why: Sequence[str] = (), console: Any = None
 ) -> None:
@@ -81,11 +95,11 @@ def render_estimate(
         verdict = "fits" if fit.fits else "does NOT fit"
         console.print(
             f"budget {format_bytes(fit.budget_bytes)} ({where}): batch {estimate.batch_size} {verdict} "
-            f"({what} {format_bytes(fit.predicted_bytes)}); largest batch that fits: "
-            f"[bold]{_batch_text(fit.max_batch_size)}[/bold]"
+            f"({what} {format_bytes(fit.predicted_bytes)}); largest batch that fits "
+            f"(keeping {fit.margin:.0%} free): [bold]{_batch_text(fit.max_batch_size)}[/bold]"
         )
     if fit.gpus:
-        gpu_rows = Table(title="Which GPU fits (device total vs memory)", title_justify="left")
+        gpu_rows = Table(title=f"Which GPU fits (device total vs memory minus {fit.margin:.0%})", title_justify="left")
         gpu_rows.add_column("GPU")
         gpu_rows.add_column("memory", justify="right")
         gpu_rows.add_column(f"batch {estimate.batch_size}", justify="center")
@@ -97,7 +111,7 @@ def render_estimate(
     for line in why:
         console.print(line)
     for note in estimate.notes:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {readable_note(note)}[/dim]")
 
 
 def _emit(estimate: MemoryEstimate, fit: FitSummary, args: argparse.Namespace, *, title: str,

@@ -77,6 +77,16 @@ class InputSpec:
     shape: tuple[int, ...]
 
 
+_X_SEPARATED = re.compile(r"\d+(?:\s*[x×]\s*\d+)+")
+
+
+def _shape_error(text: str, what: str) -> str:
+    return (
+        f"cannot read input shape {text!r}: {what}; write the per-sample dimensions without the batch "
+        f"dimension, separated by commas, e.g. 3,224,224 (or 3x224x224), int64:128 or input_ids=int64:128"
+    )
+
+
 def parse_input_shape(text: str) -> InputSpec:
     """Reads one ``--input-shape``.
 
@@ -106,14 +116,25 @@ def parse_input_shape(text: str) -> InputSpec:
                 f"{', '.join(sorted(set(_DTYPES.values())))} (e.g. int64:128)"
             )
         dtype = _DTYPES[key]
-    raw = raw.strip().strip("()[]")
+    explicit_dtype = ":" in text
+    raw = raw.strip()
+    if raw[:1] in "([" and raw[-1:] in ")]":
+        raw = raw[1:-1].strip()
+    if not raw:
+        if explicit_dtype:
+            return InputSpec(name, dtype, ())  # a scalar per sample, written as DTYPE: (e.g. labels=int64:)
+        raise CliError(_shape_error(text, "no dimensions given; a scalar per sample is written DTYPE:, e.g. int64:"))
+    if _X_SEPARATED.fullmatch(raw):
+        parts = re.split(r"\s*[x×]\s*", raw)
+    else:
+        parts = raw.split(",")
+        if len(parts) > 1 and not parts[-1].strip():
+            parts = parts[:-1]  # a tuple's trailing comma: (3,)
     dims: list[int] = []
-    for part in (p.strip() for p in re.split(r"[,x×]", raw) if p.strip()):
+    for part in (p.strip() for p in parts):
         if not part.isdigit() or int(part) < 1:
-            raise CliError(
-                f"cannot read input shape {text!r}: write the per-sample dimensions without the batch "
-                f"dimension, separated by commas, e.g. 3,224,224 or int64:128 or input_ids=int64:128"
-            )
+            what = "an empty dimension" if not part else f"{part!r} is not a positive whole number"
+            raise CliError(_shape_error(text, what))
         dims.append(int(part))
     return InputSpec(name, dtype, tuple(dims))
 
