@@ -102,7 +102,7 @@ _OPTIMIZER_TEMP = {
     "adadelta": (2, 2),
     "nadam": (2, 2),
     "radam": (2, 2),
-    "rprop": (2, 2),
+    "rprop": (2, 3),
 }
 
 RECOMPUTE = ("none", "selective", "full")

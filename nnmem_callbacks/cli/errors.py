@@ -19,7 +19,6 @@ class CliError(Exception):
     """A user mistake: printed as one short message, exit code 2, no traceback."""
 
 
-
 def _checked(check: Any, value: Any, flag: str) -> Any:
     try:
         return check(value)
