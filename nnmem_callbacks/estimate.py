@@ -323,7 +323,7 @@ class MemoryEstimate:
             "fixed_bytes": self.fixed_bytes,
             "per_sample_bytes": self.per_sample_bytes,
             "peak_phase": self.peak_phase,
-            "phases": [dataclasses.asdict(line) for line in self.phases],
+            "phases": self._phase_dicts(),
             "reserved_bytes": self.reserved_bytes,
             "upper_bytes": self.upper_bytes,
             "variability": dataclasses.asdict(self.variability) if self.variability is not None else None,
@@ -336,6 +336,47 @@ class MemoryEstimate:
             "phase_breakdowns": {k: dict(v) for k, v in self.phase_breakdowns.items()},
             "extra": dict(self.extra),
         }
+
+    def _phase_dicts(self) -> list[dict[str, Any]]:
+        """The phase lines for :meth:`to_dict`, each with the batch sizes where it is the peak.
+
+        A phase can hold several lines (one per moment of the phase that is the
+        peak for some batch sizes); their ``phase`` labels are numbered
+        (``"step1/backward (moment 2 of 2)"``) so that no two read the same.
+        """
+        totals: dict[str, int] = {}
+        for line in self.phases:
+            totals[line.phase] = totals.get(line.phase, 0) + 1
+        seen: dict[str, int] = {}
+        documents = []
+        for line in self.phases:
+            document = dataclasses.asdict(line)
+            if totals[line.phase] > 1:
+                seen[line.phase] = seen.get(line.phase, 0) + 1
+                document["phase"] = f"{line.phase} (moment {seen[line.phase]} of {totals[line.phase]})"
+            document["peak_at_batches"] = self._peak_range(line)
+            documents.append(document)
+        return documents
+
+    def _peak_range(self, line: PhaseLine) -> list[int | None] | None:
+        """``[low, high]`` (``high`` ``None``: no end) where ``line`` is the largest line; ``None`` if nowhere."""
+        low, high = line.min_batch, line.max_batch
+        for other in self.phases:
+            if other is line or (other.min_batch, other.max_batch) != (line.min_batch, line.max_batch):
+                continue
+            if other.per_sample_bytes == line.per_sample_bytes:
+                if other.fixed_bytes > line.fixed_bytes:
+                    return None
+            elif other.per_sample_bytes > line.per_sample_bytes:  # other overtakes line after the crossing
+                crossing = (line.fixed_bytes - other.fixed_bytes) // (other.per_sample_bytes - line.per_sample_bytes)
+                high = crossing if high is None else min(high, crossing)
+            else:  # line overtakes other from the crossing on
+                gap = other.fixed_bytes - line.fixed_bytes
+                slope = line.per_sample_bytes - other.per_sample_bytes
+                low = max(low, -(-gap // slope))
+        if high is not None and low > high:
+            return None
+        return [low, high]
 
     def __str__(self) -> str:
         parts = ", ".join(

@@ -62,11 +62,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
+from nnmem_callbacks import vocabulary
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine
 from nnmem_callbacks.units import format_bytes
 
-#: Precisions in Lightning's spelling, as ``estimate_training`` accepts them.
-PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
+#: Precisions in Lightning's spelling (:data:`nnmem_callbacks.vocabulary.PRECISIONS`).
+PRECISIONS = vocabulary.PRECISIONS
 
 _PARAM_BYTES = {"32-true": 4, "16-mixed": 4, "bf16-mixed": 4, "16-true": 2, "bf16-true": 2, "64-true": 8}
 _COMPUTE_BYTES = {"32-true": 4, "16-mixed": 2, "bf16-mixed": 2, "16-true": 2, "bf16-true": 2, "64-true": 8}
@@ -84,6 +85,7 @@ OPTIMIZER_STATE = {
     "adadelta": 2,
     "nadam": 2,
     "radam": 2,
+    "rprop": 2,  # prev and step_size
 }
 
 # Temporaries of optimizer.step(): (foreach on CUDA: multiples of all parameters,
@@ -100,6 +102,7 @@ _OPTIMIZER_TEMP = {
     "adadelta": (2, 2),
     "nadam": (2, 2),
     "radam": (2, 2),
+    "rprop": (2, 3),
 }
 
 RECOMPUTE = ("none", "selective", "full")
@@ -107,19 +110,8 @@ ATTENTION = ("eager", "flash")
 ARCHITECTURES = ("gpt", "bert")
 ACTIVATIONS = ("gelu", "gelu_new")
 
-_AMBIGUOUS_PRECISIONS = {
-    "fp16": "16-mixed (AMP: fp32 parameters, fp16 compute) or 16-true (everything fp16)",
-    "float16": "16-mixed (AMP: fp32 parameters, fp16 compute) or 16-true (everything fp16)",
-    "half": "16-mixed (AMP: fp32 parameters, fp16 compute) or 16-true (everything fp16)",
-    "bfloat16": "bf16-mixed (AMP: fp32 parameters, bf16 compute) or bf16-true (everything bf16)",
-    "fp32": "32-true",
-    "float32": "32-true",
-    "fp64": "64-true",
-    "float64": "64-true",
-}
-
-#: Lightning's short spellings, accepted as ``estimate_training`` accepts them.
-PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
+#: Accepted spellings besides :data:`PRECISIONS` (:data:`nnmem_callbacks.vocabulary.PRECISION_ALIASES`).
+PRECISION_ALIASES = vocabulary.PRECISION_ALIASES
 
 #: What a CUDA device shows beyond the tensors when no GPU is at hand to measure it:
 #: the CUDA context (512 MiB) and the cuBLAS workspace on Hopper (32 MiB), the same
@@ -129,51 +121,31 @@ CUDA_OVERHEAD_BYTES = 512 * 2**20 + 32 * 2**20
 
 # -- validation ----------------------------------------------------------------
 def check_precision(precision: str) -> str:
-    """Validates a precision name.
+    """Validates a precision name: :func:`nnmem_callbacks.vocabulary.canonical_precision`.
 
     Raises:
         ValueError: Naming the valid precisions (and, for ``"fp16"`` or
-            ``"bf16"``, the two things the short name could mean).
-
-    Lightning's aliases (``"32"``, ``"16"``, ``"bf16"``, ``"64"``) are
-    accepted and returned in their canonical spelling.
+            ``"bfloat16"``, the two things the name could mean).
 
     Example:
-        >>> check_precision("bf16-mixed"), check_precision("bf16")
-        ('bf16-mixed', 'bf16-mixed')
+        >>> check_precision("bf16-mixed"), check_precision("bf16"), check_precision("fp32")
+        ('bf16-mixed', 'bf16-mixed', '32-true')
         >>> check_precision("fp16")
         Traceback (most recent call last):
         ...
         ValueError: precision 'fp16' is ambiguous; write 16-mixed (AMP: fp32 parameters, fp16 compute) or 16-true (everything fp16)
     """
-    key = str(precision).strip().lower()
-    key = PRECISION_ALIASES.get(key, key)
-    if key in PRECISIONS:
-        return key
-    hint = _AMBIGUOUS_PRECISIONS.get(key)
-    if hint is not None:
-        raise ValueError(f"precision {precision!r} is ambiguous; write {hint}")
-    raise ValueError(
-        f"unknown precision {precision!r}; valid precisions are {', '.join(PRECISIONS)} "
-        f"(aliases: {', '.join(PRECISION_ALIASES)})"
-    )
+    return vocabulary.canonical_precision(precision)
 
 
 def check_optimizer(optimizer: str) -> str:
-    """Validates an optimizer name and returns its canonical spelling.
+    """Validates an optimizer name: :func:`nnmem_callbacks.vocabulary.canonical_optimizer`.
 
     Example:
         >>> check_optimizer("AdamW"), check_optimizer("momentum")
         ('adamw', 'sgd_momentum')
     """
-    name = str(optimizer).lower().replace("-", "_")
-    if name == "momentum":
-        name = "sgd_momentum"
-    if name not in OPTIMIZER_STATE:
-        raise ValueError(
-            f"unknown optimizer {optimizer!r}; valid optimizers are {', '.join(sorted(OPTIMIZER_STATE))}"
-        )
-    return name
+    return vocabulary.canonical_optimizer(optimizer)
 
 
 def _check_positive(name: str, value: Any, *, allow_zero: bool = False) -> int:
@@ -598,7 +570,7 @@ def mlp_estimate(
         alive = sum(saved[: i + 1]) + out + (loss if i == len(layer_params) - 1 else 0)
         # the gradient of the output, and of the input (not computed for the first layer)
         temp = widths[i + 1] * e + (widths[i] * e if i else 0)
-        phases.append((f"step2/backward:linear{i}", grads_so_far, common["copies"], alive, 0, temp))
+        phases.append((f"step2/backward (layer {i + 1} of {len(layer_params)})", grads_so_far, common["copies"], alive, 0, temp))
     parts = _Parts(
         **_static_parts(common),
         inputs=widths[0] * _input_bytes(precision),

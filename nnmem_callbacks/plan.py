@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Mapping, Sequence
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate
@@ -59,7 +60,7 @@ def check_budget(budget: int | float | str | None) -> int | float | str | None:
 
     Valid budgets: ``None`` (free device memory minus the margin), a positive
     ``int`` of bytes, a ``float`` in (0, 1] (a fraction of device capacity), or
-    a string such as ``"10GiB"``.
+    a string read by :func:`parse_budget_text` (``"10GiB"``, or ``"0.9"``).
     """
     if budget is None:
         return None
@@ -74,16 +75,58 @@ def check_budget(budget: int | float | str | None) -> int | float | str | None:
             raise ValueError(_budget_error(budget))
         return budget
     if isinstance(budget, str):
-        if parse_bytes(budget) <= 0:
-            raise ValueError(_budget_error(budget))
+        parse_budget_text(budget)
         return budget
     raise ValueError(_budget_error(budget))
+
+
+_BARE_NUMBER = re.compile(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*")
+
+
+def parse_budget_text(text: str) -> int | float:
+    """Reads a budget written as text (the CLI's ``--budget``, or a string passed to the API).
+
+    One rule for both: a size with a unit (``"10GiB"``, ``"512MiB"``, ``"16GB"``,
+    ``"4096B"``) is bytes; a bare number is a fraction of the device and must be
+    in (0, 1], as a ``float`` budget is. A bare number above 1 (``"1.5"``,
+    ``"16"``) is an error naming the unit to add, never a count of bytes.
+
+    Returns:
+        Bytes as an ``int``, or a fraction as a ``float``.
+
+    Raises:
+        ValueError: Naming the two valid spellings.
+
+    Example:
+        >>> parse_budget_text("10GiB"), parse_budget_text("0.9"), parse_budget_text("1")
+        (10737418240, 0.9, 1.0)
+        >>> parse_budget_text("1.5")
+        Traceback (most recent call last):
+        ...
+        ValueError: budget '1.5' has no unit, so it is read as a fraction of the device, which must be in (0, 1]; for a size add a unit, e.g. '1.5GiB' or '1.5GB'
+    """
+    if _BARE_NUMBER.fullmatch(str(text)):
+        fraction = float(text)
+        if not 0 < fraction <= 1:
+            number = str(text).strip()
+            raise ValueError(
+                f"budget {text!r} has no unit, so it is read as a fraction of the device, which must be in (0, 1]; "
+                f"for a size add a unit, e.g. '{number}GiB' or '{number}GB'"
+            )
+        return fraction
+    try:
+        value = parse_bytes(text)
+    except ValueError as error:
+        raise ValueError(f"{error}; or a fraction of the device in (0, 1] such as '0.9'") from None
+    if value <= 0:
+        raise ValueError(_budget_error(text))
+    return value
 
 
 def _budget_error(budget: object) -> str:
     return (
         f"invalid budget {budget!r}; use None (free device memory minus the margin), a positive int "
-        f"of bytes, a float in (0, 1] (fraction of device capacity) or a string such as '10GiB'"
+        f"of bytes, a float in (0, 1] (fraction of device capacity) or a string such as '10GiB' or '0.9'"
     )
 
 
@@ -115,10 +158,10 @@ def resolve_budget(
     if budget is None:
         free = capacity_bytes if free_bytes is None else free_bytes
         return int(free * (1 - margin))
+    if isinstance(budget, str):
+        budget = parse_budget_text(budget)
     if isinstance(budget, float):
         return int(capacity_bytes * budget)
-    if isinstance(budget, str):
-        return parse_bytes(budget)
     return int(budget)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from nnmem_callbacks.estimate import MemoryEstimate
-from nnmem_callbacks.units import MiB, format_bytes
+from nnmem_callbacks.units import GiB, KiB, MiB, format_bytes
 
 #: Metric names logged every epoch (all in MiB, except the relative error).
 PREDICTED_PEAK = "memory/predicted_peak_mib"
@@ -70,14 +70,31 @@ def custom_scalars_layout(kind: str = "cpu") -> dict[str, dict[str, list[Any]]]:
     return {"memory": charts}
 
 
+#: The budget is drawn on the bar's axis only when it is at most this many times the largest bar;
+#: beyond, a 40 MiB bar on a 21 GiB axis would be a few pixels wide, so the budget is written instead.
+BUDGET_ON_AXIS_RATIO = 2.0
+
+
+def _axis_unit(largest: float) -> tuple[float, str]:
+    for factor, unit in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if largest >= factor:
+            return factor, unit
+    return 1, "B"
+
+
 def breakdown_figure(estimate: MemoryEstimate, *, budget_bytes: int | None = None, batch_size: int | None = None) -> Any:
     """A matplotlib figure of the predicted breakdown (one stacked bar) and the budget.
 
+    The axis is scaled to the bars, not to the budget: when the budget is more
+    than :data:`BUDGET_ON_AXIS_RATIO` times the peak, it is written in the
+    title (with the peak's share of it) instead of being drawn as a line far to
+    the right. The legend sits right of the axes, clear of the axis label.
+
     Args:
         estimate: The estimate to draw.
-        budget_bytes: Drawn as a dashed line when given.
-        batch_size: The batch size trained with, if the plan changed it; the
-            bar then shows the peak predicted at that size.
+        budget_bytes: Drawn as a dashed line (or written, see above) when given.
+        batch_size: The batch size trained with, if the plan changed it; a
+            second bar then shows the peak predicted at that size.
 
     Returns:
         A ``matplotlib.figure.Figure`` (Agg canvas; close it after use).
@@ -87,24 +104,40 @@ def breakdown_figure(estimate: MemoryEstimate, *, budget_bytes: int | None = Non
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(6.4, 3.2))
+    rows = [(name, value) for name, value in estimate.breakdown.items() if value]
+    other_peak = None
+    if batch_size is not None and batch_size != estimate.batch_size:
+        other_peak = estimate.peak_bytes_at(batch_size)
+    largest = max(estimate.peak_bytes, other_peak or 0, 1)
+    budget_on_axis = budget_bytes is not None and budget_bytes <= BUDGET_ON_AXIS_RATIO * largest
+    axis_max = max(largest, budget_bytes if budget_on_axis else 0) * 1.08
+    scale, unit = _axis_unit(axis_max)
+
+    figure = Figure(figsize=(8.0, 3.0), layout="constrained")
     axes = figure.add_subplot(1, 1, 1)
     left = 0.0
-    for name, value in estimate.breakdown.items():
-        if not value:
-            continue
-        axes.barh([0], [value / MiB], left=[left], label=f"{name} ({format_bytes(value)})")
-        left += value / MiB
-    if batch_size is not None and batch_size != estimate.batch_size:
-        peak = estimate.peak_bytes_at(batch_size)
-        axes.barh([1], [peak / MiB], color="grey", label=f"peak at batch {batch_size} ({format_bytes(peak)})")
+    for name, value in rows:
+        axes.barh([0], [value / scale], left=[left], height=0.6, label=f"{name} ({format_bytes(value)})")
+        left += value / scale
+    labels = [f"batch {estimate.batch_size}"]
+    if other_peak is not None:
+        axes.barh([1], [other_peak / scale], height=0.6, color="grey",
+                  label=f"peak at batch {batch_size} ({format_bytes(other_peak)})")
+        labels.append(f"batch {batch_size}")
+    axes.set_yticks(range(len(labels)), labels)
+    axes.invert_yaxis()
+    axes.set_xlim(0, axis_max / scale)
+    title = f"predicted peak {format_bytes(estimate.peak_bytes)} at batch {estimate.batch_size} [{estimate.peak_phase}]"
     if budget_bytes is not None:
-        axes.axvline(budget_bytes / MiB, color="red", linestyle="--", label=f"budget ({format_bytes(budget_bytes)})")
-    axes.set_yticks([])
-    axes.set_xlabel("MiB")
-    axes.set_title(f"predicted peak {format_bytes(estimate.peak_bytes)} at batch {estimate.batch_size} [{estimate.peak_phase}]")
-    axes.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
-    figure.tight_layout()
+        if budget_on_axis:
+            axes.axvline(budget_bytes / scale, color="black", linestyle="--", linewidth=2,
+                         label=f"budget ({format_bytes(budget_bytes)})")
+        else:
+            title += (f"\nbudget {format_bytes(budget_bytes)} (off the axis: the peak is "
+                      f"{estimate.peak_bytes / budget_bytes:.2%} of it)")
+    axes.set_xlabel(unit)
+    axes.set_title(title, fontsize="medium")
+    axes.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return figure
 
 

@@ -11,6 +11,8 @@ import textwrap
 import pytest
 
 from nnmem_callbacks import cli, gpus, napkin
+from nnmem_callbacks.cli import demo as cli_demo
+from nnmem_callbacks.plan import DEFAULT_MARGIN, make_plan, resolve_budget
 
 FACTORIES = textwrap.dedent(
     """
@@ -151,7 +153,9 @@ def test_targets_and_budgets():
     t4 = cli.resolve_target("t4")
     assert cli.resolve_budget_bytes("0.5", t4) == t4.capacity_bytes // 2
     assert cli.resolve_budget_bytes("6GiB", t4) == 6 * 2**30
-    assert cli.resolve_budget_bytes(None, t4) == t4.capacity_bytes
+    # no --budget: the rule of MemoryBudgetCallback(budget=None): the device's memory minus the margin
+    assert cli.resolve_budget_bytes(None, t4) == int(t4.capacity_bytes * (1 - DEFAULT_MARGIN))
+    assert cli.resolve_budget_bytes(None, t4) == resolve_budget(None, capacity_bytes=t4.capacity_bytes)
     with pytest.raises(cli.CliError, match="fraction of the device"):
         cli.resolve_budget_bytes("0.9", cli.resolve_target(None))
     with pytest.raises(cli.CliError, match="--budget"):
@@ -174,9 +178,11 @@ def test_estimate_json_equals_estimate_training(capsys, factory_file, device, ap
     assert comparable(document) == comparable(api.to_dict())
     fit = document["fit"]
     include_reserve = api_device == "cuda"
-    assert fit["max_batch_size"] == api.max_batch_size(fit["budget_bytes"], include_reserve=include_reserve)
+    plan = make_plan(api, fit["budget_bytes"], "warn", include_reserve=include_reserve)
+    assert fit["max_batch_size"] == plan.max_fitting_batch_size
+    assert fit["fits"] == plan.fits
     if device == "t4":
-        assert fit["budget_bytes"] == gpus.find_gpu("t4").memory_bytes
+        assert fit["budget_bytes"] == resolve_budget(None, capacity_bytes=gpus.find_gpu("t4").memory_bytes)
 
 
 def test_estimate_named_and_positional_inputs_and_model_args(capsys, factory_file):
@@ -232,9 +238,9 @@ def test_estimate_with_budget(capsys, factory_file):
     code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--device", "cpu",
                            "--budget", "20KiB", "--json")
     document = json.loads(out)
-    assert code == 0
     assert document["fit"]["budget_bytes"] == 20 * 1024
     assert document["fit"]["fits"] == (document["peak_bytes"] <= 20 * 1024)
+    assert code == (cli.EXIT_OK if document["fit"]["fits"] else cli.EXIT_DOES_NOT_FIT)
 
 
 # -- calc -----------------------------------------------------------------------------------------
@@ -329,7 +335,8 @@ def test_keras_model_gives_a_clear_message(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "nnmem_callbacks.keras", None)  # as if the Keras estimator were missing
     code, out, err = run_cli(capsys, "estimate", str(saved), "-b", "8")
     assert code == 2
-    assert "Keras estimation is not available yet" in err
+    assert "needs Keras and TensorFlow" in err and "pip install 'nnmem_callbacks[keras,tensorflow]'" in err
+    assert "not available yet" not in err
 
 
 def test_user_errors_exit_2_without_traceback_in_a_subprocess(tmp_path):
@@ -354,20 +361,20 @@ def test_demo_runs_the_quickstart_with_extra_args(capsys, monkeypatch, tmp_path)
     script = tmp_path / "examples" / "lightning_quickstart.py"
     script.parent.mkdir()
     script.write_text("")
-    monkeypatch.setattr(cli, "find_quickstart", lambda: script)
-    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(cli_demo, "find_quickstart", lambda: script)
+    monkeypatch.setattr(cli_demo.importlib.util, "find_spec", lambda name: object())
     calls = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda argv: calls.append(argv) or 0)
+    monkeypatch.setattr(cli_demo.subprocess, "call", lambda argv: calls.append(argv) or 0)
     assert cli.main(["demo", "--", "--max-epochs", "1"]) == 0
     assert calls == [[sys.executable, str(script), "--max-epochs", "1"]]
 
 
 def test_demo_without_quickstart_or_lightning(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cli, "find_quickstart", lambda: None)
+    monkeypatch.setattr(cli_demo, "find_quickstart", lambda: None)
     code, _, err = run_cli(capsys, "demo")
     assert code == 2 and "lightning_quickstart.py not found" in err
-    monkeypatch.setattr(cli, "find_quickstart", lambda: tmp_path / "q.py")
-    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(cli_demo, "find_quickstart", lambda: tmp_path / "q.py")
+    monkeypatch.setattr(cli_demo.importlib.util, "find_spec", lambda name: None)
     code, _, err = run_cli(capsys, "demo")
     assert code == 2 and "pip install 'nnmem_callbacks[lightning]'" in err
 

@@ -85,7 +85,7 @@ def test_mlp_by_hand():
     #   -> 92 + 32 + 5 * (16 + 28 + 20) = 444, the peak.
     est = napkin.mlp_estimate([4, 3, 2], 5, optimizer="sgd", precision="32-true", device="cpu")
     assert est.extra["params"] == 23
-    assert est.peak_phase == "step2/backward:linear1"
+    assert est.peak_phase == "step2/backward (layer 2 of 2)"
     assert est.peak_bytes == 444
     assert est.peak_bytes == sum(est.breakdown.values())
     assert est.phase_breakdowns["step2/forward"]["activations"] == 5 * 28

@@ -5,11 +5,12 @@ precisions, optimizers, batches and devices.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from nnmem_callbacks import vocabulary
 
 # ---------------------------------------------------------------------------
 # Precision
@@ -45,18 +46,15 @@ PRECISIONS: dict[str, PrecisionSpec] = {
     "64-true": PrecisionSpec("64-true", torch.float64, input_dtype=torch.float64),
 }
 
-#: Lightning's accepted aliases
-PRECISION_ALIASES: dict[str, str] = {
-    "32": "32-true",
-    "16": "16-mixed",
-    "bf16": "bf16-mixed",
-    "64": "64-true",
-    "transformer-engine": "bf16-mixed",
-}
+#: Accepted spellings besides the keys of :data:`PRECISIONS` (:data:`nnmem_callbacks.vocabulary.PRECISION_ALIASES`)
+PRECISION_ALIASES: dict[str, str] = vocabulary.PRECISION_ALIASES
 
 
 def resolve_precision(precision: Any) -> PrecisionSpec:
     """Returns the :class:`PrecisionSpec` for a Lightning precision spelling.
+
+    Names are read by :func:`nnmem_callbacks.vocabulary.canonical_precision`,
+    as the napkin formulas and the CLI read them.
 
     Raises:
         ValueError: Naming the valid spellings.
@@ -67,14 +65,7 @@ def resolve_precision(precision: Any) -> PrecisionSpec:
         >>> resolve_precision(32).param_dtype
         torch.float32
     """
-    key = str(precision).strip().lower()
-    key = PRECISION_ALIASES.get(key, key)
-    if key not in PRECISIONS:
-        raise ValueError(
-            f"unknown precision {precision!r}; valid precisions are {', '.join(PRECISIONS)} "
-            f"(aliases: {', '.join(PRECISION_ALIASES)})"
-        )
-    return PRECISIONS[key]
+    return PRECISIONS[vocabulary.canonical_precision(precision)]
 
 
 # ---------------------------------------------------------------------------
@@ -109,13 +100,10 @@ def check_optimizer_spec(optimizer: Any) -> None:
     if optimizer is None:
         return
     if isinstance(optimizer, str):
-        if optimizer.lower() not in OPTIMIZER_NAMES:
-            close = difflib.get_close_matches(optimizer.lower(), OPTIMIZER_NAMES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(
-                f"unknown optimizer name {optimizer!r}{hint}; valid names are {', '.join(OPTIMIZER_NAMES)}; "
-                f"or pass an optimizer instance or a callable params -> optimizer"
-            )
+        try:
+            vocabulary.canonical_optimizer(optimizer)
+        except ValueError as error:
+            raise ValueError(f"{error}; or pass an optimizer instance or a callable params -> optimizer") from None
         return
     if isinstance(optimizer, torch.optim.Optimizer) or callable(optimizer):
         return

@@ -1,0 +1,75 @@
+"""The commands: each gathers, computes and formats (see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from nnmem_callbacks import gpus as gpu_table
+from nnmem_callbacks import napkin, vocabulary
+from nnmem_callbacks.cli.compute import FitSummary, fit_summary, napkin_from_args, run_estimate
+from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_OK, _checked
+from nnmem_callbacks.cli.render import _console, _emit
+from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
+from nnmem_callbacks.units import format_bytes
+
+def _check_vocabulary(args: argparse.Namespace) -> None:
+    """``--precision`` and ``--optimizer`` in canonical spelling (:mod:`nnmem_callbacks.vocabulary`)."""
+    args.precision = _checked(vocabulary.canonical_precision, args.precision, "--precision")
+    args.optimizer = _checked(vocabulary.canonical_optimizer, args.optimizer, "--optimizer")
+
+
+def _exit_status(args: argparse.Namespace, fit: FitSummary) -> int:
+    """:data:`EXIT_DOES_NOT_FIT` when a budget or a device was named and the batch does not fit."""
+    named = args.budget is not None or args.device is not None
+    return EXIT_DOES_NOT_FIT if named and fit.fits is False else EXIT_OK
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    """``nnmem estimate``: trace a model's training step."""
+    _check_vocabulary(args)
+    target = resolve_target(args.device)
+    budget = resolve_budget_bytes(args.budget, target)
+    estimate = run_estimate(args, target)
+    fit = fit_summary(estimate, target, budget)
+    title = (f"nnmem estimate {args.model}: batch {estimate.batch_size}, {estimate.precision}, "
+             f"{args.optimizer}, target {target.label}")
+    _emit(estimate, fit, args, title=title, model=args.model, inputs=list(args.input_shape or []),
+          optimizer=args.optimizer)
+    return _exit_status(args, fit)
+
+
+def calc_command(args: argparse.Namespace) -> int:
+    """``nnmem calc``: napkin estimate from numbers."""
+    _check_vocabulary(args)
+    target = resolve_target(args.device)
+    budget = resolve_budget_bytes(args.budget, target)
+    device = "cpu" if target.device == "cpu" else "cuda"
+    estimate = napkin_from_args(args, device=device)
+    fit = fit_summary(estimate, target, budget)
+    why = napkin.explain(estimate)
+    title = (f"nnmem calc ({estimate.method}): batch {estimate.batch_size}, {estimate.precision}, "
+             f"{estimate.extra['napkin']['optimizer']}, target {target.label}")
+    _emit(estimate, fit, args, title=title, why=why)
+    return _exit_status(args, fit)
+
+
+def gpus_command(args: argparse.Namespace) -> int:
+    """``nnmem gpus``: print the built-in GPU table."""
+    if args.json:
+        print(json.dumps([{"name": g.name, "nominal_gb": g.nominal_gb, "memory_bytes": g.memory_bytes}
+                          for g in gpu_table.GPUS], indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title="Built-in GPUs (--device NAME); memory as nvidia-smi reports it", title_justify="left")
+    table.add_column("GPU")
+    table.add_column("on the box", justify="right")
+    table.add_column("memory", justify="right")
+    table.add_column("bytes", justify="right")
+    for gpu in gpu_table.GPUS:
+        table.add_row(gpu.name, f"{gpu.nominal_gb} GB", format_bytes(gpu.memory_bytes), f"{gpu.memory_bytes:,}")
+    _console().print(table)
+    return 0
+
+

@@ -1,0 +1,220 @@
+"""Computing: the estimators (traced, Keras, napkin) and the fit against the budget and each GPU."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from typing import Any
+
+from nnmem_callbacks import gpus as gpu_table
+from nnmem_callbacks import napkin
+from nnmem_callbacks.cli.errors import CliError, _checked, _first_line, _require
+from nnmem_callbacks.cli.models import _check_forward, build_model, load_factory, make_batch
+from nnmem_callbacks.cli.targets import Target
+from nnmem_callbacks.cli.values import parse_count, parse_input_shape, parse_model_args
+from nnmem_callbacks.estimate import MemoryEstimate
+from nnmem_callbacks.plan import DEFAULT_MARGIN, Plan, make_plan, resolve_budget
+
+def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
+    """Builds the model and batch from ``args`` and calls the estimator."""
+    spec = args.model
+    if spec.endswith((".keras", ".h5")):
+        return _keras_estimate(spec, args, target)
+    _require("torch", "nnmem estimate needs PyTorch for factory models: pip install 'nnmem_callbacks[torch]'")
+    factory = load_factory(spec)
+    inputs = [parse_input_shape(text) for text in (args.input_shape or [])]
+    if not inputs:
+        raise CliError("give the model's input shape, e.g. --input-shape 3,224,224 (per sample, no batch dimension)")
+    precision = _checked(napkin.check_precision, args.precision, "--precision")
+    model = build_model(spec, parse_model_args(args.model_arg), factory=factory)
+    batch = make_batch(inputs, args.batch_size)
+    from nnmem_callbacks import estimate_training
+
+    import logging
+    import warnings
+
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            estimate = estimate_training(
+                model, batch, optimizer=args.optimizer, precision=precision, device=target.device
+            )
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    finally:
+        quiet.setLevel(level)
+    if estimate.method != "trace":
+        _check_forward(model, inputs)
+    return estimate
+
+
+def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> MemoryEstimate:
+    if not os.path.isfile(spec):
+        raise CliError(f"Keras model file {spec!r} not found")
+    try:
+        from nnmem_callbacks.keras import estimate_training as keras_estimate  # type: ignore[attr-defined]
+    except ImportError as error:
+        raise CliError(
+            f"estimating the saved Keras model {spec!r} needs Keras and TensorFlow: "
+            f"pip install 'nnmem_callbacks[keras,tensorflow]' ({_first_line(error) or 'not importable'})"
+        ) from None
+    precision = _checked(napkin.check_precision, args.precision, "--precision")
+    if precision != "32-true":
+        raise CliError(
+            f"a saved Keras model keeps the dtype policy it was saved with, so --precision {precision} cannot be "
+            f"applied to {spec!r}; save it under keras.mixed_precision.set_global_policy('mixed_bfloat16') "
+            f"(or 'mixed_float16') instead, and drop --precision"
+        )
+    import keras
+
+    model = keras.models.load_model(spec)
+    if args.optimizer != "adam" or getattr(model, "optimizer", None) is None:
+        model.compile(optimizer=_keras_optimizer(keras, args.optimizer), loss=getattr(model, "loss", None) or "mse")
+    if getattr(model, "loss", None) is None:
+        raise CliError(f"the Keras model in {spec!r} was saved without a loss; compile it with a loss and save it again")
+    return keras_estimate(model, batch_size=args.batch_size)
+
+
+def _keras_optimizer(keras: Any, name: str) -> Any:
+    """A Keras optimizer for a canonical ``--optimizer`` name (:mod:`nnmem_callbacks.vocabulary`)."""
+    if name == "sgd_momentum":
+        return keras.optimizers.SGD(momentum=0.9)
+    try:
+        return keras.optimizers.get(name)
+    except ValueError:
+        raise CliError(
+            f"--optimizer {name}: Keras has no such optimizer, so it cannot be applied to a Keras model; "
+            f"use sgd, sgd_momentum, adam, adamw, adamax, nadam, adagrad, adadelta or rmsprop"
+        ) from None
+
+
+def napkin_from_args(args: argparse.Namespace, device: str = "cuda") -> MemoryEstimate:
+    """Picks the napkin mode from the ``calc`` options and computes the estimate.
+
+    Raises:
+        CliError: When the options fit no mode, naming what each mode needs.
+    """
+    common = dict(optimizer=args.optimizer, precision=args.precision, device=device)
+    layers = args.layers
+    try:
+        if args.hidden is not None:
+            missing = [flag for flag, value in (("--layers", layers), ("--heads", args.heads),
+                                                ("--seq-len", args.seq_len)) if value is None]
+            if missing:
+                raise CliError(f"transformer mode (--hidden) also needs {', '.join(missing)}; e.g. "
+                               f"--layers 12 --hidden 768 --heads 12 --seq-len 128 --vocab 30522")
+            if not layers.strip().isdigit():
+                raise CliError(f"--layers {layers!r}: with --hidden, give the number of transformer layers, e.g. --layers 12")
+            return napkin.transformer_estimate(
+                layers=int(layers), hidden=args.hidden, heads=args.heads, seq_len=args.seq_len,
+                batch_size=args.batch_size, vocab=args.vocab, ffn=args.ffn, params=args.params,
+                arch=args.arch, max_positions=args.max_positions, recompute=args.recompute,
+                attention=args.attention, activation=args.activation, dropout=not args.no_dropout, **common,
+            )
+        if layers is not None:
+            try:
+                widths = [parse_count(part) for part in layers.split(",") if part.strip()]
+            except ValueError:
+                raise CliError(f"--layers {layers!r}: write MLP widths from input to output, e.g. 1000,100,100,10") from None
+            if len(widths) < 2:
+                raise CliError(
+                    f"--layers {layers!r}: an MLP needs at least two widths (input,output), e.g. 1000,100,10; "
+                    f"for a transformer add --hidden, --heads and --seq-len"
+                )
+            return napkin.mlp_estimate(widths, args.batch_size, **common)
+        if args.params is not None and args.activations is not None:
+            return napkin.params_estimate(args.params, args.activations, args.batch_size,
+                                          input_size=args.input_size, **common)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    raise CliError(
+        "nnmem calc needs one of: transformer (--layers L --hidden H --heads A --seq-len S [--vocab V]), "
+        "MLP (--layers 1000,100,10) or counts (--params N --activations N); see `nnmem calc --help`"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuFit:
+    """How an estimate fits one GPU (its memory minus the margin, as with no ``--budget``)."""
+
+    name: str
+    memory_bytes: int
+    max_batch_size: int
+    fits: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSummary:
+    """The estimate compared with the target's budget and with the GPU table.
+
+    The comparison is :func:`nnmem_callbacks.plan.make_plan`'s, the one the
+    callbacks make: ``fits`` compares the prediction with the budget,
+    ``max_batch_size`` keeps ``margin`` of the budget free.
+    """
+
+    target: Target
+    budget_bytes: int | None
+    compared: str  # "device" (reserve + overhead) or "peak"
+    predicted_bytes: int
+    max_batch_size: int | None
+    fits: bool | None
+    gpus: tuple[GpuFit, ...]
+    margin: float = DEFAULT_MARGIN
+    plan: Plan | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": {
+                "device": self.target.device,
+                "gpu": self.target.gpu.name if self.target.gpu else None,
+                "capacity_bytes": self.target.capacity_bytes,
+                "free_bytes": self.target.free_bytes,
+            },
+            "budget_bytes": self.budget_bytes,
+            "margin": self.margin,
+            "compared": self.compared,
+            "predicted_bytes": self.predicted_bytes,
+            "max_batch_size": self.max_batch_size,
+            "fits": self.fits,
+            "suggestions": [dataclasses.asdict(s) for s in self.plan.suggestions] if self.plan else [],
+            "gpus": [dataclasses.asdict(row) for row in self.gpus],
+        }
+
+
+def fit_summary(estimate: MemoryEstimate, target: Target, budget_bytes: int | None,
+                margin: float = DEFAULT_MARGIN) -> FitSummary:
+    """Compares ``estimate`` with the budget and, without a known device memory, with every GPU.
+
+    On CUDA the device bytes (allocator reserve plus context) are compared,
+    on CPU the tensor peak. Each comparison is :func:`~nnmem_callbacks.plan.make_plan`;
+    a GPU row's budget is :func:`~nnmem_callbacks.plan.resolve_budget` with no budget.
+
+    Example:
+        >>> from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
+        >>> est = napkin.params_estimate(1_000_000, 100_000, 32, optimizer="sgd")
+        >>> t4 = resolve_target("t4")
+        >>> fit = fit_summary(est, t4, resolve_budget_bytes(None, t4))
+        >>> fit.max_batch_size > 32, fit.fits, fit.gpus
+        (True, True, ())
+    """
+    include_reserve = target.is_cuda
+    predicted = estimate.device_bytes if include_reserve else estimate.peak_bytes
+    plan = None
+    if budget_bytes is not None:
+        plan = make_plan(estimate, budget_bytes, "warn", margin, include_reserve=include_reserve)
+    rows: tuple[GpuFit, ...] = ()
+    if target.is_cuda and target.gpu is None and target.capacity_bytes is None:
+        gpu_rows = []
+        for gpu in sorted(gpu_table.GPUS, key=lambda g: g.memory_bytes):
+            budget = resolve_budget(None, capacity_bytes=gpu.memory_bytes, margin=margin)
+            gpu_plan = make_plan(estimate, budget, "warn", margin, include_reserve=True)
+            gpu_rows.append(GpuFit(gpu.name, gpu.memory_bytes, gpu_plan.max_fitting_batch_size, gpu_plan.fits))
+        rows = tuple(gpu_rows)
+    return FitSummary(
+        target, budget_bytes, "device" if include_reserve else "peak", predicted,
+        plan.max_fitting_batch_size if plan else None, plan.fits if plan else None, rows, margin, plan,
+    )

@@ -1,0 +1,132 @@
+"""Formatting: rich tables, JSON (equal to the API's ``to_dict``) and the ``--plot`` hand-off."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any, Sequence
+
+from nnmem_callbacks.cli.compute import FitSummary
+from nnmem_callbacks.cli.plots import plot_estimate
+from nnmem_callbacks.estimate import MemoryEstimate
+from nnmem_callbacks.report import breakdown_rows
+from nnmem_callbacks.units import format_bytes
+
+def estimate_to_json(estimate: MemoryEstimate, fit: FitSummary, **extra: Any) -> str:
+    """The estimate and the fit as one JSON document (bytes as integers)."""
+    document = estimate.to_dict()
+    document["fit"] = fit.to_dict()
+    document.update(extra)
+    return json.dumps(document, indent=2, default=str)
+
+
+def _console(file: Any = None) -> Any:
+    from rich.console import Console
+
+    return Console(file=file or sys.stdout, highlight=False, width=None if (file or sys.stdout).isatty() else 110)
+
+
+def _batch_text(batch_size: int | None) -> str:
+    """A batch size for the tables; the search's upper bound reads as "at least".
+
+    Example:
+        >>> _batch_text(1 << 24), _batch_text(12), _batch_text(0)
+        ('>= 16,777,216', '12', '0 (not even 1)')
+    """
+    from nnmem_callbacks.estimate import MAX_BATCH_SEARCH_LIMIT
+
+    if batch_size is None:
+        return "-"
+    if batch_size >= MAX_BATCH_SEARCH_LIMIT:
+        return f">= {MAX_BATCH_SEARCH_LIMIT:,}"
+    if batch_size == 0:
+        return "0 (not even 1)"
+    return str(batch_size)
+
+
+_RAW_BYTES = re.compile(r"\b(\d{4,}) bytes\b")
+
+
+def readable_note(note: str) -> str:
+    """A note with raw byte counts written with units.
+
+    Example:
+        >>> readable_note("rounding adds 28971460 bytes to the peak")
+        'rounding adds 27.63 MiB to the peak'
+    """
+    return _RAW_BYTES.sub(lambda match: format_bytes(int(match.group(1))), note)
+
+
+def render_estimate(
+    estimate: MemoryEstimate, fit: FitSummary, *, title: str, why: Sequence[str] = (), console: Any = None
+) -> None:
+    """Prints the breakdown, device figures, fits and notes as rich tables."""
+    from rich.table import Table
+
+    console = console or _console()
+    console.print(f"[bold]{title}[/bold]")
+    table = Table()
+    table.add_column("category")
+    table.add_column("size", justify="right")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    for name, value, share in breakdown_rows(estimate):
+        table.add_row(name, format_bytes(value), f"{value:,}", f"{share:.1%}")
+    table.add_section()
+    table.add_row("[bold]peak (tensors)[/bold]", f"[bold]{format_bytes(estimate.peak_bytes)}[/bold]",
+                  f"{estimate.peak_bytes:,}", "100.0%")
+    if estimate.reserved_bytes is not None:
+        table.add_row("allocator reserve", format_bytes(estimate.reserved_bytes), f"{estimate.reserved_bytes:,}", "")
+    if estimate.overhead_bytes:
+        table.add_row("CUDA context + cuBLAS", format_bytes(estimate.overhead_bytes), f"{estimate.overhead_bytes:,}", "")
+    if estimate.reserved_bytes is not None or estimate.overhead_bytes:
+        table.add_row("[bold]device total[/bold]", f"[bold]{format_bytes(estimate.device_bytes)}[/bold]",
+                      f"{estimate.device_bytes:,}", "")
+    console.print(table)
+    console.print(
+        f"peak phase {estimate.peak_phase}: {format_bytes(estimate.fixed_bytes)} fixed + "
+        f"{format_bytes(estimate.per_sample_bytes)} per sample; method {estimate.method}"
+    )
+    if fit.budget_bytes is not None:
+        where = fit.target.gpu.name if fit.target.gpu else fit.target.label
+        what = "device total" if fit.compared == "device" else "peak"
+        verdict = "fits" if fit.fits else "does NOT fit"
+        console.print(
+            f"budget {format_bytes(fit.budget_bytes)} ({where}): batch {estimate.batch_size} {verdict} "
+            f"({what} {format_bytes(fit.predicted_bytes)}); largest batch that fits "
+            f"(keeping {fit.margin:.0%} free): [bold]{_batch_text(fit.max_batch_size)}[/bold]"
+        )
+    if fit.gpus:
+        gpu_rows = Table(title=f"Which GPU fits (device total vs memory minus {fit.margin:.0%})", title_justify="left")
+        gpu_rows.add_column("GPU")
+        gpu_rows.add_column("memory", justify="right")
+        gpu_rows.add_column(f"batch {estimate.batch_size}", justify="center")
+        gpu_rows.add_column("max batch", justify="right")
+        for row in fit.gpus:
+            gpu_rows.add_row(row.name, format_bytes(row.memory_bytes), "yes" if row.fits else "no",
+                             _batch_text(row.max_batch_size))
+        console.print(gpu_rows)
+    for line in why:
+        console.print(line)
+    for note in estimate.notes:
+        console.print(f"[dim]note: {readable_note(note)}[/dim]")
+
+
+def _emit(estimate: MemoryEstimate, fit: FitSummary, args: argparse.Namespace, *, title: str,
+          why: Sequence[str] = (), **json_extra: Any) -> None:
+    if args.plot:
+        plot_estimate(estimate, fit, args.plot, title=title)
+    if args.json:
+        if why:
+            json_extra["why"] = list(why)
+        if args.plot:
+            json_extra["plot"] = args.plot
+        print(estimate_to_json(estimate, fit, **json_extra))
+        return
+    render_estimate(estimate, fit, title=title, why=why)
+    if args.plot:
+        print(f"plot written to {args.plot}")
+
+
