@@ -614,3 +614,65 @@ def test_fast_dispatch_replays_out_variants_and_views_faithfully():
             assert fresh.untyped_storage() is not a.untyped_storage()
             inplace = a.mul_(2)
             assert inplace is a
+
+
+def test_fast_dispatch_runs_in_place_metadata_ops_every_time():
+    """transpose_, t_, squeeze_... change the input's shape and strides; a memo
+    replay that hands the input back unchanged would keep the old layout."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nnmem_callbacks.torch.tracer import StorageTracker
+
+    mode = FakeTensorMode()
+    tracker = StorageTracker("cpu", fake_mode=mode)
+    with mode, tracker:
+        for _ in range(3):  # later rounds would be replayed from the memo
+            x = torch.empty(4, 6)
+            assert x.transpose_(0, 1).shape == (6, 4) and x.stride() == (1, 6)
+            assert x.t_().shape == (4, 6) and x.stride() == (6, 1)
+            assert x.unsqueeze_(0).shape == (1, 4, 6)
+            assert x.squeeze_(0).shape == (4, 6)
+            assert x.swapdims_(0, 1).shape == (6, 4)
+            assert x.as_strided_((3, 2), (2, 1)).shape == (3, 2) and x.stride() == (2, 1)
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, cls, num_layers, bidirectional):
+        super().__init__()
+        self.rnn = cls(12, 16, num_layers=num_layers, batch_first=True, bidirectional=bidirectional)
+        self.head = nn.Linear(16 * (2 if bidirectional else 1), 5)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("cls", [nn.GRU, nn.RNN])
+@pytest.mark.parametrize("num_layers,bidirectional", [(1, False), (2, True)])
+def test_batch_first_gru_and_rnn_are_traced_like_without_the_memo(monkeypatch, cls, num_layers, bidirectional):
+    """nn.GRU/nn.RNN with batch_first end in the in-place ``output.transpose_(0, 1)``;
+    a memo replay of it broke backward in the second step (fallback estimate)."""
+    import nnmem_callbacks.torch.estimator as estimator
+
+    torch.manual_seed(0)
+    model = _Recurrent(cls, num_layers, bidirectional)
+    batch = (torch.randn(8, 10, 12), torch.randint(0, 5, (8,)))
+    results = {}
+    for fast in (False, True):
+        monkeypatch.setattr(estimator, "FAST_DISPATCH", fast)
+        est = estimate_training(model, batch, optimizer="adam", loss_fn=xent)
+        assert est.method == "trace", est.notes
+        results[fast] = (est.peak_bytes, {p: sum(b.values()) for p, b in est.phase_breakdowns.items()})
+    assert results[True] == results[False]
+
+
+def test_batch_first_bidirectional_gru_matches_the_profiler():
+    from benchmarks.groundtruth import measure_cpu_peak
+    from nnmem_callbacks.torch.inputs import OPTIMIZER_NAMES
+
+    torch.manual_seed(0)
+    model = _Recurrent(nn.GRU, 2, True)
+    batch = (torch.randn(16, 12, 12), torch.randint(0, 5, (16,)))
+    truth = measure_cpu_peak(model, batch, OPTIMIZER_NAMES["adam"], xent, "32-true")
+    est = estimate_training(model, batch, optimizer="adam", loss_fn=xent)
+    assert est.method == "trace"
+    assert est.peak_bytes == pytest.approx(truth["peak_bytes"], rel=0.01)
