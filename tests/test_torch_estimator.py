@@ -676,3 +676,36 @@ def test_batch_first_bidirectional_gru_matches_the_profiler():
     est = estimate_training(model, batch, optimizer="adam", loss_fn=xent)
     assert est.method == "trace"
     assert est.peak_bytes == pytest.approx(truth["peak_bytes"], rel=0.01)
+
+
+def test_cuda_allocator_rounding_keeps_the_batch_ranges_of_piecewise_lines(monkeypatch):
+    """The CUDA adjustment shifts every phase line by the allocator rounding;
+    it must keep each line's batch range (the piecewise fit of non-linear growth)."""
+    from nnmem_callbacks.estimate import PhaseLine
+    from nnmem_callbacks.torch import allocator
+    from nnmem_callbacks.torch import estimator
+
+    below = PhaseLine("step2/backward", 1_000, 500, 1, 16)  # steep, valid up to the batch only
+    above = PhaseLine("step2/backward", 6_000, 100, 16, None)
+    seen = {}
+
+    def scaling_lines(config, main, notes, session):
+        seen["tensor_peak"] = max(main.phase_peaks.values())
+        return [below, above]
+
+    real_replay = allocator.replay
+
+    def replay(events, *args, **kwargs):
+        prediction = real_replay(events, *args, **kwargs)
+        seen.setdefault("allocated", prediction.peak_allocated)  # the main trace's replay
+        return prediction
+
+    monkeypatch.setattr(estimator, "_scaling_lines", scaling_lines)
+    monkeypatch.setattr(allocator, "replay", replay)
+    model = nn.Sequential(nn.Linear(13, 7), nn.ReLU(), nn.Linear(7, 3))  # odd sizes: 512-byte rounding
+    est = estimate_training(model, torch.randn(16, 13), optimizer="adam", device="cuda")
+    rounding = seen["allocated"] - seen["tensor_peak"]
+    assert rounding > 0
+    assert sorted((p.min_batch, p.max_batch) for p in est.phases) == [(1, 16), (16, None)]
+    assert est.peak_bytes_at(64) == above.at(64) + rounding  # without ranges: below.at(64) + rounding
+    assert est.peak_bytes_at(4) == below.at(4) + rounding

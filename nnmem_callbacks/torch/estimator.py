@@ -356,7 +356,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         rounding = prediction.peak_allocated - peak_bytes
         if rounding > 0:
             breakdown[str(Category.TEMPORARIES)] += rounding
-            phases = [PhaseLine(p.phase, p.fixed_bytes + rounding, p.per_sample_bytes) for p in phases]
+            phases = [dataclasses.replace(p, fixed_bytes=p.fixed_bytes + rounding) for p in phases]  # keeps batch ranges
             notes.append(
                 f"CUDA allocator rounding and unsplit blocks add {rounding} bytes to the tensor peak (counted as temporaries)"
             )
