@@ -54,6 +54,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
 from nnmem_callbacks.torch import allocator
+from nnmem_callbacks.torch.compat import eager_library_checks
 from nnmem_callbacks.torch.emulation import cuda_kernel_emulation
 from nnmem_callbacks.torch.fallback import estimate_closed_form
 from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
@@ -225,7 +226,8 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
     fake_mode = session.fake_mode
     tracker = StorageTracker(config.target_device.type, memo=session.memo)
     emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
-    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation() if emulate_cuda else contextlib.nullcontext()):
+    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation() if emulate_cuda else contextlib.nullcontext()), \
+            eager_library_checks(config.example_batch):
         model.train()
         with fake_mode, tracker:
 
