@@ -709,3 +709,43 @@ def test_cuda_allocator_rounding_keeps_the_batch_ranges_of_piecewise_lines(monke
     assert sorted((p.min_batch, p.max_batch) for p in est.phases) == [(1, 16), (16, None)]
     assert est.peak_bytes_at(64) == above.at(64) + rounding  # without ranges: below.at(64) + rounding
     assert est.peak_bytes_at(4) == below.at(4) + rounding
+
+
+def test_fallback_probe_never_creates_tensors_on_a_cuda_target():
+    """The fallback's small real probe runs on the CPU even when the step would
+    be traced on a CUDA device (here a fake one: only fake tensors may be on it)."""
+    import dataclasses
+
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_flatten
+
+    from nnmem_callbacks.torch.fallback import estimate_closed_form
+    from nnmem_callbacks.torch.step import make_config
+
+    class RealCudaTensors(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.created = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for item in tree_flatten(out)[0]:
+                if isinstance(item, torch.Tensor) and not isinstance(item, FakeTensor) and item.device.type == "cuda":
+                    self.created.append(getattr(func, "__name__", str(func)))
+            return out
+
+    torch.manual_seed(0)
+    model = DataDependent()
+    batch = (torch.randn(16, 64), torch.randint(0, 10, (16,)))
+    cpu_config = make_config(model, batch, "adam", xent, "32-true", "cpu", 1, None, "norm")
+    cuda = torch.device("cuda", 0)
+    cuda_config = dataclasses.replace(cpu_config, target_device=cuda, trace_device=cuda)
+    spy = RealCudaTensors()
+    with spy:
+        on_cuda = estimate_closed_form(cuda_config, "test", [])
+    on_cpu = estimate_closed_form(cpu_config, "test", [])
+    assert spy.created == []
+    assert on_cuda.method == "closed-form"  # the probe ran (a real CUDA tensor fails on a CPU-only host)
+    backward = "step2/backward"
+    assert on_cuda.phase_breakdowns[backward]["activations"] == on_cpu.phase_breakdowns[backward]["activations"] > 0

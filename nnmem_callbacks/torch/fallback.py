@@ -11,9 +11,11 @@ leaf module and the per-layer rules of
 :data:`nnmem_callbacks.torch.rules.LAYER_RULES` estimate them instead.
 
 Known limitations:
-    * The real probe allocates the activations of at most two samples. With a
-      meta batch it runs on zeros, so data-dependent shapes may differ from
-      real data.
+    * The real probe allocates the activations of at most two samples, on the
+      CPU whatever the target (for CUDA targets with dropout and attention
+      kernels that save what CUDA's do; other CPU and CUDA kernels may save
+      different tensors). With a meta batch it runs on zeros, so
+      data-dependent shapes may differ from real data.
     * The backward peak is approximated as all saved activations plus twice the
       largest saved tensor as transient gradient buffers; forward temporaries
       and kernel workspaces are not counted.
@@ -23,6 +25,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import Any
 
@@ -32,11 +35,16 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine
 from nnmem_callbacks.torch import rules
+from nnmem_callbacks.torch.emulation import cuda_kernel_emulation
 from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
 from nnmem_callbacks.torch.step import build_optimizers, call_loss_fn, input_dtype, optimizer_state_tensors, parameter_dtype
 from nnmem_callbacks.torch.tracer import StorageTracker
 
 PROBE_BATCH = 2
+
+#: Where the small real probe runs: always the CPU, never the target GPU (an
+#: estimate must not allocate on the device it plans for).
+PROBE_DEVICE = torch.device("cpu")
 
 
 def estimate_closed_form(config, reason: str, notes: list[str]) -> MemoryEstimate:
@@ -212,10 +220,16 @@ def _real_copy(config, device: torch.device):
     return copy
 
 
+def _probe_kernels(config):
+    """For a CUDA target, the CPU probe runs dropout and attention with kernels
+    that save for backward what the CUDA kernels save."""
+    return cuda_kernel_emulation() if config.target_device.type == "cuda" else contextlib.nullcontext()
+
+
 def _probe_saved_bytes(config, probe_size: int) -> tuple[int, int]:
     """Bytes autograd saves for backward, and the largest saved tensor, at ``probe_size``."""
     model = config.model
-    device = config.trace_device
+    device = PROBE_DEVICE
     probe = _probe_batch(config, probe_size, device)
     saved: dict[int, int] = {}
     keep: list[torch.Tensor] = []
@@ -226,7 +240,7 @@ def _probe_saved_bytes(config, probe_size: int) -> tuple[int, int]:
         keep.append(tensor)
         return tensor
 
-    with preserved_rng(), preserved_module_state(model), swapped_tensors(model, _real_copy(config, device)) as copies:
+    with preserved_rng(), preserved_module_state(model), _probe_kernels(config), swapped_tensors(model, _real_copy(config, device)) as copies:
         model.train()
         excluded = {t.untyped_storage().data_ptr() for t in copies.values()}
         excluded |= {t.untyped_storage().data_ptr() for t in _leaves(probe)}
@@ -249,7 +263,7 @@ def _leaves(batch: Any) -> list[torch.Tensor]:
 def _layer_rule_bytes(config, probe_size: int) -> tuple[int, int, Counter]:
     """Saved bytes from forward hooks and layer rules during a no-grad forward at ``probe_size``."""
     model = config.model
-    device = config.trace_device
+    device = PROBE_DEVICE
     probe = _probe_batch(config, probe_size, device)
     saved = 0
     largest = 0
@@ -270,7 +284,7 @@ def _layer_rule_bytes(config, probe_size: int) -> tuple[int, int, Counter]:
 
     leaves = [m for m in model.modules() if not any(True for _ in m.children())]
     handles = []
-    with preserved_rng(), preserved_module_state(model), swapped_tensors(model, _real_copy(config, device)), torch.no_grad():
+    with preserved_rng(), preserved_module_state(model), _probe_kernels(config), swapped_tensors(model, _real_copy(config, device)), torch.no_grad():
         model.train()
         for leaf in leaves:
             handles.append(leaf.register_forward_hook(hook))
