@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 import torch
@@ -33,9 +34,10 @@ MASK_MODULES = ("transformers.masking_utils", "transformers.modeling_attn_mask_u
 
 
 def _mask_tensors(batch: Any) -> list[Any]:
-    """The values of the batch's ``*attention_mask`` entries (dicts at any depth)."""
+    """The values of the batch's ``*attention_mask`` entries (mappings, such as
+    a tokenizer's ``BatchEncoding``, at any depth)."""
     found = []
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         for key, value in batch.items():
             if isinstance(key, str) and key.endswith("attention_mask"):
                 found.append(value)
@@ -55,6 +57,9 @@ def masks_without_padding(batch: Any) -> bool:
         >>> masks_without_padding({"input_ids": torch.zeros(2, 3), "attention_mask": torch.ones(2, 3)})
         True
         >>> masks_without_padding({"attention_mask": torch.tensor([[1, 1, 0]])})
+        False
+        >>> from collections import UserDict  # as transformers' BatchEncoding
+        >>> masks_without_padding([UserDict(attention_mask=torch.tensor([[1, 0]]))])
         False
         >>> masks_without_padding({"attention_mask": torch.ones(2, 3, device="meta")})
         False
