@@ -48,10 +48,15 @@ class StepConfig:
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
-    example_batch: Any = None  # the user's batch, for the fallback's small real probe
+    example_batch: Any = None  # the user's batch: the fallback's small real probe, compat's mask check
 
 
 def make_config(model, batch, optimizer, loss_fn, precision, device, accumulate, clip_val, clip_algorithm) -> StepConfig:
+    """Checks ``estimate_training``'s arguments and returns the step they define.
+
+    Raises:
+        ValueError: Naming the invalid argument and what is valid.
+    """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     spec = resolve_precision(precision)
@@ -134,6 +139,7 @@ def call_loss_fn(config: StepConfig, batch: Any, device_type: str | None = None)
 
 
 def forward_loss(config: StepConfig, batch: Any) -> torch.Tensor:
+    """The checked scalar loss of one traced forward."""
     value = call_loss_fn(config, batch)
     return scalar_loss(value, default_reduction=config.loss_fn is default_loss)
 
