@@ -614,3 +614,138 @@ def test_fast_dispatch_replays_out_variants_and_views_faithfully():
             assert fresh.untyped_storage() is not a.untyped_storage()
             inplace = a.mul_(2)
             assert inplace is a
+
+
+def test_fast_dispatch_runs_in_place_metadata_ops_every_time():
+    """transpose_, t_, squeeze_... change the input's shape and strides; a memo
+    replay that hands the input back unchanged would keep the old layout."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nnmem_callbacks.torch.tracer import StorageTracker
+
+    mode = FakeTensorMode()
+    tracker = StorageTracker("cpu", fake_mode=mode)
+    with mode, tracker:
+        for _ in range(3):  # later rounds would be replayed from the memo
+            x = torch.empty(4, 6)
+            assert x.transpose_(0, 1).shape == (6, 4) and x.stride() == (1, 6)
+            assert x.t_().shape == (4, 6) and x.stride() == (6, 1)
+            assert x.unsqueeze_(0).shape == (1, 4, 6)
+            assert x.squeeze_(0).shape == (4, 6)
+            assert x.swapdims_(0, 1).shape == (6, 4)
+            assert x.as_strided_((3, 2), (2, 1)).shape == (3, 2) and x.stride() == (2, 1)
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, cls, num_layers, bidirectional):
+        super().__init__()
+        self.rnn = cls(12, 16, num_layers=num_layers, batch_first=True, bidirectional=bidirectional)
+        self.head = nn.Linear(16 * (2 if bidirectional else 1), 5)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("cls", [nn.GRU, nn.RNN])
+@pytest.mark.parametrize("num_layers,bidirectional", [(1, False), (2, True)])
+def test_batch_first_gru_and_rnn_are_traced_like_without_the_memo(monkeypatch, cls, num_layers, bidirectional):
+    """nn.GRU/nn.RNN with batch_first end in the in-place ``output.transpose_(0, 1)``;
+    a memo replay of it broke backward in the second step (fallback estimate)."""
+    import nnmem_callbacks.torch.estimator as estimator
+
+    torch.manual_seed(0)
+    model = _Recurrent(cls, num_layers, bidirectional)
+    batch = (torch.randn(8, 10, 12), torch.randint(0, 5, (8,)))
+    results = {}
+    for fast in (False, True):
+        monkeypatch.setattr(estimator, "FAST_DISPATCH", fast)
+        est = estimate_training(model, batch, optimizer="adam", loss_fn=xent)
+        assert est.method == "trace", est.notes
+        results[fast] = (est.peak_bytes, {p: sum(b.values()) for p, b in est.phase_breakdowns.items()})
+    assert results[True] == results[False]
+
+
+def test_batch_first_bidirectional_gru_matches_the_profiler():
+    from benchmarks.groundtruth import measure_cpu_peak
+    from nnmem_callbacks.torch.inputs import OPTIMIZER_NAMES
+
+    torch.manual_seed(0)
+    model = _Recurrent(nn.GRU, 2, True)
+    batch = (torch.randn(16, 12, 12), torch.randint(0, 5, (16,)))
+    truth = measure_cpu_peak(model, batch, OPTIMIZER_NAMES["adam"], xent, "32-true")
+    est = estimate_training(model, batch, optimizer="adam", loss_fn=xent)
+    assert est.method == "trace"
+    assert est.peak_bytes == pytest.approx(truth["peak_bytes"], rel=0.01)
+
+
+def test_cuda_allocator_rounding_keeps_the_batch_ranges_of_piecewise_lines(monkeypatch):
+    """The CUDA adjustment shifts every phase line by the allocator rounding;
+    it must keep each line's batch range (the piecewise fit of non-linear growth)."""
+    from nnmem_callbacks.estimate import PhaseLine
+    from nnmem_callbacks.torch import allocator
+    from nnmem_callbacks.torch import estimator
+
+    below = PhaseLine("step2/backward", 1_000, 500, 1, 16)  # steep, valid up to the batch only
+    above = PhaseLine("step2/backward", 6_000, 100, 16, None)
+    seen = {}
+
+    def scaling_lines(config, main, notes, session):
+        seen["tensor_peak"] = max(main.phase_peaks.values())
+        return [below, above]
+
+    real_replay = allocator.replay
+
+    def replay(events, *args, **kwargs):
+        prediction = real_replay(events, *args, **kwargs)
+        seen.setdefault("allocated", prediction.peak_allocated)  # the main trace's replay
+        return prediction
+
+    monkeypatch.setattr(estimator, "_scaling_lines", scaling_lines)
+    monkeypatch.setattr(allocator, "replay", replay)
+    model = nn.Sequential(nn.Linear(13, 7), nn.ReLU(), nn.Linear(7, 3))  # odd sizes: 512-byte rounding
+    est = estimate_training(model, torch.randn(16, 13), optimizer="adam", device="cuda")
+    rounding = seen["allocated"] - seen["tensor_peak"]
+    assert rounding > 0
+    assert sorted((p.min_batch, p.max_batch) for p in est.phases) == [(1, 16), (16, None)]
+    assert est.peak_bytes_at(64) == above.at(64) + rounding  # without ranges: below.at(64) + rounding
+    assert est.peak_bytes_at(4) == below.at(4) + rounding
+
+
+def test_fallback_probe_never_creates_tensors_on_a_cuda_target():
+    """The fallback's small real probe runs on the CPU even when the step would
+    be traced on a CUDA device (here a fake one: only fake tensors may be on it)."""
+    import dataclasses
+
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_flatten
+
+    from nnmem_callbacks.torch.fallback import estimate_closed_form
+    from nnmem_callbacks.torch.step import make_config
+
+    class RealCudaTensors(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.created = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for item in tree_flatten(out)[0]:
+                if isinstance(item, torch.Tensor) and not isinstance(item, FakeTensor) and item.device.type == "cuda":
+                    self.created.append(getattr(func, "__name__", str(func)))
+            return out
+
+    torch.manual_seed(0)
+    model = DataDependent()
+    batch = (torch.randn(16, 64), torch.randint(0, 10, (16,)))
+    cpu_config = make_config(model, batch, "adam", xent, "32-true", "cpu", 1, None, "norm")
+    cuda = torch.device("cuda", 0)
+    cuda_config = dataclasses.replace(cpu_config, target_device=cuda, trace_device=cuda)
+    spy = RealCudaTensors()
+    with spy:
+        on_cuda = estimate_closed_form(cuda_config, "test", [])
+    on_cpu = estimate_closed_form(cpu_config, "test", [])
+    assert spy.created == []
+    assert on_cuda.method == "closed-form"  # the probe ran (a real CUDA tensor fails on a CPU-only host)
+    backward = "step2/backward"
+    assert on_cuda.phase_breakdowns[backward]["activations"] == on_cpu.phase_breakdowns[backward]["activations"] > 0

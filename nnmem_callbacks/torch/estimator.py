@@ -46,27 +46,29 @@ import gc
 import os
 import time
 import warnings
-from collections.abc import Mapping
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_flatten
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
 from nnmem_callbacks.torch import allocator
+from nnmem_callbacks.torch.compat import eager_library_checks
 from nnmem_callbacks.torch.emulation import cuda_kernel_emulation
+from nnmem_callbacks.torch.fallback import estimate_closed_form
 from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
-from nnmem_callbacks.torch.inputs import (
-    OPTIMIZER_NAMES,
-    BatchSpec,
-    PrecisionSpec,
-    check_optimizer_spec,
-    describe_batch,
-    optimizer_label,
-    resolve_device,
-    resolve_precision,
+from nnmem_callbacks.torch.inputs import optimizer_label
+from nnmem_callbacks.torch.step import (
+    EstimationInputError,
+    LossFn,
+    StepConfig,
+    build_optimizers,
+    forward_loss,
+    input_dtype_map,
+    make_config,
+    optimizer_state_tensors,
+    parameter_dtype,
 )
 from nnmem_callbacks.torch.tracer import OpMemo, StorageTracker, TraceResult
 
@@ -81,30 +83,7 @@ FAST_DISPATCH = True
 #: Relative error above which batch growth is reported as non-linear.
 LINEARITY_TOLERANCE = 0.01
 
-LossFn = Callable[[nn.Module, Any], Any]
-
 _warned: set[str] = set()
-
-
-class EstimationInputError(ValueError):
-    """Invalid input to ``estimate_training`` (never triggers the fallback)."""
-
-
-@dataclasses.dataclass
-class StepConfig:
-    """Everything that defines the simulated training step."""
-
-    model: nn.Module
-    batch: BatchSpec
-    optimizer: Any
-    loss_fn: LossFn
-    precision: PrecisionSpec
-    target_device: torch.device
-    trace_device: torch.device
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: float | None = None
-    gradient_clip_algorithm: str = "norm"
-    example_batch: Any = None  # the user's batch, for the fallback's small real probe
 
 
 def estimate_training(
@@ -161,7 +140,7 @@ def estimate_training(
         >>> est.peak_bytes_at(512) > est.peak_bytes
         True
     """
-    config = _make_config(
+    config = make_config(
         model, batch, optimizer, loss_fn, precision, device,
         accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm,
     )
@@ -178,8 +157,6 @@ def estimate_training(
     except EstimationInputError:
         raise
     except Exception as error:  # noqa: BLE001 - any trace failure goes to the fallback
-        from nnmem_callbacks.torch.fallback import estimate_closed_form
-
         reason = f"{type(error).__name__}: {_first_line(error)}"
         _warn_once(
             f"nnmem_callbacks could not trace the training step of {type(model).__name__} ({reason}); "
@@ -196,169 +173,9 @@ def estimate_training(
 # ---------------------------------------------------------------------------
 
 
-def _make_config(model, batch, optimizer, loss_fn, precision, device, accumulate, clip_val, clip_algorithm) -> StepConfig:
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    spec = resolve_precision(precision)
-    check_optimizer_spec(optimizer)
-    batch_spec = describe_batch(batch)
-    if loss_fn is not None and not callable(loss_fn):
-        raise ValueError(f"loss_fn must be a callable (model, batch) -> scalar loss, got {type(loss_fn).__name__}")
-    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
-        raise ValueError(f"accumulate_grad_batches must be a positive integer, got {accumulate!r}")
-    if clip_val is not None and (isinstance(clip_val, bool) or not isinstance(clip_val, (int, float)) or clip_val <= 0):
-        raise ValueError(f"gradient_clip_val must be a positive number or None, got {clip_val!r}")
-    if clip_algorithm not in ("norm", "value"):
-        raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {clip_algorithm!r}")
-    target = resolve_device(device, model, batch_spec)
-    if target.type == "cuda" and torch.cuda.is_available():
-        trace_device = torch.device("cuda", target.index if target.index is not None else torch.cuda.current_device())
-    else:
-        trace_device = torch.device("cpu")
-    for parameter in model.parameters():
-        if isinstance(parameter, nn.parameter.UninitializedParameter):
-            raise ValueError("the model has uninitialised (lazy) parameters; run one forward pass before estimating")
-    return StepConfig(
-        model, batch_spec, optimizer, loss_fn or default_loss, spec, target, trace_device,
-        accumulate, clip_val, clip_algorithm, batch,
-    )
-
-
-def default_loss(model: nn.Module, batch: Any) -> Any:
-    """Calls ``model`` on ``batch`` and returns the output (reduced by the caller).
-
-    A tensor is passed as is, a dict as keyword arguments, a tuple or list as
-    positional arguments.
-    """
-    if isinstance(batch, torch.Tensor):
-        return model(batch)
-    if isinstance(batch, Mapping):
-        return model(**batch)
-    if isinstance(batch, (tuple, list)):
-        return model(*batch)
-    return model(batch)
-
-
-def scalar_loss(value: Any, *, default_reduction: bool) -> torch.Tensor:
-    """Extracts and checks the scalar loss from what a loss function returned."""
-    if isinstance(value, Mapping) and "loss" in value:
-        value = value["loss"]
-    elif not isinstance(value, torch.Tensor) and getattr(value, "loss", None) is not None:
-        value = value.loss
-    if default_reduction and not (isinstance(value, torch.Tensor) and value.numel() == 1):
-        tensors = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
-        if tensors:
-            total = tensors[0].sum()
-            for tensor in tensors[1:]:
-                total = total + tensor.sum()
-            value = total
-    if not isinstance(value, torch.Tensor):
-        raise EstimationInputError(
-            f"the loss must be a scalar tensor (or a dict with 'loss'); loss_fn returned {type(value).__name__}"
-        )
-    if value.numel() != 1:
-        raise EstimationInputError(
-            f"the loss must be a scalar tensor; loss_fn returned a tensor of shape {tuple(value.shape)}; "
-            f"reduce it (e.g. .mean()) or pass a loss_fn that returns a scalar"
-        )
-    if not value.requires_grad:
-        raise EstimationInputError(
-            "the loss does not require grad: no parameter of the model takes part in it "
-            "(are all parameters frozen, or does loss_fn detach?)"
-        )
-    return value
-
-
 # ---------------------------------------------------------------------------
 # tracing
 # ---------------------------------------------------------------------------
-
-
-def _dtype_map(precision: PrecisionSpec) -> Callable[[torch.dtype], torch.dtype]:
-    target = precision.input_dtype
-
-    def convert(dtype: torch.dtype) -> torch.dtype:
-        if target is not None and dtype.is_floating_point:
-            return target
-        return dtype
-
-    return convert
-
-
-def _tensor_dtype(tensor: torch.Tensor, precision: PrecisionSpec) -> torch.dtype:
-    if tensor.is_floating_point() and precision.param_dtype != torch.float32:
-        return precision.param_dtype
-    return tensor.dtype
-
-
-def _build_optimizers(spec: Any, trainable: list[torch.Tensor], fake_of: dict[int, torch.Tensor], make_fake, target: torch.device) -> list[torch.optim.Optimizer]:
-    if spec is None:
-        return []
-    if isinstance(spec, str):
-        optimizers = [OPTIMIZER_NAMES[spec.lower()](trainable)]
-    elif isinstance(spec, torch.optim.Optimizer):
-        optimizers = [_clone_optimizer(spec, fake_of, make_fake)]
-    elif isinstance(spec, (list, tuple)):
-        optimizers = [_clone_optimizer(o, fake_of, make_fake) for o in spec]
-    else:
-        made = spec(trainable)
-        if isinstance(made, torch.optim.Optimizer):
-            optimizers = [made]
-        elif isinstance(made, (list, tuple)) and all(isinstance(o, torch.optim.Optimizer) for o in made):
-            optimizers = list(made)
-        else:
-            raise EstimationInputError(
-                f"the optimizer callable must return a torch.optim.Optimizer (or a list of them), got {type(made).__name__}"
-            )
-    for optimizer in optimizers:
-        _apply_default_implementation(optimizer, target)
-    return optimizers
-
-
-def _clone_optimizer(optimizer: torch.optim.Optimizer, fake_of: dict[int, torch.Tensor], make_fake) -> torch.optim.Optimizer:
-    groups = []
-    for group in optimizer.param_groups:
-        params = []
-        for parameter in group["params"]:
-            if id(parameter) not in fake_of:
-                fake_of[id(parameter)] = make_fake(parameter, True)
-            params.append(fake_of[id(parameter)])
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
-    cls = type(optimizer)
-    try:
-        clone = cls(groups, **optimizer.defaults)
-    except TypeError:
-        clone = cls(groups)
-    for parameter, state in optimizer.state.items():
-        fake = fake_of.get(id(parameter))
-        if fake is None:
-            continue
-        clone.state[fake] = {
-            key: (_fake_state_tensor(value, fake) if isinstance(value, torch.Tensor) else value)
-            for key, value in state.items()
-        }
-    return clone
-
-
-def _fake_state_tensor(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    device = like.device if value.device.type != "cpu" or value.dim() > 0 else value.device
-    return torch.empty_strided(tuple(value.shape), value.stride(), dtype=value.dtype, device=device)
-
-
-def _apply_default_implementation(optimizer: torch.optim.Optimizer, target: torch.device) -> None:
-    """Makes the foreach default match the target device.
-
-    PyTorch picks ``foreach=True`` for CUDA tensors of the plain tensor type;
-    fake tensors are a subclass, so the default would silently become the
-    single-tensor path and miss the foreach temporaries.
-    """
-    for group in optimizer.param_groups:
-        if "foreach" in group and group["foreach"] is None and not group.get("fused") and not group.get("differentiable"):
-            group["foreach"] = target.type == "cuda"
-
-
-def _optimizer_state_tensors(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:
-    return [value for optimizer in optimizers for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
 
 
 def run_trace(
@@ -409,12 +226,13 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
     fake_mode = session.fake_mode
     tracker = StorageTracker(config.target_device.type, memo=session.memo)
     emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
-    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation() if emulate_cuda else contextlib.nullcontext()):
+    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation() if emulate_cuda else contextlib.nullcontext()), \
+            eager_library_checks(config.example_batch):
         model.train()
         with fake_mode, tracker:
 
             def make_fake(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
-                dtype = _tensor_dtype(tensor, precision)
+                dtype = parameter_dtype(tensor.dtype, precision)
                 fake = torch.empty_strided(tuple(tensor.shape), tensor.stride(), dtype=dtype, device=device)
                 if is_parameter and tensor.requires_grad and (dtype.is_floating_point or dtype.is_complex):
                     fake.requires_grad_(True)
@@ -425,11 +243,11 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
             with swapped_tensors(model, make_fake) as fake_of:
                 unique_params = [fake_of[id(parameter)] for parameter in originals]
                 trainable = [p for p in unique_params if p.requires_grad]
-                fake_batch, batch_tensors = config.batch.build(batch_size, device, _dtype_map(precision))
+                fake_batch, batch_tensors = config.batch.build(batch_size, device, input_dtype_map(precision))
                 for tensor in batch_tensors:
                     tracker.register(tensor, Category.INPUTS)
-                optimizers = _build_optimizers(config.optimizer, trainable, fake_of, make_fake, config.target_device) if optimizer_steps else []
-                tracker.mark(_optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
+                optimizers = build_optimizers(config.optimizer, trainable, fake_of, make_fake, config.target_device) if optimizer_steps else []
+                tracker.mark(optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
                 all_params = [p for p in fake_of.values() if p.requires_grad]
                 scaler_state = None
                 if precision.grad_scaler and optimizer_steps:
@@ -443,7 +261,7 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
                     for micro in range(1, micro_batches + 1):
                         suffix = "" if micro == 1 else f".{micro}"
                         tracker.set_phase(f"step{step}/forward{suffix}")
-                        loss = _forward_loss(config, fake_batch)
+                        loss = forward_loss(config, fake_batch)
                         tracker.set_phase(f"step{step}/backward{suffix}")
                         if config.accumulate_grad_batches > 1:
                             loss = loss / config.accumulate_grad_batches
@@ -456,7 +274,7 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
                         continue
                     tracker.set_phase(f"step{step}/optimizer")
                     _optimizer_step(config, optimizers, all_params, scaler_state, device)
-                    tracker.mark(_optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
+                    tracker.mark(optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
                     for optimizer in optimizers:
                         optimizer.zero_grad(set_to_none=True)
                     if not optimizers:
@@ -466,20 +284,6 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
                 del fake_batch, batch_tensors, optimizers, trainable, unique_params, all_params, scaler_state, originals
         result = tracker.result()
     return result
-
-
-def call_loss_fn(config: StepConfig, batch: Any, device_type: str | None = None) -> Any:
-    """Runs the user's forward and loss, under autocast for the ``*-mixed`` precisions."""
-    precision = config.precision
-    if precision.autocast_dtype is None:
-        return config.loss_fn(config.model, batch)
-    with torch.autocast(device_type=device_type or config.trace_device.type, dtype=precision.autocast_dtype):
-        return config.loss_fn(config.model, batch)
-
-
-def _forward_loss(config: StepConfig, batch: Any) -> torch.Tensor:
-    value = call_loss_fn(config, batch)
-    return scalar_loss(value, default_reduction=config.loss_fn is default_loss)
 
 
 def _optimizer_step(config: StepConfig, optimizers, params, scaler_state, device) -> None:
@@ -554,7 +358,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         rounding = prediction.peak_allocated - peak_bytes
         if rounding > 0:
             breakdown[str(Category.TEMPORARIES)] += rounding
-            phases = [PhaseLine(p.phase, p.fixed_bytes + rounding, p.per_sample_bytes) for p in phases]
+            phases = [dataclasses.replace(p, fixed_bytes=p.fixed_bytes + rounding) for p in phases]  # keeps batch ranges
             notes.append(
                 f"CUDA allocator rounding and unsplit blocks add {rounding} bytes to the tensor peak (counted as temporaries)"
             )

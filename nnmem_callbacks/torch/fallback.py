@@ -11,9 +11,11 @@ leaf module and the per-layer rules of
 :data:`nnmem_callbacks.torch.rules.LAYER_RULES` estimate them instead.
 
 Known limitations:
-    * The real probe allocates the activations of at most two samples. With a
-      meta batch it runs on zeros, so data-dependent shapes may differ from
-      real data.
+    * The real probe allocates the activations of at most two samples, on the
+      CPU whatever the target (for CUDA targets with dropout and attention
+      kernels that save what CUDA's do; other CPU and CUDA kernels may save
+      different tensors). With a meta batch it runs on zeros, so
+      data-dependent shapes may differ from real data.
     * The backward peak is approximated as all saved activations plus twice the
       largest saved tensor as transient gradient buffers; forward temporaries
       and kernel workspaces are not counted.
@@ -23,6 +25,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import Any
 
@@ -32,18 +35,23 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine
 from nnmem_callbacks.torch import rules
+from nnmem_callbacks.torch.emulation import cuda_kernel_emulation
 from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
-from nnmem_callbacks.torch.estimator import _build_optimizers, _optimizer_state_tensors, _tensor_dtype, call_loss_fn
+from nnmem_callbacks.torch.step import build_optimizers, call_loss_fn, input_dtype, optimizer_state_tensors, parameter_dtype
 from nnmem_callbacks.torch.tracer import StorageTracker
 
 PROBE_BATCH = 2
+
+#: Where the small real probe runs: always the CPU, never the target GPU (an
+#: estimate must not allocate on the device it plans for).
+PROBE_DEVICE = torch.device("cpu")
 
 
 def estimate_closed_form(config, reason: str, notes: list[str]) -> MemoryEstimate:
     """Estimates without tracing the forward; never raises.
 
     Args:
-        config: The :class:`~nnmem_callbacks.torch.estimator.StepConfig`.
+        config: The :class:`~nnmem_callbacks.torch.step.StepConfig`.
         reason: Why tracing failed (recorded in ``notes``).
         notes: Notes collected so far (extended in place).
     """
@@ -66,7 +74,7 @@ def estimate_closed_form(config, reason: str, notes: list[str]) -> MemoryEstimat
         )
     batch_size = config.batch.batch_size
     inputs = sum(
-        _numel(spec.shape) * _dtype_map_size(spec.dtype, config) for spec in config.batch.tensor_specs()
+        _numel(spec.shape) * _element_size(input_dtype(spec.dtype, config.precision)) for spec in config.batch.tensor_specs()
     )
     backward = {
         str(Category.PARAMETERS): static["parameters"],
@@ -119,10 +127,7 @@ def _numel(shape) -> int:
     return total
 
 
-def _dtype_map_size(dtype: torch.dtype, config) -> int:
-    target = config.precision.input_dtype
-    if target is not None and dtype.is_floating_point:
-        dtype = target
+def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
@@ -136,7 +141,7 @@ def _static_bytes(config, notes: list[str]) -> dict[str, int]:
     with preserved_rng(), preserved_module_state(model), fake_mode, tracker:
 
         def make_fake(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
-            fake = torch.empty_strided(tuple(tensor.shape), tensor.stride(), dtype=_tensor_dtype(tensor, config.precision), device=device)
+            fake = torch.empty_strided(tuple(tensor.shape), tensor.stride(), dtype=parameter_dtype(tensor.dtype, config.precision), device=device)
             if is_parameter and tensor.requires_grad and fake.is_floating_point():
                 fake.requires_grad_(True)
             key = "parameters" if is_parameter else "buffers"
@@ -147,14 +152,14 @@ def _static_bytes(config, notes: list[str]) -> dict[str, int]:
         with swapped_tensors(model, make_fake) as fake_of:
             trainable = [fake_of[id(p)] for p in originals if fake_of[id(p)].requires_grad]
             try:
-                optimizers = _build_optimizers(config.optimizer, trainable, fake_of, make_fake, config.target_device)
+                optimizers = build_optimizers(config.optimizer, trainable, fake_of, make_fake, config.target_device)
                 for parameter in trainable:
                     parameter.grad = torch.empty_like(parameter)
                 totals["gradients"] = sum(p.grad.untyped_storage().nbytes() for p in trainable)
                 tracker.set_phase("optimizer")
                 for optimizer in optimizers:
                     optimizer.step()
-                state = _optimizer_state_tensors(optimizers)
+                state = optimizer_state_tensors(optimizers)
                 totals["optimizer_state"] = sum(t.untyped_storage().nbytes() for t in {id(t): t for t in state}.values())
                 result = tracker.result()
                 peak = result.phase_peaks.get("optimizer", 0)
@@ -201,9 +206,7 @@ def _activation_bytes(config) -> tuple[int, int, Counter]:
 
 def _real_copy(config, device: torch.device):
     def copy(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
-        dtype = tensor.dtype
-        if tensor.is_floating_point() and config.precision.param_dtype != torch.float32:
-            dtype = config.precision.param_dtype
+        dtype = parameter_dtype(tensor.dtype, config.precision)
         if tensor.device.type == "meta":
             real = torch.zeros(tensor.shape, dtype=dtype, device=device)
         elif is_parameter and dtype == tensor.dtype and tensor.device == device:
@@ -217,10 +220,16 @@ def _real_copy(config, device: torch.device):
     return copy
 
 
+def _probe_kernels(config):
+    """For a CUDA target, the CPU probe runs dropout and attention with kernels
+    that save for backward what the CUDA kernels save."""
+    return cuda_kernel_emulation() if config.target_device.type == "cuda" else contextlib.nullcontext()
+
+
 def _probe_saved_bytes(config, probe_size: int) -> tuple[int, int]:
     """Bytes autograd saves for backward, and the largest saved tensor, at ``probe_size``."""
     model = config.model
-    device = config.trace_device
+    device = PROBE_DEVICE
     probe = _probe_batch(config, probe_size, device)
     saved: dict[int, int] = {}
     keep: list[torch.Tensor] = []
@@ -231,7 +240,7 @@ def _probe_saved_bytes(config, probe_size: int) -> tuple[int, int]:
         keep.append(tensor)
         return tensor
 
-    with preserved_rng(), preserved_module_state(model), swapped_tensors(model, _real_copy(config, device)) as copies:
+    with preserved_rng(), preserved_module_state(model), _probe_kernels(config), swapped_tensors(model, _real_copy(config, device)) as copies:
         model.train()
         excluded = {t.untyped_storage().data_ptr() for t in copies.values()}
         excluded |= {t.untyped_storage().data_ptr() for t in _leaves(probe)}
@@ -254,7 +263,7 @@ def _leaves(batch: Any) -> list[torch.Tensor]:
 def _layer_rule_bytes(config, probe_size: int) -> tuple[int, int, Counter]:
     """Saved bytes from forward hooks and layer rules during a no-grad forward at ``probe_size``."""
     model = config.model
-    device = config.trace_device
+    device = PROBE_DEVICE
     probe = _probe_batch(config, probe_size, device)
     saved = 0
     largest = 0
@@ -275,7 +284,7 @@ def _layer_rule_bytes(config, probe_size: int) -> tuple[int, int, Counter]:
 
     leaves = [m for m in model.modules() if not any(True for _ in m.children())]
     handles = []
-    with preserved_rng(), preserved_module_state(model), swapped_tensors(model, _real_copy(config, device)), torch.no_grad():
+    with preserved_rng(), preserved_module_state(model), _probe_kernels(config), swapped_tensors(model, _real_copy(config, device)), torch.no_grad():
         model.train()
         for leaf in leaves:
             handles.append(leaf.register_forward_hook(hook))
@@ -302,10 +311,7 @@ def _probe_batch(config, probe_size: int, device: torch.device) -> Any:
             for leaf, spec in zip(real_leaves, config.batch.leaves):
                 if isinstance(spec, TensorSpec):
                     tensor = leaf[:probe_size] if spec.scales else leaf
-                    dtype = tensor.dtype
-                    if config.precision.input_dtype is not None and dtype.is_floating_point:
-                        dtype = config.precision.input_dtype
-                    sliced.append(tensor.to(device=device, dtype=dtype))
+                    sliced.append(tensor.to(device=device, dtype=input_dtype(tensor.dtype, config.precision)))
                 else:
                     sliced.append(leaf)
             return tree_unflatten(sliced, config.batch.treespec)
@@ -313,10 +319,7 @@ def _probe_batch(config, probe_size: int, device: torch.device) -> Any:
     for leaf in config.batch.leaves:
         if isinstance(leaf, TensorSpec):
             shape = (probe_size,) + leaf.shape[1:] if leaf.scales else leaf.shape
-            dtype = leaf.dtype
-            if config.precision.input_dtype is not None and dtype.is_floating_point:
-                dtype = config.precision.input_dtype
-            leaves.append(torch.zeros(shape, dtype=dtype, device=device))
+            leaves.append(torch.zeros(shape, dtype=input_dtype(leaf.dtype, config.precision), device=device))
         else:
             leaves.append(leaf)
     return tree_unflatten(leaves, config.batch.treespec)

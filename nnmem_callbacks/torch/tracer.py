@@ -52,7 +52,10 @@ class OpMemo:
     fresh tensors, in-place results or views of an input are replayed from a
     cheaper key (op, shapes, strides, offsets, dtypes, devices and the
     non-tensor arguments). Anything unusual (constants, symbolic sizes,
-    non-tensor outputs, outputs sharing a fresh storage) takes the normal path.
+    non-tensor outputs, outputs sharing a fresh storage) takes the normal path,
+    and so do in-place ops that change their input's metadata rather than its
+    data (``transpose_``, ``squeeze_``, ``as_strided_``...): a replay returns
+    the input as it is and could not repeat the change.
     """
 
     def __init__(self, fake_mode: FakeTensorMode) -> None:
@@ -89,8 +92,26 @@ class OpMemo:
                 flat.append(value)
         return flat
 
+    @staticmethod
+    def _flat_keys(key: Any) -> list[Any]:
+        """The argument keys of ``key`` in the order of :meth:`_flat_args`."""
+        flat = []
+        for value in (*key[1][1], *(v for _, v in key[2])):
+            if isinstance(value, tuple) and value and value[0] in ("list", "tuple"):
+                flat.extend(value[1])
+            else:
+                flat.append(value)
+        return flat
+
     def record(self, key: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         if key is None or func in _SKIP_OPS:
+            return
+        if torch.Tag.inplace_view in func.tags:
+            # transpose_, t_, squeeze_, unsqueeze_, as_strided_, swapdims_ (via
+            # transpose_), resize_as_, detach_...: they change the input's
+            # shape, strides or autograd metadata, which returning the input
+            # as it is cannot repeat; they always run for real.
+            self.entries[key] = _UNCACHEABLE
             return
         if isinstance(out, FakeTensor):
             outputs, container = [out], None
@@ -108,6 +129,11 @@ class OpMemo:
                 return
             same = next((i for i, a in enumerate(flat) if a is output), None)
             if same is not None:
+                if self._flat_keys(key)[same] != self._arg_key(output):
+                    # an in-place op that changed the metadata of its input
+                    # without the inplace_view tag: never replay it
+                    self.entries[key] = _UNCACHEABLE
+                    return
                 plans.append(("inplace", same))
                 continue
             storage = output.untyped_storage()
