@@ -53,6 +53,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
+from nnmem_callbacks.units import format_bytes
 from nnmem_callbacks.torch import allocator
 from nnmem_callbacks.torch.compat import eager_library_checks
 from nnmem_callbacks.torch.emulation import cuda_kernel_emulation
@@ -360,7 +361,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
             breakdown[str(Category.TEMPORARIES)] += rounding
             phases = [dataclasses.replace(p, fixed_bytes=p.fixed_bytes + rounding) for p in phases]  # keeps batch ranges
             notes.append(
-                f"CUDA allocator rounding and unsplit blocks add {rounding} bytes to the tensor peak (counted as temporaries)"
+                f"CUDA allocator rounding and unsplit blocks add {format_bytes(rounding)} to the tensor peak (counted as temporaries)"
             )
         peak_bytes = max(prediction.peak_allocated, peak_bytes)
         reserved = prediction.peak_reserved
@@ -520,7 +521,7 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], sess
         return above
     message = (
         f"growth with the batch is not linear: the lines through batch {batch_size} and {fit_size} predict "
-        f"{worst[2]} bytes in {worst[1]} at batch {check_size}, the trace gives {worst[3]} ({worst[0]:.1%} off)"
+        f"{format_bytes(worst[2])} in {worst[1]} at batch {check_size}, the trace gives {format_bytes(worst[3])} ({worst[0]:.1%} off)"
     )
     if check_size > batch_size:
         notes.append(message)
