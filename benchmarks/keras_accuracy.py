@@ -269,6 +269,10 @@ def worker(name: str) -> dict[str, Any]:
     row["rule_of_thumb_bytes"] = rule_of_thumb(model, batch)
     if backend == "tensorflow":
         row["predicted_bytes"] = int(estimate.extra.get("tf_allocator_peak_bytes", estimate.peak_bytes))
+        row["predicted_upper_bytes"] = int(estimate.extra.get("tf_allocator_peak_upper_bytes", row["predicted_bytes"]))
+        from nnmem_callbacks.keras.tf_graph import tf_cpu_allocator
+
+        row["allocator"] = tf_cpu_allocator()
         row.update(measure_tensorflow(model, x, y))
     elif backend == "jax":
         row["predicted_bytes"] = int(estimate.peak_bytes)
@@ -353,6 +357,8 @@ def run_repeated(name: str, backend: str, repeats: int, onednn: str | None = Non
     measured = row["measured_bytes"]
     row["error"] = (row["predicted_bytes"] - measured) / measured
     row["rule_error"] = (row["rule_of_thumb_bytes"] - measured) / measured
+    if "predicted_upper_bytes" in row:
+        row["upper_covers_runs"] = row["predicted_upper_bytes"] >= max(row["measured_runs"])
     if "measured_steady_bytes" in row:
         steady = row["measured_steady_bytes"]
         row["error_steady"] = (row["predicted_bytes"] - steady) / steady
@@ -409,6 +415,9 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
     lines += ["Measured = the median over `repeats` fresh processes (range in its own column).", ""]
     steady = backend == "tensorflow"
     columns = ["case", "batch", "method", "pred MiB", "meas MiB", "meas range MiB", "error"]
+    upper = any("predicted_upper_bytes" in r for r in rows)
+    if upper:
+        columns += ["upper MiB", "upper >= every run"]
     if steady:
         columns += ["meas steps 3-4 MiB", "error steady"]
     columns += ["rule MiB", "rule err", "est s", "full-peak pred MiB"]
@@ -420,15 +429,21 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
             continue
         runs = r.get("measured_runs") or [r["measured_bytes"]]
         spread = f"{_mib(min(runs))}-{_mib(max(runs))}" if len(runs) > 1 else "-"
-        cells = [r["case"], str(r["batch_size"]), r["method"], _mib(r["predicted_bytes"]), _mib(r["measured_bytes"]), spread, _pct(r["error"])]
+        case = r["case"] + (" (outside zoo)" if r["case"] in OUTSIDE_CASES else "")
+        cells = [case, str(r["batch_size"]), r["method"], _mib(r["predicted_bytes"]), _mib(r["measured_bytes"]), spread, _pct(r["error"])]
+        if upper:
+            cells += [_mib(r.get("predicted_upper_bytes")), "yes" if r.get("upper_covers_runs") else "NO"]
         if steady:
             cells += [_mib(r.get("measured_steady_bytes")), _pct(r.get("error_steady"))]
         cells += [_mib(r["rule_of_thumb_bytes"]), _pct(r["rule_error"]), f"{r['estimate_s']:.2f}", _mib(r["predicted_peak_bytes"])]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Summary", "", "| estimator | n | median abs error | worst abs error |", "|---|---|---|---|"]
     for key, value in summary.items():
-        if value.get("n"):
+        if value.get("n") and "median_abs" in value:
             lines.append(f"| {key} | {value['n']} | {value['median_abs']:.1%} | {value['worst_abs']:.1%} |")
+    covered = summary.get("upper_bound_covers_every_run")
+    if covered:
+        lines += ["", f"The upper bound is at or above every measured run for {covered['covered']} of {covered['n']} models."]
     notes = sorted({note for r in rows for note in r.get("notes", [])})
     if notes:
         lines += ["", "Estimator notes:"] + [f"- {n}" for n in notes]

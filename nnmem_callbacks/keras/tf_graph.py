@@ -89,7 +89,9 @@ from typing import Any, Callable
 
 from nnmem_callbacks.estimate import Category
 
-#: TensorFlow's CPU allocator reports only allocations at least this large.
+#: oneDNN's CPU allocator (``MklCPUAllocator``, TensorFlow's with oneDNN on) keeps allocations under this size in
+#: a separate pool that its statistics do not report. The BFC allocator of ``TF_CPU_ALLOCATOR_USE_BFC=true``
+#: reports every allocation.
 TF_CPU_COUNTED_MIN_BYTES = 256 * 1024
 #: ... rounded up to this granularity.
 TF_CPU_ROUNDING = 256
@@ -251,16 +253,48 @@ WHILE_OPS = frozenset({"While", "StatelessWhile"})
 CASE_OPS = frozenset({"Case", "StatelessCase"})
 
 
-def tf_allocator_bytes(num_bytes: int) -> int:
+def tf_cpu_allocator() -> str:
+    """Which CPU allocator this process's TensorFlow uses (read from the environment TensorFlow started with).
+
+    ``"bfc"``: ``TF_CPU_ALLOCATOR_USE_BFC=true``, statistics for every allocation; ``"onednn"``: oneDNN's
+    ``MklCPUAllocator`` (oneDNN on), statistics for allocations of :data:`TF_CPU_COUNTED_MIN_BYTES` and more;
+    ``"default"``: no statistics (they are then predicted as the BFC allocator would count them).
+    """
+    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").strip().lower() in ("true", "1"):
+        return "bfc"
+    return "onednn" if onednn_enabled() else "default"
+
+
+def tf_allocator_bytes(num_bytes: int, min_bytes: int | None = None) -> int:
     """What TensorFlow's CPU allocator statistics count for one allocation.
 
+    Args:
+        num_bytes: The bytes requested.
+        min_bytes: Allocations below this are not counted; default: this
+            process's allocator (:data:`TF_CPU_COUNTED_MIN_BYTES` for oneDNN's,
+            0 for the BFC allocator).
+
     Example:
-        >>> tf_allocator_bytes(1000), tf_allocator_bytes(400_000)
+        >>> tf_allocator_bytes(1000, min_bytes=TF_CPU_COUNTED_MIN_BYTES), tf_allocator_bytes(400_000, min_bytes=0)
         (0, 400128)
+        >>> tf_allocator_bytes(1000, min_bytes=0)
+        1024
     """
-    if num_bytes < TF_CPU_COUNTED_MIN_BYTES:
+    if min_bytes is None:
+        min_bytes = _counted_min_bytes()
+    if num_bytes < min_bytes or num_bytes <= 0:
         return 0
     return int(math.ceil(num_bytes / TF_CPU_ROUNDING) * TF_CPU_ROUNDING)
+
+
+_COUNTED_MIN: list[int] = []
+
+
+def _counted_min_bytes() -> int:
+    """The smallest allocation this process's TensorFlow CPU allocator counts (fixed once TensorFlow started)."""
+    if not _COUNTED_MIN:
+        _COUNTED_MIN.append(TF_CPU_COUNTED_MIN_BYTES if tf_cpu_allocator() == "onednn" else 0)
+    return _COUNTED_MIN[0]
 
 
 # -- TensorFlow's CPU allocator ------------------------------------------------------------------------
@@ -672,6 +706,7 @@ class GraphReplayer:
 
         phases = [phases_created[op.name] for op in ops]
         phase_by_op = phases_created
+        wave_scratch = [0, 0]  # scratch (bytes, counted) of the earlier ops of the running wave
         for index, (op, phase) in enumerate(zip(ops, phases)):
             kind = op.type
             category = {
@@ -776,7 +811,9 @@ class GraphReplayer:
                 self._list_sizes(op, list_bytes)
                 rule = WORKSPACE_RULES.get(kind)
                 if op.name in self.scratch:
-                    transient = transient_counted = int(self.scratch[op.name])
+                    # measured under the BFC allocator; counted as this process's allocator counts it
+                    transient = int(self.scratch[op.name])
+                    transient_counted = tf_allocator_bytes(transient)
                 elif rule is not None:
                     try:
                         transient = int(rule(op, self.size_of))
@@ -810,10 +847,14 @@ class GraphReplayer:
                                 buffer.category = category
                             continue
                     allocate(t, size, category)
-            record(phase, transient, transient_counted)
+            # ops of one wave run at the same time: their scratch is alive together until the wave is done
+            record(phase, transient + wave_scratch[0], transient_counted + wave_scratch[1])
             deferred.append(op)
             if holds[index]:
+                wave_scratch[0] += transient
+                wave_scratch[1] += transient_counted
                 continue
+            wave_scratch[0] = wave_scratch[1] = 0
             for done_op in deferred:
                 # free what this op consumed last, and outputs nobody reads
                 for t in inputs_of[done_op.name] if done_op.type not in METADATA_OPS else ():
