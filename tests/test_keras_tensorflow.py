@@ -217,7 +217,9 @@ def test_functional_cnn_lstm_and_layer_rules():
     cnn = keras.Model(inputs, outputs)
     cnn.compile(optimizer="sgd", loss="mse")
     est = estimate_training(cnn, batch_size=8)
-    assert est.method == "tf-graph" and est.breakdown["activations"] > 0
+    # the activations are tracked; at the step's peak they may already be freed (without oneDNN the peak is the
+    # first convolution's 16 MiB backward-filter scratch, after the last activation died), so ask the forward pass
+    assert est.method == "tf-graph" and est.phase_breakdowns["step/forward"]["activations"] > 0
     rules = estimate_training(cnn, batch_size=8, method="layer-rules")
     assert rules.method == "layer-rules" and rules.peak_bytes > 0
 

@@ -96,13 +96,31 @@ def test_measure_caches_points_and_a_warm_cache_probes_nothing(tmp_path, monkeyp
     assert len(child.calls) == 2
 
 
-def test_a_curve_that_is_not_linear_is_probed_where_the_replay_evaluates(tmp_path, monkeypatch):
+def test_the_replays_batch_sizes_are_probed_and_points_accumulate_in_the_cache(tmp_path, monkeypatch):
     probes = traced_probes(conv_model(), 8)
     child = FakeChild("saturating")
     monkeypatch.setattr(tf_probes, "_run_child", child)
-    curves, _ = tf_probes.measure(probes, (8, 16), cache=ProbeCache({"device_type": "cpu", "t": 2}, tmp_path))
-    assert [sorted(set(r["samples"])) for r in child.calls[1]][0] == [8, 16]
+    fingerprint = {"device_type": "cpu", "t": 2}
+    curves, _ = tf_probes.measure(probes, (8, 16), cache=ProbeCache(fingerprint, tmp_path))
+    # a kernel's path can change at large sizes: the sizes the replay evaluates are measured, not extrapolated
+    assert all(sorted(request["samples"]) == [1, 2, 4, 8, 16] for request in child.calls[0])
     assert all(curve.at(16) == 300_000 and curve.at(8) == 300_000 for curve in curves.values())
+    # another batch size probes only its own sizes; the cache keeps every point
+    tf_probes.measure(probes, (8, 32), cache=ProbeCache(fingerprint, tmp_path))
+    assert all(request["samples"] == [32] for request in child.calls[1])
+    tf_probes.measure(probes, (16, 32), cache=ProbeCache(fingerprint, tmp_path))
+    assert len(child.calls) == 2
+
+
+def test_sizes_over_the_memory_cap_are_extrapolated_from_the_small_ones(tmp_path, monkeypatch):
+    probes = {name: p for name, p in traced_probes(conv_model(), 8).items() if p.op_type == "Conv2DBackpropFilter"}
+    child = FakeChild()
+    monkeypatch.setattr(tf_probes, "_run_child", child)
+    (probe,) = probes.values()
+    cap = probe.tensor_bytes(4)  # 4 samples fit, 8 do not
+    curves, _ = tf_probes.measure(probes, (8, 16), memory_cap=cap, cache=ProbeCache({"device_type": "cpu", "t": 5}, tmp_path))
+    assert [sorted(request["samples"]) for request in child.calls[0]] == [[1, 2, 4]]
+    assert [curve.at(16) for curve in curves.values()] == [1160]
 
 
 def test_failures_are_reported_cached_and_not_retried(tmp_path, monkeypatch):

@@ -9,8 +9,9 @@ run for real, small, on this host's TensorFlow, and its extra bytes are measured
 * **Which dims are the batch**: the step is traced at ``B`` and ``2B``; an input
   dim (or an element of a constant shape vector such as ``Conv2DBackpropInput``'s
   ``input_sizes``) that doubles is batch-scaled, with ``value / B`` per sample.
-* **Probing**: each op runs at ``n = 1, 2, 4`` samples (more where the bytes are
-  not linear in ``n``) in a child process with the same TensorFlow, the same
+* **Probing**: each op runs at ``n = 1, 2, 4`` samples and at the batch sizes
+  the replay evaluates (under the memory cap: a kernel's path can change at
+  large sizes) in a child process with the same TensorFlow, the same
   oneDNN mode and thread counts, and ``TF_CPU_ALLOCATOR_USE_BFC=true`` (so the
   allocator keeps statistics on every host). The scratch is the allocator's peak
   during the op minus the inputs already allocated and its outputs. The child
@@ -71,7 +72,7 @@ ONEDNN_PAIRED_OPS = frozenset({"MaxPoolGrad", "MaxPool3DGrad"})
 DEFAULT_MEMORY_CAP = 256 << 20
 #: Seconds of probing per estimate (a warm cache takes none).
 DEFAULT_TIME_BUDGET = 90.0
-#: Per-sample multiples probed first; more follow where the bytes are not linear.
+#: Small per-sample multiples always probed (they extrapolate past the memory cap).
 FIRST_SAMPLES = (1, 2, 4)
 #: Integer constants at most this long are carried into the probe (shape vectors, axes).
 MAX_CONSTANT_ELEMENTS = 16
@@ -282,8 +283,8 @@ def measure(
 
     Args:
         probes: From :func:`collect`.
-        batch_sizes: The batch sizes the replay will evaluate (the curve is
-            probed up to the largest where it is not linear).
+        batch_sizes: The batch sizes the replay will evaluate (probed too,
+            where the memory cap allows).
         memory_cap: Bytes of probe tensors above which an op is not probed.
         time_budget: Seconds of probing.
         cache: A :class:`~nnmem_callbacks.probes.cache.ProbeCache` (default:
@@ -310,51 +311,45 @@ def measure(
             if len(report.errors) < 1:
                 report.errors.append(f"{probe.op_type}: {entry['failed']} (cached)")
             continue
-        if entry is not None and entry.get("points"):
-            curve = Curve.from_json(entry["points"])
-            if curve.is_linear() or max(curve.points) >= max(batch_sizes) or entry.get("complete"):
-                curves[key] = curve
-                report.cached += len(names_of[key])
-                continue
-        if probe.tensor_bytes(max(FIRST_SAMPLES)) > memory_cap:
+        points = dict(Curve.from_json(entry["points"]).points) if entry is not None and entry.get("points") else {}
+        # the replay evaluates the batch sizes themselves: a kernel's path can change at large sizes (Eigen's
+        # contraction shards a large inner dimension into per-thread partial results), so they are probed
+        # where the cap allows; the small sizes extrapolate past it
+        wanted = set(FIRST_SAMPLES) | {b for b in batch_sizes if probe.tensor_bytes(b) <= memory_cap}
+        missing = sorted(wanted - set(points))
+        if not missing:
+            curves[key] = Curve(points)
+            report.cached += len(names_of[key])
+            continue
+        if probe.tensor_bytes(min(missing)) > memory_cap:
             report.over_cap += len(names_of[key])
             continue
-        pending[key] = list(FIRST_SAMPLES)
+        if points:
+            curves[key] = Curve(points)  # what is known already, should probing run out of time
+        pending[key] = missing
     started = time.perf_counter()
     new_entries: dict[str, Any] = {}
-    rounds = 0
-    while pending and rounds < 2:
-        rounds += 1
-        remaining = time_budget - (time.perf_counter() - started)
-        if remaining <= 0:
-            break
-        results, errors, timed_out = _run_child([by_key[k].request(s) for k, s in pending.items()], remaining)
+    if pending:
+        results, errors, timed_out = _run_child([by_key[k].request(s) for k, s in pending.items()], time_budget)
         report.errors.extend(message for _, message in errors)
         for key, message in errors:
             if key is not None and key not in results:
                 new_entries[key] = {"failed": message}  # the same op on the same host fails again: not retried
-        next_round: dict[str, list[int]] = {}
-        for key, samples in pending.items():
-            points = results.get(key)
-            if points is None:
-                if timed_out:
+        for key in pending:
+            measured = results.get(key)
+            if measured is None:
+                if key in new_entries:
+                    report.failed += len(names_of[key])
+                elif timed_out:
                     report.out_of_time += len(names_of[key])
                 else:
                     report.failed += len(names_of[key])
                 continue
-            previous = curves.get(key)
-            merged = dict(previous.points) if previous is not None else {}
-            merged.update(points)
-            curve = Curve(merged)
-            curves[key] = curve
-            larger = [b for b in sorted(set(batch_sizes)) if b > max(merged)]
-            capped = [b for b in larger if by_key[key].tensor_bytes(b) <= memory_cap]
-            if rounds == 1 and not curve.is_linear() and capped:
-                next_round[key] = capped  # not linear: probe where the replay will evaluate
-            new_entries[key] = {"points": curve.to_json(), "complete": curve.is_linear() or not capped}
-            if rounds == 1 or key not in next_round:
-                report.probed += len(names_of[key])
-        pending = next_round
+            merged = dict(curves[key].points) if key in curves else {}
+            merged.update(measured)
+            curves[key] = Curve(merged)
+            new_entries[key] = {"points": curves[key].to_json()}
+            report.probed += len(names_of[key])
     report.seconds = time.perf_counter() - started
     if new_entries:
         try:
