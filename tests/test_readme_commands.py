@@ -1,0 +1,68 @@
+"""The README's two commands, as written: what the main job installs, and that its Python part runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def two_commands() -> tuple[str, str]:
+    section = README.split("## The two commands", 1)[1]
+    commands = re.findall(r"```bash\n(python3 -m venv .*?)\n```", section)
+    main_job = next(c for c in commands if "quickstart" in c)
+    tests = next(c for c in commands if "pytest" in c)
+    return main_job, tests
+
+
+def extras_closure(extra: str) -> list[str]:
+    """Every requirement an extra of this project pulls in, following self-references."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    optional = project["optional-dependencies"]
+    seen, pending, requirements = set(), [extra], list(project["dependencies"])
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for requirement in optional[name]:
+            nested = re.match(r"nnmem_callbacks\[(.*)\]", requirement)
+            if nested:
+                pending.extend(part.strip() for part in nested.group(1).split(","))
+            else:
+                requirements.append(requirement)
+    return requirements
+
+
+def test_the_main_job_installs_no_tensorflow():
+    main_job, _ = two_commands()
+    (extras,) = re.findall(r'-e "\.\[(.*?)\]"', main_job)
+    requirements = [r for extra in extras.split(",") for r in extras_closure(extra.strip())]
+    names = {re.split(r"[<>=!;\[ ]", r, maxsplit=1)[0].strip().lower() for r in requirements}
+    assert not {n for n in names if n.startswith("tensorflow") or n in ("keras", "jax")}, names
+    assert {"torch", "pytorch-lightning", "tensorboard"} <= names  # what the quickstart does need
+
+
+def test_ci_runs_the_test_command_as_written():
+    _, tests = two_commands()
+    ci = (ROOT / ".ci" / "run").read_text()
+    install = re.search(r'pip install -c \.ci/constraints\.txt -e "\.\[(.*?)\]"', tests).group(1)
+    assert f'-e ".[{install}]"' in ci and "python -m pytest" in ci
+
+
+@pytest.mark.slow
+def test_the_main_jobs_python_part_runs_as_written(tmp_path):
+    main_job, _ = two_commands()
+    python_part = main_job.rsplit("&& ", 1)[1]
+    assert python_part.startswith("python examples/")
+    argv = [sys.executable, *python_part.split()[1:]]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "predicted tensor peak" in done.stdout and "epoch 0" in done.stdout
