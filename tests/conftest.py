@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import pytest
-
-# Kernel probes (nnmem_callbacks.probes) cache their measurements on disk: the
-# test-suite never writes to the real user cache directory. Set at import so
-# that doctests and child processes inherit it; tests needing their own
-# directory monkeypatch NNMEM_CACHE_DIR.
-os.environ["NNMEM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nnmem-test-cache-")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -147,13 +147,23 @@ class ProbeSession:
         self._values: dict[tuple[str, int], int | None] = {}
         self._entries: dict[str, Any] = {}
         self.batch_size: int | None = None
-        self.probed = 0  # op shapes measured now
-        self.from_cache = 0  # op shapes served by the cache
+        self._probed_keys: set[str] = set()  # op shapes measured now
+        self._cached_keys: set[str] = set()  # op shapes served by the cache
         self.kernel_runs = 0
         self.seconds = 0.0
         self.skipped: dict[str, set[str]] = {}  # reason -> op names
         self.failed: dict[str, str] = {}  # op name -> error
         self.fallbacks: Counter = Counter()  # op name -> rule-based workspaces
+
+    @property
+    def probed(self) -> int:
+        """Distinct op shapes measured in this session."""
+        return len(self._probed_keys)
+
+    @property
+    def from_cache(self) -> int:
+        """Distinct op shapes served by the on-disk cache."""
+        return len(self._cached_keys)
 
     @property
     def enabled(self) -> bool:
@@ -237,7 +247,7 @@ class ProbeSession:
             entry = self._disk.get(plan.key)
             curve = Curve.from_json(entry["points"]) if isinstance(entry, dict) and "points" in entry else Curve()
             if curve.points:
-                self.from_cache += 1
+                self._cached_keys.add(plan.key)
             self._curves[plan.key] = curve
         return curve
 
@@ -312,7 +322,7 @@ class ProbeSession:
             measured_now = True
             self._new[plan.key] = {"points": curve.to_json(), "unit": plan.unit, "op": name}
         if measured_now:
-            self.probed += 1
+            self._probed_keys.add(plan.key)
         value = None
         if plan.unit is None:
             value = curve.points.get(1)
@@ -336,14 +346,14 @@ class ProbeSession:
                 self._disk = self.cache.load() if self.cache is not None else {}
             entry = self._disk.get(key)
             if entry is not None:
-                self.from_cache += 1
+                self._cached_keys.add(key)
                 self._entries[key] = entry
         return entry
 
     def record(self, key: str, entry: Any, *, runs: int, seconds: float) -> None:
         """Stores a raw probe entry (and counts the probe) for :meth:`lookup`."""
         self._entries[key] = entry
-        self.probed += 1
+        self._probed_keys.add(key)
         self.kernel_runs += runs
         self.seconds += seconds
         if self.enabled:
