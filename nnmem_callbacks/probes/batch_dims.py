@@ -49,6 +49,16 @@ register_batch_dims(aten.native_layer_norm_backward, dims=((0, 0), (1, 0), (3, 0
 register_batch_dims(aten.native_group_norm_backward, dims=((0, 0), (1, 0), (2, 0), (3, 0), (5, None)))
 
 
+register_batch_dims(aten.embedding_dense_backward, dims=((0, 0), (1, 0)))
+register_batch_dims(aten._softmax, aten._safe_softmax, dims=((0, 0),))
+
+
+@register_batch_dims(aten.add, aten.sub, aten.mul, aten.div)
+def _elementwise(args: tuple) -> tuple[tuple[int, int | None], ...]:
+    """Tensor operands with a leading dim (a broadcast operand of size 1 makes the op unscaled)."""
+    return tuple((i, 0) for i in (0, 1) if i < len(args) and isinstance(args[i], torch.Tensor) and args[i].dim() > 0)
+
+
 @register_batch_dims(aten.addmm)
 def _addmm(args: tuple) -> tuple[tuple[int, int | None], ...]:
     bias = args[0] if args else None

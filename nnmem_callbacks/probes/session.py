@@ -282,7 +282,7 @@ class ProbeSession:
             UnsupportedKernelError: The kernel cannot run on this device.
         """
         name = str(func.overloadpacket)
-        if not self.enabled:
+        if not self.enabled or any(isinstance(v, torch.Tensor) for v in kwargs.values()):  # out= variants: not probed
             self.fallbacks[name] += 1
             return None
         plan = self._plan(func, args)

@@ -334,20 +334,36 @@ _REDUCED = (torch.bfloat16, torch.float16)
 _FLOATING = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
-def probed(fallback: WorkspaceRule, dtypes: tuple[torch.dtype, ...] = _FLOATING, dtype_arg: int = 0) -> WorkspaceRule:
+def _mixed_floating(args: tuple) -> bool:
+    dtypes = {a.dtype for a in args[:2] if isinstance(a, torch.Tensor) and a.dim() > 0}
+    return len(dtypes) > 1 and all(d.is_floating_point for d in dtypes)
+
+
+def probed(
+    fallback: WorkspaceRule,
+    dtypes: tuple[torch.dtype, ...] = _FLOATING,
+    dtype_arg: int = 0,
+    when: Callable[[tuple], bool] | None = None,
+) -> WorkspaceRule:
     """A workspace rule whose bytes come from a probe of the real kernel.
 
     The current :class:`~nnmem_callbacks.probes.session.ProbeSession` (set by
     ``estimate_training``) measures the kernel on this machine; ``fallback``
     (a formula) applies when there is no session, probing is off, refused
     (memory cap, time budget) or failed, or ``args[dtype_arg]`` has a dtype
-    outside ``dtypes`` (then the kernel is known to allocate only its outputs).
+    outside ``dtypes`` or ``when(args)`` is false (then the kernel is known to
+    allocate only its outputs).
     """
 
     def rule(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
         session = current_session()
         source = args[dtype_arg] if len(args) > dtype_arg else None
-        if session is not None and isinstance(source, torch.Tensor) and source.dtype in dtypes:
+        if (
+            session is not None
+            and isinstance(source, torch.Tensor)
+            and source.dtype in dtypes
+            and (when is None or when(args))
+        ):
             value = session.peak(func, args, kwargs, out)
             if value is not None:
                 return value
@@ -379,6 +395,12 @@ register_workspace(
     aten._adaptive_avg_pool2d_backward,
     aten._adaptive_avg_pool3d_backward,
 )(probed(_no_formula, dtype_arg=1))
+# sorts the indices (buffers of the index count)
+register_workspace("cpu", aten.embedding_dense_backward)(probed(_no_formula))
+# fp32 softmax keeps a row buffer; mixed-dtype elementwise ops (fp32 + bf16
+# under autocast) convert the other operand into a temporary first
+register_workspace("cpu", aten._softmax, aten._safe_softmax)(probed(_no_formula))
+register_workspace("cpu", aten.add, aten.sub, aten.mul, aten.div)(probed(_no_formula, when=_mixed_floating))
 
 
 # ---------------------------------------------------------------------------
