@@ -151,7 +151,8 @@ class ProbeSession:
         self._cached_keys: set[str] = set()  # op shapes served by the cache
         self.kernel_runs = 0
         self.seconds = 0.0
-        self.skipped: dict[str, set[str]] = {}  # reason -> op names
+        self.skipped: dict[str, set[str]] = {}  # reason -> op names left to the rules
+        self.extrapolated: dict[str, set[str]] = {}  # reason -> op names extrapolated from smaller probes
         self.failed: dict[str, str] = {}  # op name -> error
         self.fallbacks: Counter = Counter()  # op name -> rule-based workspaces
 
@@ -293,16 +294,17 @@ class ProbeSession:
             return cached
         curve = self._curve(plan)
         measured_now = False
+        stopped: str | None = None
         while True:
             wanted = self._wanted(curve, plan)
             if not wanted:
                 break
             n = wanted[0]
             if self._probe_bytes(args, out, plan, n) > self.cap:
-                self.skipped.setdefault(f"inputs and outputs over the {self.cap / MiB:.0f} MiB probe cap", set()).add(name)
+                stopped = f"inputs and outputs over the {self.cap / MiB:.0f} MiB probe cap"
                 break
             if self.seconds > self.settings.time_budget_s:
-                self.skipped.setdefault(f"the {self.settings.time_budget_s:g} s probe time budget was spent", set()).add(name)
+                stopped = f"the {self.settings.time_budget_s:g} s probe time budget was spent"
                 break
             try:
                 curve.points[n] = self._measure(func, args, kwargs, plan, n)
@@ -330,6 +332,9 @@ class ProbeSession:
             value = curve.at(plan.target)
         if value is None:
             self.fallbacks[name] += 1
+        if stopped is not None:
+            # no value: the rule's formula applies; a value: extrapolated from the smaller probes
+            (self.skipped if value is None else self.extrapolated).setdefault(stopped, set()).add(name)
         self._values[(plan.key, plan.target)] = value
         return value
 
@@ -383,6 +388,8 @@ class ProbeSession:
             )
         for reason, names in sorted(self.skipped.items()):
             notes.append(f"kernel workspaces from rules, not probed: {reason} ({', '.join(sorted(names))})")
+        for reason, names in sorted(self.extrapolated.items()):
+            notes.append(f"kernel workspaces extrapolated from smaller probes ({reason}): {', '.join(sorted(names))}")
         for name, error in sorted(self.failed.items()):
             notes.append(f"kernel workspaces from rules, not probed: the probe of {name} failed ({error})")
         return notes
