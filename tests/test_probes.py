@@ -261,3 +261,24 @@ def test_bf16_lstm_on_a_cpu_without_bf16_support_is_refused(cache_env):
     assert cold.extra["kernel_probes"]["probed"] >= 1
     assert warm.extra["kernel_probes"]["probed"] == 0 and warm.extra["kernel_probes"]["from_cache"] >= 1
     assert warm.peak_bytes == cold.peak_bytes
+
+
+def test_probes_leave_the_model_the_rng_and_the_optimizer_untouched(cache_env):
+    model = _small_cnn()
+    optimizer = torch.optim.Adam(model.parameters())
+    params = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    estimate = estimate_training(model, torch.zeros(8, 3, 16, 16), optimizer=optimizer)
+    assert estimate.extra["kernel_probes"]["probed"] > 0  # the probes did run (cold cache)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(params[name], tensor) for name, tensor in model.state_dict().items())
+    assert optimizer.state_dict()["state"] == {}
+
+
+def test_isolated_restores_the_cpu_rng_even_if_a_kernel_draws_from_it():
+    from nnmem_callbacks.probes.runner import isolated
+
+    rng = torch.get_rng_state()
+    with isolated():
+        torch.rand(10)
+    assert torch.equal(torch.get_rng_state(), rng)
