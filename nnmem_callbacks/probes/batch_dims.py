@@ -73,3 +73,29 @@ def _baddbmm(args: tuple) -> tuple[tuple[int, int | None], ...]:
     if isinstance(bias, torch.Tensor) and bias.dim() == 3 and bias.shape[0] == args[1].shape[0] and bias.shape[0] > 1:
         return ((0, 0), (1, 0), (2, 0))
     return ((1, 0), (2, 0))
+
+
+#: op packet -> fix(args) -> {arg index: dtype}: arguments whose real dtype differs
+#: from the fake one (the probe builds them with the real dtype)
+REAL_DTYPES: dict[Any, Callable[[tuple], dict[int, torch.dtype]]] = {}
+
+
+def _batch_norm_backward_dtypes(args: tuple) -> dict[int, torch.dtype]:
+    """bf16/fp16 batch norm with fp32 parameters: the real forward returns fp32
+    ``save_mean``/``save_invstd`` (the meta kernel says bf16), and the backward
+    kernel insists on fp32 statistics.
+
+    Example:
+        >>> x, w = torch.zeros(2, 4, 3, 3, dtype=torch.bfloat16), torch.zeros(4)
+        >>> _batch_norm_backward_dtypes((x, x, w, None, None, x[0, :, 0, 0], x[0, :, 0, 0]))
+        {3: torch.float32, 4: torch.float32, 5: torch.float32, 6: torch.float32}
+    """
+    source, weight = args[1], args[2] if len(args) > 2 else None
+    if not isinstance(source, torch.Tensor) or source.dtype not in (torch.bfloat16, torch.float16):
+        return {}
+    if isinstance(weight, torch.Tensor) and weight.dtype != torch.float32:
+        return {}
+    return {index: torch.float32 for index in (3, 4, 5, 6)}
+
+
+REAL_DTYPES[aten.native_batch_norm_backward] = _batch_norm_backward_dtypes

@@ -43,7 +43,7 @@ from typing import Any, Iterator
 
 import torch
 
-from nnmem_callbacks.probes.batch_dims import BATCH_DIMS
+from nnmem_callbacks.probes.batch_dims import BATCH_DIMS, REAL_DTYPES
 from nnmem_callbacks.probes.cache import ProbeCache
 from nnmem_callbacks.probes.fingerprint import fingerprint
 from nnmem_callbacks.probes.fit import Curve
@@ -205,15 +205,18 @@ class ProbeSession:
                 parts.append("N" if index in blank else repr(value))
         return _Plan(";".join(parts), unit, batch if unit is not None else 1, scaled)
 
-    def _real_args(self, args: tuple, plan: _Plan, n: int) -> list[Any]:
+    def _real_args(self, func: Any, args: tuple, plan: _Plan, n: int) -> list[Any]:
         dims = {index: dim for index, dim in plan.scaled}
+        fix = REAL_DTYPES.get(getattr(func, "overloadpacket", None))
+        dtypes = fix(args) if fix is not None else {}
         real: list[Any] = []
         for index, value in enumerate(args):
             if isinstance(value, torch.Tensor):
                 shape = list(value.shape)
                 if index in dims and dims[index] is not None:
                     shape[dims[index]] = plan.unit * n
-                real.append(real_tensor(value, shape, self.device_type))
+                tensor = real_tensor(value, shape, self.device_type)
+                real.append(tensor.to(dtypes[index]) if index in dtypes else tensor)
             elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
                 real.append(type(value)(real_tensor(v, None, self.device_type) if isinstance(v, torch.Tensor) else v for v in value))
             elif index in dims and dims[index] is None:
@@ -268,7 +271,7 @@ class ProbeSession:
         started = time.perf_counter()
         try:
             with isolated():
-                real = self._real_args(args, plan, n)
+                real = self._real_args(func, args, plan, n)
                 result, peak = kernel_peak(lambda: func(*real, **kwargs), strict=True)
                 del result, real
         finally:
