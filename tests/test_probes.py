@@ -160,14 +160,28 @@ def test_a_saturating_kernel_is_probed_at_doublings_and_interpolated(monkeypatch
     session.batch_size = 32
     assert session.peak(CONV, args, {}, out) == 100_000 * 32 + 3_000_000
     assert sorted(calls) == [1, 2, 4, 8, 16, 32]
-    # a batch between probed points: the segment 16..32 (exactly linear here)
+    # a batch between probed points of a non-linear kernel is probed itself
     args24, out24 = _conv_call(24)
     session.batch_size = 24
     assert session.peak(CONV, args24, {}, out24) == 100_000 * 24 + 3_000_000
-    assert len(calls) == 6  # nothing more probed
+    assert calls[6:] == [24]
     session.flush()
     stored = list(cache.load().values())[0]["points"]
-    assert [n for n, _ in stored] == [1, 2, 4, 8, 16, 32]  # the points, not just a fit
+    assert [n for n, _ in stored] == [1, 2, 4, 8, 16, 24, 32]  # the points, not just a fit
+
+
+def test_interpolation_between_probed_points_when_the_batch_cannot_be_probed(monkeypatch, tmp_path):
+    calls = _synthetic(monkeypatch, lambda n: 100_000 * n + 1_000_000 * min(n, 3))
+    args, out = _conv_call(32)
+    session = ProbeSession("cpu", cache=ProbeCache({"device_type": "cpu", "t": 5}, tmp_path))
+    session.batch_size = 32
+    session.peak(CONV, args, {}, out)
+    args24, out24 = _conv_call(24)
+    session.batch_size = 24
+    session.cap = session._probe_bytes(args24, out24, session._plan(CONV, args24), 23)  # 24 is over the cap
+    assert session.peak(CONV, args24, {}, out24) == 100_000 * 24 + 3_000_000  # the segment 16..32
+    assert 24 not in calls
+    assert any("interpolated or extrapolated" in note for note in session.notes())
 
 
 def test_probes_over_the_memory_cap_are_refused_and_noted(tmp_path):
@@ -282,3 +296,27 @@ def test_isolated_restores_the_cpu_rng_even_if_a_kernel_draws_from_it():
     with isolated():
         torch.rand(10)
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, transposed",
+    [((6, 4, 40), (8, 4, 3), False), ((6, 4, 6, 6, 6), (8, 4, 3, 3, 3), False), ((6, 4, 9, 9), (4, 8, 3, 3), True)],
+    ids=["conv1d", "conv3d", "conv_transpose2d"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_convolution_probes_of_every_rank_match_the_real_kernel(tmp_path, x_shape, w_shape, transposed, dtype):
+    dims = len(x_shape) - 2
+    x, w = torch.zeros(x_shape, dtype=dtype), torch.zeros(w_shape, dtype=dtype)
+    args = (x, w, None, [1] * dims, [1] * dims, [1] * dims, transposed, [0] * dims, 1)
+    out = CONV(*args)
+    grad = torch.zeros_like(out)
+    backward = aten.convolution_backward.default
+    bargs = (grad, x, w, None, [1] * dims, [1] * dims, [1] * dims, transposed, [0] * dims, 1, [True, True, False])
+    with kernel_probes("cpu", cache=ProbeCache(fingerprint("cpu"), tmp_path)) as session, probe_batch(6):
+        forward_probe = session.peak(CONV, args, {}, out)
+        backward_probe = session.peak(backward, bargs, {}, backward(*bargs))
+    _, forward_real = kernel_peak(lambda: CONV(*args))
+    _, backward_real = kernel_peak(lambda: backward(*bargs))
+    assert abs(forward_probe - forward_real) <= 0.01 * forward_real
+    assert abs(backward_probe - backward_real) <= 0.01 * backward_real
+    assert session.probed == 2

@@ -11,8 +11,10 @@ have a leading size ``L`` that is a multiple of the traced batch ``B``, the
 unit is ``u = L // B`` samples' worth of rows. The kernel is probed at
 ``n = 1, 2`` units and checked at ``n = 4``; when the check fails (the kernel
 path changes or its blocking saturates) it is probed at doublings ``8, 16,
-...`` up to ``B`` (within the memory cap and the time budget), and the bytes
-at ``B`` are interpolated piecewise-linearly (:class:`~nnmem_callbacks.probes.fit.Curve`).
+...`` up to ``B`` and then at ``B`` itself (within the memory cap and the time
+budget); the bytes at ``B`` are interpolated piecewise-linearly between the
+probed points, the last segment extrapolating past them
+(:class:`~nnmem_callbacks.probes.fit.Curve`).
 Other ops are probed once at their real size. The probed points are stored
 in the cache (:class:`~nnmem_callbacks.probes.cache.ProbeCache`), keyed by the
 op, the unit and the arguments' dtypes, shapes (batch dims blanked) and
@@ -262,8 +264,11 @@ class ProbeSession:
         missing = [n for n in (1, 2, 4) if n not in curve.points]
         if missing:
             return missing
-        if curve.is_linear() or max(curve.points) >= plan.target:
+        if curve.is_linear() or plan.target in curve.points:
             return []
+        if max(curve.points) >= plan.target:
+            # the kernel path changes between doublings: probe the batch itself (within the cap)
+            return [plan.target]
         n = max(curve.points) * 2
         return [n]
 
@@ -392,7 +397,7 @@ class ProbeSession:
         for reason, names in sorted(self.skipped.items()):
             notes.append(f"kernel workspaces from rules, not probed: {reason} ({', '.join(sorted(names))})")
         for reason, names in sorted(self.extrapolated.items()):
-            notes.append(f"kernel workspaces extrapolated from smaller probes ({reason}): {', '.join(sorted(names))}")
+            notes.append(f"kernel workspaces interpolated or extrapolated from other probed sizes ({reason}): {', '.join(sorted(names))}")
         for name, error in sorted(self.failed.items()):
             notes.append(f"kernel workspaces from rules, not probed: the probe of {name} failed ({error})")
         return notes
