@@ -113,9 +113,12 @@ def run_combo(case: zoo.ZooCase, model: torch.nn.Module, batch: Any, opt_name: s
             row.update(predicted=int(est.peak_bytes), estimate_s=secs, method=est.method,
                        predicted_phase=est.peak_phase, predicted_reserved=est.reserved_bytes,
                        predicted_overhead=est.overhead_bytes, predicted_device=est.device_bytes,
-                       predicted_breakdown=dict(est.breakdown), notes=list(est.notes))
+                       predicted_breakdown=dict(est.breakdown), notes=list(est.notes),
+                       kernel_probes=dict(est.extra.get("kernel_probes") or {}))
         except Exception as exc:  # noqa: BLE001
-            row.update(predicted=None, method="crash", estimate_error=_short(exc),
+            # a kernel the device cannot run is a deliberate refusal, not a crash (see summarize)
+            method = "unsupported" if type(exc).__name__ == "UnsupportedKernelError" else "crash"
+            row.update(predicted=None, method=method, estimate_error=_short(exc),
                        estimate_traceback=traceback.format_exc(limit=8))
         gc.collect()
     # -- ground truth
@@ -318,8 +321,8 @@ def _format_cells(row: dict[str, Any]) -> list[str]:
     mt = row.get("memtracker_error")
     mt_cell = ("crash: " + mt[:60]) if mt else _mib(row.get("memtracker"))
     method = row.get("method", "-")
-    if method == "crash":
-        method = "crash: " + (row.get("estimate_error") or "")[:80]
+    if method in ("crash", "unsupported"):
+        method = method + ": " + (row.get("estimate_error") or "")[:80]
     return [
         row["case"] + (" (dd)" if row.get("data_dependent") else ""), row["optimizer"], row["precision"],
         _mib(row.get("predicted")), _mib(row.get("measured")), _pct(row.get("error_pct")),
@@ -354,7 +357,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for group, sel in (("static_shapes", False), ("data_dependent", True)):
             sub = [r for r in measured if bool(r.get("data_dependent")) == sel]
             out[label][group] = _stats([r.get(pred) for r in sub], len(sub))
-    out["ours"]["crashes"] = sum(1 for r in rows if r.get("method") == "crash")
+    # UnsupportedKernelError where the real step fails too is the right answer;
+    # where the real step runs, it is a false refusal and counts as a crash
+    refused = [r for r in rows if r.get("method") == "unsupported"]
+    out["ours"]["unsupported_agreed"] = sum(1 for r in refused if r.get("measured") is None)
+    out["ours"]["crashes"] = sum(1 for r in rows if r.get("method") == "crash") + sum(
+        1 for r in refused if r.get("measured") is not None)
     out["memtracker"]["crashes"] = sum(1 for r in rows if r.get("memtracker_error"))
     out["ours"]["median_estimate_s"] = (
         statistics.median([r["estimate_s"] for r in rows if r.get("estimate_s") is not None])
@@ -405,6 +413,8 @@ def to_markdown(rows: list[dict[str, Any]], summary: dict[str, Any], meta: dict[
             worst = "-" if s["worst_abs_error_pct"] is None else f"{s['worst_abs_error_pct']:.1f}%"
             lines.append(f"| {label} | {group} | {s['n']} | {s['ok']} | {s['crashes_or_missing']} | {med} | {worst} |")
     lines += ["", f"- estimator crashes: {summary['ours']['crashes']}; "
+              f"refused with UnsupportedKernelError where the real step fails too: "
+              f"{summary['ours'].get('unsupported_agreed', 0)}; "
               f"median estimate time: {_secs(summary['ours']['median_estimate_s'])} s",
               f"- MemTracker crashes: {summary['memtracker']['crashes']}; "
               f"median time: {_secs(summary['memtracker']['median_s'])} s",
@@ -430,6 +440,15 @@ def _meta(device: str, args: argparse.Namespace, elapsed: float) -> dict[str, An
         "elapsed_s": round(elapsed, 1),
         "load_average_1min_at_end": round(os.getloadavg()[0], 2),
     }
+    try:
+        from nnmem_callbacks.probes.fingerprint import describe, fingerprint, fingerprint_hash
+
+        kernels = fingerprint("cuda" if device == "cuda" else "cpu")
+        meta["kernel_fingerprint"] = f"{fingerprint_hash(kernels)} ({describe(kernels)})"
+    except ImportError:
+        pass
+    if args.note:
+        meta["note"] = args.note
     if device == "cuda" and torch.cuda.is_available():
         meta["gpu"] = torch.cuda.get_device_name()
     try:
@@ -453,6 +472,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help=f"cases {','.join(QUICK_CASES)} x {','.join(QUICK_OPTIMIZERS)} x both precisions")
     parser.add_argument("--no-memtracker", action="store_true", help="skip the MemTracker baseline")
     parser.add_argument("--stem", default=None, help="output file stem under benchmarks/results/")
+    parser.add_argument("--note", default=None, help="a line for the results header (e.g. what the run is a subset of)")
     parser.add_argument("--in-process", action="store_true",
                         help="run every case in this process (faster; a native crash ends the run)")
     parser.add_argument("--case-timeout", type=float, default=600.0, help="seconds per case in its child process")

@@ -53,6 +53,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
+from nnmem_callbacks.probes.runner import UnsupportedKernelError
+from nnmem_callbacks.probes.session import kernel_probes, probe_batch
 from nnmem_callbacks.units import format_bytes
 from nnmem_callbacks.torch import allocator
 from nnmem_callbacks.torch.compat import eager_library_checks
@@ -99,6 +101,7 @@ def estimate_training(
     gradient_clip_val: float | None = None,
     gradient_clip_algorithm: str = "norm",
     check_scaling: bool = True,
+    probe_kernels: bool = True,
 ) -> MemoryEstimate:
     """Predicts the peak memory of training ``model`` on batches like ``batch``.
 
@@ -123,6 +126,10 @@ def estimate_training(
         gradient_clip_algorithm: ``"norm"`` or ``"value"``.
         check_scaling: Trace at two more batch sizes to derive and check the
             growth per sample (set ``False`` for a single, faster trace).
+        probe_kernels: Measure the CPU kernels' workspaces by running each
+            distinct op for real at small batch multiples (cached on disk per
+            machine fingerprint, see :mod:`nnmem_callbacks.probes`); ``False``
+            uses the per-op formulas instead (and ``notes`` says so).
 
     Returns:
         A :class:`~nnmem_callbacks.estimate.MemoryEstimate`.
@@ -131,6 +138,8 @@ def estimate_training(
         ValueError: For an unknown precision or optimizer name, a batch without
             tensors, a loss that is not a scalar, or another invalid argument;
             the message names what is valid.
+        UnsupportedKernelError: A kernel of the step cannot run on this
+            device (such as a bf16 LSTM on a CPU without bf16 support).
 
     Example:
         >>> import torch
@@ -153,18 +162,21 @@ def estimate_training(
             f"(no {config.target_device.type} device here): dropout and attention use CUDA-like kernels, "
             f"but autocast op lists and cuDNN/cuBLAS workspaces may differ"
         )
-    try:
-        estimate = _estimate_by_trace(config, notes, check_scaling)
-    except EstimationInputError:
-        raise
-    except Exception as error:  # noqa: BLE001 - any trace failure goes to the fallback
-        reason = f"{type(error).__name__}: {_first_line(error)}"
-        _warn_once(
-            f"nnmem_callbacks could not trace the training step of {type(model).__name__} ({reason}); "
-            f"using the closed-form layer-by-layer estimate instead"
-        )
-        estimate = estimate_closed_form(config, reason, notes)
+    with kernel_probes(config.target_device.type, enabled=probe_kernels) as probes:
+        try:
+            estimate = _estimate_by_trace(config, notes, check_scaling)
+        except (EstimationInputError, UnsupportedKernelError):
+            raise
+        except Exception as error:  # noqa: BLE001 - any trace failure goes to the fallback
+            reason = f"{type(error).__name__}: {_first_line(error)}"
+            _warn_once(
+                f"nnmem_callbacks could not trace the training step of {type(model).__name__} ({reason}); "
+                f"using the closed-form layer-by-layer estimate instead"
+            )
+            estimate = estimate_closed_form(config, reason, notes)
+    estimate = dataclasses.replace(estimate, notes=(*estimate.notes, *probes.notes()))
     extra = dict(estimate.extra)
+    extra["kernel_probes"] = {"probed": probes.probed, "from_cache": probes.from_cache, "kernel_runs": probes.kernel_runs, "seconds": round(probes.seconds, 4)}
     extra["seconds"] = round(time.perf_counter() - started, 4)
     return dataclasses.replace(estimate, extra=extra)
 
@@ -228,7 +240,7 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
     tracker = StorageTracker(config.target_device.type, memo=session.memo)
     emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
     with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation() if emulate_cuda else contextlib.nullcontext()), \
-            eager_library_checks(config.example_batch):
+            eager_library_checks(config.example_batch), probe_batch(batch_size):
         model.train()
         with fake_mode, tracker:
 
@@ -495,7 +507,7 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], sess
     try:
         fit = run_trace(config, fit_size, steps=1, optimizer_steps=False, session=session)
         check = run_trace(config, check_size, steps=1, optimizer_steps=False, session=session)
-    except EstimationInputError:
+    except (EstimationInputError, UnsupportedKernelError):
         raise
     except Exception as error:  # noqa: BLE001
         notes.append(

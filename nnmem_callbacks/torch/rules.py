@@ -6,8 +6,12 @@ Two registries live here:
   bytes a kernel allocates internally and frees before it returns, which fake
   tensors cannot see (oneDNN scratchpads and reorders on CPU, cuDNN and
   cuBLAS workspaces on CUDA). Every rule has one signature:
-  ``rule(func, args, kwargs, out) -> bytes``. They were measured with
-  ``python -m benchmarks.workspaces`` against the profiler's allocator events.
+  ``rule(func, args, kwargs, out) -> bytes``: the peak of the kernel's own
+  allocations, outputs included. On CPU the bytes come from probes of the real
+  kernels on this machine (:mod:`nnmem_callbacks.probes`, through the session
+  ``estimate_training`` makes current); the formulas below, fitted with
+  ``python -m benchmarks.workspaces`` on one AVX-512 machine, are only the
+  fallback when probing is off or fails (the estimate's notes then say so).
 * **Output rules** (``OUTPUT_RULES[device_type][op] -> rule``): outputs whose
   fake size differs from the real one, such as oneDNN's LSTM workspace, which
   the meta kernel returns empty. ``rule(func, args, kwargs, out) -> out`` returns
@@ -26,14 +30,16 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import sys
-from typing import Any, Callable, Iterator
+import time
+from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from nnmem_callbacks.probes.runner import ProfilerBusy, UnsupportedKernelError, is_unsupported, isolated
+from nnmem_callbacks.probes.runner import kernel_peak as _kernel_peak
+from nnmem_callbacks.probes.session import current_session
 
 WorkspaceRule = Callable[[Any, tuple, dict, Any], int]
 LayerRule = Callable[[nn.Module, tuple, Any], int]
@@ -112,50 +118,6 @@ _RNN_FITS: dict[tuple, _RnnFit] = {}
 _RNN_PROBES = ((8, 8), (16, 8), (8, 16))
 
 
-@contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """Silences the profiler's native start/stop lines (Kineto writes them to fd 2)."""
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no file descriptor 2 (embedded interpreters)
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            try:
-                yield
-            finally:
-                os.dup2(saved, 2)
-    finally:
-        os.close(saved)
-
-
-def _kernel_peak(call: Callable[[], Any]) -> tuple[Any, int]:
-    """Runs ``call`` under the profiler; returns its result and the peak of its allocations."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    try:
-        with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            result = call()
-    except RuntimeError:  # a profiler is already running (the user's): measure nothing
-        return call(), 0
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation:
-            events.append((node.start_time_ns, node.extra_fields.alloc_size))
-        stack.extend(node.children)
-    running = peak = 0
-    for _, size in sorted(events):
-        running += size
-        peak = max(peak, running)
-    return result, peak
-
-
 def _onednn_rnn_fit(key: tuple, args: tuple) -> _RnnFit:
     """Measures oneDNN's LSTM/GRU kernels on three tiny real calls and fits their sizes.
 
@@ -166,10 +128,45 @@ def _onednn_rnn_fit(key: tuple, args: tuple) -> _RnnFit:
     workspace tensor the forward returns, and the peak of each kernel's own
     allocations (outputs, packed weights, scratchpad).
     """
-    fit = _RNN_FITS.get(key)
-    if fit is not None:
+    session = current_session()
+    if session is None:  # outside estimate_training: a process-wide memo
+        fit = _RNN_FITS.get(key)
+        if fit is None:
+            fit = _RNN_FITS[key] = _rnn_fit_from(_onednn_rnn_probe(key, args))
         return fit
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    cache_key = "rnn:" + repr(key)
+    entry = session.lookup(cache_key)
+    if entry is None:
+        started = time.perf_counter()
+        try:
+            entry = _onednn_rnn_probe(key, args, strict=True)
+        except ProfilerBusy:  # measured nothing: use it for this estimate only
+            return _rnn_fit_from(_onednn_rnn_probe(key, args))
+        session.record(cache_key, entry, runs=2 * len(_RNN_PROBES), seconds=time.perf_counter() - started)
+    return _rnn_fit_from(entry)
+
+
+def _rnn_fit_from(entry: dict[str, list[int]]) -> _RnnFit:
+    return _RnnFit(*(_Linear2.fit(entry[name]) for name in ("workspace", "forward_peak", "backward_peak")))
+
+
+def _onednn_rnn_probe(key: tuple, args: tuple, strict: bool = False) -> dict[str, list[int]]:
+    """The three probes behind :func:`_onednn_rnn_fit` (raw bytes, for the cache).
+
+    Raises:
+        UnsupportedKernelError: oneDNN has no such RNN primitive on this CPU
+            (for example bf16 without bf16 support): the real step would fail.
+    """
+    try:
+        return _onednn_rnn_measure(args, strict)
+    except RuntimeError as error:
+        if isinstance(error, (ProfilerBusy, UnsupportedKernelError)) or not is_unsupported(error):
+            raise
+        reason = (str(error).strip().splitlines() or [""])[0]
+        raise UnsupportedKernelError("aten.mkldnn_rnn_layer", args[0].dtype, "cpu", reason) from error
+
+
+def _onednn_rnn_measure(args: tuple, strict: bool) -> dict[str, list[int]]:
 
     source = args[0]
     input_size, hidden_size = int(source.shape[-1]), int(args[10])
@@ -177,7 +174,7 @@ def _onednn_rnn_fit(key: tuple, args: tuple) -> _RnnFit:
     forward = torch.ops.aten.mkldnn_rnn_layer.default
     backward = torch.ops.aten.mkldnn_rnn_layer_backward.default
     # the kernel makes no workspace under no_grad
-    with unset_fake_temporarily(), torch.enable_grad():
+    with isolated(), torch.enable_grad():
         weights = [torch.zeros(tuple(w.shape), dtype=w.dtype) if isinstance(w, torch.Tensor) else w for w in args[1:5]]
         reverse, batch_sizes, mode, _, num_layers, has_biases, bidirectional, batch_first, train = args[7:16]
         for steps, batch in _RNN_PROBES:
@@ -185,7 +182,7 @@ def _onednn_rnn_fit(key: tuple, args: tuple) -> _RnnFit:
             probe_input = torch.zeros((steps, batch, input_size), dtype=source.dtype)
             hx = torch.zeros((batch, hidden_size), dtype=args[5].dtype)
             cx = torch.zeros((batch, hidden_size), dtype=args[6].dtype)
-            out, peak = _kernel_peak(lambda: forward(probe_input, *weights, hx, cx, *args[7:]))
+            out, peak = _kernel_peak(lambda: forward(probe_input, *weights, hx, cx, *args[7:]), strict=strict)
             workspaces.append(out[3].numel() * out[3].element_size())
             forward_peaks.append(peak)
             grads = (torch.zeros_like(out[0]), torch.zeros_like(out[1]), torch.zeros_like(out[2]))
@@ -193,11 +190,11 @@ def _onednn_rnn_fit(key: tuple, args: tuple) -> _RnnFit:
                 lambda: backward(
                     probe_input, *weights, hx, cx, out[0], out[1], out[2], *grads, reverse, mode, hidden_size,
                     num_layers, has_biases, train, bidirectional, batch_sizes, batch_first, out[3],
-                )
+                ),
+                strict=strict,
             )
             backward_peaks.append(peak)
-    fit = _RNN_FITS[key] = _RnnFit(_Linear2.fit(workspaces), _Linear2.fit(forward_peaks), _Linear2.fit(backward_peaks))
-    return fit
+    return {"workspace": workspaces, "forward_peak": forward_peaks, "backward_peak": backward_peaks}
 
 
 def _rnn_key(source: Any, args: tuple) -> tuple:
@@ -281,7 +278,6 @@ def _matmul_dims(func: Any, args: tuple) -> tuple[int, int, int] | None:
     return int(first.shape[-2]), int(first.shape[-1]), int(second.shape[-1])
 
 
-@register_workspace("cpu", aten.mm, aten.addmm, aten.bmm, aten.baddbmm)
 def _onednn_bf16_matmul(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     dims = _matmul_dims(func, args)
     if dims is None or min(dims) == 0:
@@ -302,7 +298,6 @@ def _onednn_conv(args: tuple) -> bool:
     )
 
 
-@register_workspace("cpu", aten.convolution)
 def _onednn_conv_forward(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """Peak of oneDNN's convolution forward: input and weight reordered to the
     blocked layout next to the output, or the output twice (blocked, then
@@ -314,7 +309,6 @@ def _onednn_conv_forward(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     return max(_nbytes(args[0]) + _nbytes(args[1]) + output, 2 * output)
 
 
-@register_workspace("cpu", aten.convolution_backward)
 def _onednn_conv_backward(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """Peak of oneDNN's convolution backward: grad_output, input and weight
     reordered next to the gradients it returns, or three input-sized buffers
@@ -327,10 +321,86 @@ def _onednn_conv_backward(func: Any, args: tuple, kwargs: dict, out: Any) -> int
     return max(_nbytes(grad_output) + _nbytes(source) + _nbytes(weight) + grads, 3 * _nbytes(source))
 
 
-@register_workspace("cpu", aten.native_batch_norm_backward)
 def _batch_norm_backward(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """Batch-norm backward on CPU keeps one input-sized buffer next to grad_input."""
     return 2 * _nbytes(args[1]) if isinstance(args[1], torch.Tensor) and args[1].dim() > 2 else 0
+
+
+def _no_formula(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    return 0
+
+
+_REDUCED = (torch.bfloat16, torch.float16)
+_FLOATING = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _mixed_floating(args: tuple) -> bool:
+    dtypes = {a.dtype for a in args[:2] if isinstance(a, torch.Tensor) and a.dim() > 0}
+    return len(dtypes) > 1 and all(d.is_floating_point for d in dtypes)
+
+
+def probed(
+    fallback: WorkspaceRule,
+    dtypes: tuple[torch.dtype, ...] = _FLOATING,
+    dtype_arg: int = 0,
+    when: Callable[[tuple], bool] | None = None,
+) -> WorkspaceRule:
+    """A workspace rule whose bytes come from a probe of the real kernel.
+
+    The current :class:`~nnmem_callbacks.probes.session.ProbeSession` (set by
+    ``estimate_training``) measures the kernel on this machine; ``fallback``
+    (a formula) applies when there is no session, probing is off, refused
+    (memory cap, time budget) or failed, or ``args[dtype_arg]`` has a dtype
+    outside ``dtypes`` or ``when(args)`` is false (then the kernel is known to
+    allocate only its outputs).
+    """
+
+    def rule(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+        session = current_session()
+        source = args[dtype_arg] if len(args) > dtype_arg else None
+        if (
+            session is not None
+            and isinstance(source, torch.Tensor)
+            and source.dtype in dtypes
+            and (when is None or when(args))
+        ):
+            value = session.peak(func, args, kwargs, out)
+            if value is not None:
+                return value
+        return fallback(func, args, kwargs, out)
+
+    rule.__doc__ = f"Probed; fallback: {fallback.__name__}. " + (fallback.__doc__ or "")
+    rule.__name__ = f"probed_{fallback.__name__.lstrip('_')}"
+    return rule
+
+
+# CPU: probed kernels (formulas only as the fallback). fp32/fp64 mm and addmm
+# (MKL sgemm/dgemm) allocate only their outputs, so only reduced-precision
+# GEMMs are probed; bmm allocates an output-sized copy even in fp32 here.
+register_workspace("cpu", aten.convolution)(probed(_onednn_conv_forward))
+register_workspace("cpu", aten.convolution_backward)(probed(_onednn_conv_backward, dtype_arg=1))
+register_workspace("cpu", aten.mm)(probed(_onednn_bf16_matmul, _REDUCED))
+register_workspace("cpu", aten.addmm)(probed(_onednn_bf16_matmul, _REDUCED, dtype_arg=1))
+register_workspace("cpu", aten.bmm)(probed(_onednn_bf16_matmul))
+register_workspace("cpu", aten.baddbmm)(probed(_onednn_bf16_matmul, dtype_arg=1))
+register_workspace("cpu", aten.native_batch_norm_backward)(probed(_batch_norm_backward, dtype_arg=1))
+register_workspace(
+    "cpu",
+    aten.native_layer_norm_backward,
+    aten.native_group_norm_backward,
+    aten.max_pool2d_with_indices_backward,
+    aten.max_pool3d_with_indices_backward,
+    aten.avg_pool2d_backward,
+    aten.avg_pool3d_backward,
+    aten._adaptive_avg_pool2d_backward,
+    aten._adaptive_avg_pool3d_backward,
+)(probed(_no_formula, dtype_arg=1))
+# sorts the indices (buffers of the index count)
+register_workspace("cpu", aten.embedding_dense_backward)(probed(_no_formula))
+# fp32 softmax keeps a row buffer; mixed-dtype elementwise ops (fp32 + bf16
+# under autocast) convert the other operand into a temporary first
+register_workspace("cpu", aten._softmax, aten._safe_softmax)(probed(_no_formula))
+register_workspace("cpu", aten.add, aten.sub, aten.mul, aten.div)(probed(_no_formula, when=_mixed_floating))
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,173 @@
+"""Runs a real kernel under the PyTorch profiler and measures its allocations.
+
+:func:`kernel_peak` is the measurement: the peak of the running sum of the
+allocation (and free) events the profiler records while the call runs, which
+includes the call's outputs. :func:`real_tensor` builds a real tensor (zeros)
+with a fake tensor's dtype, stride order and a chosen shape; :func:`run_probe`
+runs one op on such tensors with the CPU RNG state saved and restored and
+autocast off.
+
+Example:
+    >>> import torch
+    >>> out, peak = kernel_peak(lambda: torch.zeros(256, dtype=torch.float32))
+    >>> out.shape, peak
+    (torch.Size([256]), 1024)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+
+class UnsupportedKernelError(RuntimeError):
+    """The real device cannot run one of the step's kernels.
+
+    Raised when a probe of the real kernel fails (for example oneDNN cannot
+    create a bf16 LSTM primitive on a CPU without bf16 support): the real
+    training step would fail the same way, so no estimate is given.
+    """
+
+    def __init__(self, op: str, dtype: Any, device: str, reason: str) -> None:
+        self.op, self.dtype, self.device, self.reason = op, dtype, device, reason
+        super().__init__(
+            f"{op} in {str(dtype).replace('torch.', '')} cannot run on this {device} ({reason}); "
+            f"the real training step would fail the same way. Run that layer in fp32 (e.g. autocast "
+            f"disabled around it) or use precision='32-true'"
+        )
+
+
+#: substrings of the RuntimeError messages that mean "this kernel does not exist here"
+UNSUPPORTED_MESSAGES = (
+    "could not create a primitive",
+    "primitive descriptor",
+    "not implemented for",
+    "is not supported",
+    "unsupported",
+)
+
+
+def is_unsupported(error: BaseException) -> bool:
+    """Whether a kernel's error says the kernel cannot run on this device.
+
+    Example:
+        >>> is_unsupported(RuntimeError("could not create a primitive descriptor for the LSTM forward"))
+        True
+        >>> is_unsupported(RuntimeError("size mismatch"))
+        False
+    """
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(message in text for message in UNSUPPORTED_MESSAGES)
+
+
+@contextlib.contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """Silences the profiler's native start/stop lines (Kineto writes them to fd 2)."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 (embedded interpreters)
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+class ProfilerBusy(RuntimeError):
+    """Another profiler (the user's) is running: nothing can be measured."""
+
+
+def kernel_peak(call: Callable[[], Any], *, strict: bool = False) -> tuple[Any, int]:
+    """Runs ``call`` under the profiler; returns its result and the peak of its allocations.
+
+    The peak is that of the running sum of the allocation events (frees are
+    negative) in time order, so it includes the outputs the call returns.
+    When a profiler is already running, the call runs unmeasured and the peak
+    is 0 (or :class:`ProfilerBusy` is raised with ``strict``). Errors of the
+    call itself propagate.
+    """
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    session = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with native_stderr_silenced():
+        try:
+            session.__enter__()
+        except RuntimeError as error:  # a profiler is already running (the user's)
+            if strict:
+                raise ProfilerBusy(str(error)) from error
+            return call(), 0
+        try:
+            result = call()
+        finally:
+            session.__exit__(None, None, None)
+    events = []
+    stack = list(session.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation:
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    running = peak = 0
+    for _, size in sorted(events):
+        running += size
+        peak = max(peak, running)
+    return result, peak
+
+
+def dense_strides(shape: Sequence[int], like_stride: Sequence[int]) -> tuple[int, ...]:
+    """Dense strides for ``shape`` in the memory order of ``like_stride``.
+
+    Dims with stride 0 (broadcast) keep stride 0.
+
+    Example:
+        >>> dense_strides((2, 3, 4, 5), (60, 1, 15, 3))  # channels_last
+        (60, 1, 15, 3)
+        >>> dense_strides((8, 3, 4, 5), (60, 1, 15, 3))
+        (60, 1, 15, 3)
+        >>> dense_strides((4, 6), (1, 4))  # transposed
+        (1, 4)
+        >>> dense_strides((4, 6), (0, 1))
+        (0, 1)
+    """
+    order = sorted(range(len(shape)), key=lambda d: (like_stride[d], -d))  # innermost first
+    strides = [0] * len(shape)
+    step = 1
+    for dim in order:
+        if like_stride[dim] == 0 and len(shape) > 1:
+            continue
+        strides[dim] = step
+        step *= max(int(shape[dim]), 1)
+    return tuple(strides)
+
+
+def real_tensor(like: torch.Tensor, shape: Sequence[int] | None = None, device: str = "cpu") -> torch.Tensor:
+    """Zeros with ``like``'s dtype and stride order (and ``shape``, default its own)."""
+    shape = tuple(int(s) for s in (like.shape if shape is None else shape))
+    strides = dense_strides(shape, tuple(int(s) for s in like.stride()))
+    tensor = torch.empty_strided(shape, strides, dtype=like.dtype, device=device)
+    return tensor.zero_()
+
+
+@contextlib.contextmanager
+def isolated() -> Iterator[None]:
+    """Real (not fake) tensors, autocast off, and the CPU RNG state restored after."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    rng = torch.random.get_rng_state()
+    try:
+        with unset_fake_temporarily(), torch.autocast("cpu", enabled=False), torch.no_grad():
+            yield
+    finally:
+        torch.random.set_rng_state(rng)

@@ -1,0 +1,436 @@
+"""One estimate's kernel probes: settings, the on-disk cache, counters and notes.
+
+The tracer calls every workspace rule as ``rule(func, args, kwargs, out) ->
+bytes``. A probed rule asks the current :class:`ProbeSession` (a context
+variable set by :func:`kernel_probes`, with the traced batch size set by
+:func:`probe_batch`) for the peak of the real kernel's own allocations,
+outputs included; ``None`` means "not probed, use the rule's formula".
+
+For an op whose batch-scaled dims (:mod:`~nnmem_callbacks.probes.batch_dims`)
+have a leading size ``L`` that is a multiple of the traced batch ``B``, the
+unit is ``u = L // B`` samples' worth of rows. The kernel is probed at
+``n = 1, 2`` units and checked at ``n = 4``; when the check fails (the kernel
+path changes or its blocking saturates) it is probed at doublings ``8, 16,
+...`` up to ``B`` and then at ``B`` itself (within the memory cap and the time
+budget); the bytes at ``B`` are interpolated piecewise-linearly between the
+probed points, the last segment extrapolating past them
+(:class:`~nnmem_callbacks.probes.fit.Curve`).
+Other ops are probed once at their real size. The probed points are stored
+in the cache (:class:`~nnmem_callbacks.probes.cache.ProbeCache`), keyed by the
+op, the unit and the arguments' dtypes, shapes (batch dims blanked) and
+stride order.
+
+Example:
+    >>> import tempfile, torch
+    >>> from nnmem_callbacks.probes.cache import ProbeCache
+    >>> from nnmem_callbacks.probes.fingerprint import fingerprint
+    >>> cache = ProbeCache(fingerprint("cpu"), tempfile.mkdtemp())
+    >>> x, w = torch.zeros(4, 8, 6, 6), torch.zeros(8, 8, 3, 3)
+    >>> op = torch.ops.aten.convolution.default
+    >>> out = op(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    >>> with kernel_probes("cpu", cache=cache) as session, probe_batch(4):
+    ...     nbytes = session.peak(op, (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {}, out)
+    >>> nbytes >= out.numel() * 4, session.probed, session.from_cache
+    (True, 1, 0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import time
+from collections import Counter
+from typing import Any, Iterator
+
+import torch
+
+from nnmem_callbacks.probes.batch_dims import BATCH_DIMS, REAL_DTYPES
+from nnmem_callbacks.probes.cache import ProbeCache
+from nnmem_callbacks.probes.fingerprint import fingerprint
+from nnmem_callbacks.probes.fit import Curve
+from nnmem_callbacks.probes.runner import (
+    ProfilerBusy,
+    UnsupportedKernelError,
+    is_unsupported,
+    isolated,
+    kernel_peak,
+    real_tensor,
+)
+
+MiB = 1 << 20
+
+#: cap on a probe's inputs and outputs (also at most a quarter of the free RAM)
+DEFAULT_MEMORY_CAP = 256 * MiB
+
+#: seconds of probing per estimate; after that the rules' formulas apply
+DEFAULT_TIME_BUDGET = 20.0
+
+#: device types whose kernels can be probed
+PROBED_DEVICE_TYPES = ("cpu",)
+
+
+def default_memory_cap() -> int:
+    """:data:`DEFAULT_MEMORY_CAP`, or a quarter of the available RAM if less."""
+    try:
+        import psutil
+
+        return int(min(DEFAULT_MEMORY_CAP, psutil.virtual_memory().available // 4))
+    except Exception:  # noqa: BLE001
+        return DEFAULT_MEMORY_CAP
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSettings:
+    """How much probing an estimate may do.
+
+    Attributes:
+        enabled: ``False``: no probes, the rules' formulas give every workspace.
+        memory_cap_bytes: A probe whose inputs and outputs exceed this is
+            refused (``None``: :func:`default_memory_cap`).
+        time_budget_s: Probing time per estimate; after that, rules apply.
+    """
+
+    enabled: bool = True
+    memory_cap_bytes: int | None = None
+    time_budget_s: float = DEFAULT_TIME_BUDGET
+
+
+_CURRENT: contextvars.ContextVar["ProbeSession | None"] = contextvars.ContextVar("nnmem_probe_session", default=None)
+
+
+def current_session() -> "ProbeSession | None":
+    """The probe session of the estimate running in this context, if any."""
+    return _CURRENT.get()
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _stride_order(tensor: torch.Tensor) -> tuple[int, ...]:
+    strides = tensor.stride()
+    return tuple(sorted(range(tensor.dim()), key=lambda d: (strides[d], -d)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    key: str
+    unit: int | None  # rows per sample; None: not batch-scaled, probed at its real size
+    target: int  # n at which the bytes are wanted
+    scaled: tuple[tuple[int, int | None], ...]
+
+
+class ProbeSession:
+    """The kernel probes of one estimate.
+
+    Args:
+        device_type: The traced device type (only ``cpu`` kernels are probed).
+        settings: :class:`ProbeSettings`.
+        cache: A :class:`ProbeCache`; default: the cache file of this machine's
+            fingerprint (``False``: no on-disk cache).
+    """
+
+    def __init__(self, device_type: str, settings: ProbeSettings | None = None, cache: ProbeCache | None | bool = None) -> None:
+        self.device_type = device_type
+        self.settings = settings or ProbeSettings()
+        self.disabled_reason: str | None = None
+        if not self.settings.enabled:
+            self.disabled_reason = "probe_kernels=False"
+        elif device_type not in PROBED_DEVICE_TYPES:
+            self.disabled_reason = f"{device_type} kernels are not probed yet"
+        self.cap = self.settings.memory_cap_bytes if self.settings.memory_cap_bytes is not None else default_memory_cap()
+        if cache is None and self.enabled:
+            cache = ProbeCache(fingerprint(device_type))
+        self.cache: ProbeCache | None = cache or None
+        self._disk: dict[str, Any] | None = None
+        self._new: dict[str, Any] = {}
+        self._curves: dict[str, Curve] = {}
+        self._values: dict[tuple[str, int], int | None] = {}
+        self._entries: dict[str, Any] = {}
+        self.batch_size: int | None = None
+        self._probed_keys: set[str] = set()  # op shapes measured now
+        self._cached_keys: set[str] = set()  # op shapes served by the cache
+        self.kernel_runs = 0
+        self.seconds = 0.0
+        self.skipped: dict[str, set[str]] = {}  # reason -> op names left to the rules
+        self.extrapolated: dict[str, set[str]] = {}  # reason -> op names extrapolated from smaller probes
+        self.failed: dict[str, str] = {}  # op name -> error
+        self.fallbacks: Counter = Counter()  # op name -> rule-based workspaces
+
+    @property
+    def probed(self) -> int:
+        """Distinct op shapes measured in this session."""
+        return len(self._probed_keys)
+
+    @property
+    def from_cache(self) -> int:
+        """Distinct op shapes served by the on-disk cache."""
+        return len(self._cached_keys)
+
+    @property
+    def enabled(self) -> bool:
+        return self.disabled_reason is None
+
+    # -- planning ------------------------------------------------------------------
+    def _plan(self, func: Any, args: tuple) -> _Plan:
+        spec = BATCH_DIMS.get(func.overloadpacket)
+        scaled = spec(args) if spec is not None else ()
+        batch = self.batch_size
+        leading = set()
+        for index, dim in scaled:
+            value = args[index] if index < len(args) else None
+            if dim is None:
+                leading.add(value if isinstance(value, int) else None)
+            elif isinstance(value, torch.Tensor) and value.dim() > dim:
+                leading.add(int(value.shape[dim]))
+            else:
+                leading.add(None)
+        unit = None
+        if scaled and batch and len(leading) == 1 and None not in leading:
+            size = leading.pop()
+            if size % batch == 0 and size > 0:
+                unit = size // batch
+        if unit is None:
+            scaled = ()
+        blank = {index: dim for index, dim in scaled}
+        parts = [str(func), f"u={unit}"]
+        for index, value in enumerate(args):
+            if isinstance(value, torch.Tensor):
+                shape = list(value.shape)
+                if index in blank and blank[index] is not None:
+                    shape[blank[index]] = -1
+                parts.append(f"{str(value.dtype).replace('torch.', '')}{shape}{list(_stride_order(value))}")
+            elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+                parts.append(repr([f"{v.dtype}{list(v.shape)}" if isinstance(v, torch.Tensor) else v for v in value]))
+            else:
+                parts.append("N" if index in blank else repr(value))
+        return _Plan(";".join(parts), unit, batch if unit is not None else 1, scaled)
+
+    def _real_args(self, func: Any, args: tuple, plan: _Plan, n: int) -> list[Any]:
+        dims = {index: dim for index, dim in plan.scaled}
+        fix = REAL_DTYPES.get(getattr(func, "overloadpacket", None))
+        dtypes = fix(args) if fix is not None else {}
+        real: list[Any] = []
+        for index, value in enumerate(args):
+            if isinstance(value, torch.Tensor):
+                shape = list(value.shape)
+                if index in dims and dims[index] is not None:
+                    shape[dims[index]] = plan.unit * n
+                tensor = real_tensor(value, shape, self.device_type)
+                real.append(tensor.to(dtypes[index]) if index in dtypes else tensor)
+            elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+                real.append(type(value)(real_tensor(v, None, self.device_type) if isinstance(v, torch.Tensor) else v for v in value))
+            elif index in dims and dims[index] is None:
+                real.append(plan.unit * n)
+            else:
+                real.append(value)
+        return real
+
+    def _probe_bytes(self, args: tuple, out: Any, plan: _Plan, n: int) -> int:
+        """Inputs plus outputs of a probe at ``n`` (outputs scaled from the traced ones)."""
+        dims = {index: dim for index, dim in plan.scaled}
+        total = 0
+        factor = 1.0
+        for index, value in enumerate(args):
+            if isinstance(value, torch.Tensor):
+                size = _nbytes(value)
+                dim = dims.get(index)
+                if dim is not None and value.shape[dim]:
+                    factor = plan.unit * n / value.shape[dim]
+                    size = int(size * factor)
+                total += size
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        total += int(sum(_nbytes(t) for t in outs if isinstance(t, torch.Tensor)) * factor)
+        return total
+
+    # -- probing -------------------------------------------------------------------
+    def _curve(self, plan: _Plan) -> Curve:
+        curve = self._curves.get(plan.key)
+        if curve is None:
+            if self._disk is None:
+                self._disk = self.cache.load() if self.cache is not None else {}
+            entry = self._disk.get(plan.key)
+            curve = Curve.from_json(entry["points"]) if isinstance(entry, dict) and "points" in entry else Curve()
+            if curve.points:
+                self._cached_keys.add(plan.key)
+            self._curves[plan.key] = curve
+        return curve
+
+    def _wanted(self, curve: Curve, plan: _Plan) -> list[int]:
+        """The next ``n`` to probe, or none when the curve covers the target."""
+        if plan.unit is None:
+            return [] if 1 in curve.points else [1]
+        missing = [n for n in (1, 2, 4) if n not in curve.points]
+        if missing:
+            return missing
+        if curve.is_linear() or plan.target in curve.points:
+            return []
+        if max(curve.points) >= plan.target:
+            # the kernel path changes between doublings: probe the batch itself (within the cap)
+            return [plan.target]
+        n = max(curve.points) * 2
+        return [n]
+
+    def _measure(self, func: Any, args: tuple, kwargs: dict, plan: _Plan, n: int) -> int:
+        started = time.perf_counter()
+        try:
+            with isolated():
+                real = self._real_args(func, args, plan, n)
+                result, peak = kernel_peak(lambda: func(*real, **kwargs), strict=True)
+                del result, real
+        finally:
+            self.seconds += time.perf_counter() - started
+        self.kernel_runs += 1
+        return peak
+
+    def peak(self, func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
+        """The peak bytes of ``func``'s real kernel, outputs included (``None``: use the rule).
+
+        Raises:
+            UnsupportedKernelError: The kernel cannot run on this device.
+        """
+        name = str(func.overloadpacket)
+        if not self.enabled or any(isinstance(v, torch.Tensor) for v in kwargs.values()):  # out= variants: not probed
+            self.fallbacks[name] += 1
+            return None
+        plan = self._plan(func, args)
+        cached = self._values.get((plan.key, plan.target), ...)
+        if cached is not ...:
+            if cached is None:
+                self.fallbacks[name] += 1
+            return cached
+        curve = self._curve(plan)
+        measured_now = False
+        stopped: str | None = None
+        while True:
+            wanted = self._wanted(curve, plan)
+            if not wanted:
+                break
+            n = wanted[0]
+            if self._probe_bytes(args, out, plan, n) > self.cap:
+                stopped = f"inputs and outputs over the {self.cap / MiB:.0f} MiB probe cap"
+                break
+            if self.seconds > self.settings.time_budget_s:
+                stopped = f"the {self.settings.time_budget_s:g} s probe time budget was spent"
+                break
+            try:
+                curve.points[n] = self._measure(func, args, kwargs, plan, n)
+            except ProfilerBusy:
+                self.disabled_reason = "another profiler is running"
+                break
+            except RuntimeError as error:
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                if is_unsupported(error):
+                    dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)), None)
+                    raise UnsupportedKernelError(name, dtype, self.device_type, first) from error
+                self.failed[name] = f"{type(error).__name__}: {first}"
+                break
+            except Exception as error:  # noqa: BLE001 - a probe must never end the estimate
+                self.failed[name] = f"{type(error).__name__}: {str(error).strip()[:200]}"
+                break
+            measured_now = True
+            self._new[plan.key] = {"points": curve.to_json(), "unit": plan.unit, "op": name}
+        if measured_now:
+            self._probed_keys.add(plan.key)
+        value = None
+        if plan.unit is None:
+            value = curve.points.get(1)
+        elif len(curve.points) >= 2 or plan.target in curve.points:
+            value = curve.at(plan.target)
+        if value is None:
+            self.fallbacks[name] += 1
+        if stopped is not None:
+            # no value: the rule's formula applies; a value: extrapolated from the smaller probes
+            (self.skipped if value is None else self.extrapolated).setdefault(stopped, set()).add(name)
+        self._values[(plan.key, plan.target)] = value
+        return value
+
+    def lookup(self, key: str) -> Any:
+        """A raw entry probed earlier in this session or (when enabled) in the cache, else ``None``.
+
+        For probes with their own fit (oneDNN's RNN sizes), stored with :meth:`record`.
+        """
+        entry = self._entries.get(key)
+        if entry is not None:
+            return entry
+        if self.enabled:
+            if self._disk is None:
+                self._disk = self.cache.load() if self.cache is not None else {}
+            entry = self._disk.get(key)
+            if entry is not None:
+                self._cached_keys.add(key)
+                self._entries[key] = entry
+        return entry
+
+    def record(self, key: str, entry: Any, *, runs: int, seconds: float) -> None:
+        """Stores a raw probe entry (and counts the probe) for :meth:`lookup`."""
+        self._entries[key] = entry
+        self._probed_keys.add(key)
+        self.kernel_runs += runs
+        self.seconds += seconds
+        if self.enabled:
+            self._new[key] = entry
+
+    # -- results -------------------------------------------------------------------
+    def flush(self) -> None:
+        """Writes the points probed in this session to the cache."""
+        if self.cache is not None and self._new:
+            try:
+                self.cache.save(self._new)
+            except OSError as error:  # a read-only cache dir must not end the estimate
+                self.failed["cache"] = f"could not write {self.cache.path}: {error}"
+            self._new = {}
+
+    def notes(self) -> list[str]:
+        """Lines for ``MemoryEstimate.notes``."""
+        notes: list[str] = []
+        if self.disabled_reason is not None and self.fallbacks:
+            notes.append(f"kernel workspaces from rules, not probed: {self.disabled_reason}")
+            return notes
+        if self.probed or self.from_cache:
+            where = f" ({self.cache.path})" if self.cache is not None else ""
+            notes.append(
+                f"kernel workspaces probed on this {self.device_type}: {self.probed} op shape(s) measured "
+                f"({self.kernel_runs} kernel runs, {self.seconds:.2f} s), {self.from_cache} from the cache{where}"
+            )
+        for reason, names in sorted(self.skipped.items()):
+            notes.append(f"kernel workspaces from rules, not probed: {reason} ({', '.join(sorted(names))})")
+        for reason, names in sorted(self.extrapolated.items()):
+            notes.append(f"kernel workspaces interpolated or extrapolated from other probed sizes ({reason}): {', '.join(sorted(names))}")
+        for name, error in sorted(self.failed.items()):
+            notes.append(f"kernel workspaces from rules, not probed: the probe of {name} failed ({error})")
+        return notes
+
+
+@contextlib.contextmanager
+def kernel_probes(
+    device_type: str, enabled: bool = True, *, settings: ProbeSettings | None = None, cache: ProbeCache | None | bool = None
+) -> Iterator[ProbeSession]:
+    """Makes a :class:`ProbeSession` current for the traces inside; saves its probes to the cache after."""
+    if settings is None:
+        settings = ProbeSettings(enabled=enabled)
+    elif not enabled:
+        settings = dataclasses.replace(settings, enabled=False)
+    session = ProbeSession(device_type, settings, cache)
+    token = _CURRENT.set(session)
+    try:
+        yield session
+    finally:
+        _CURRENT.reset(token)
+        session.flush()
+
+
+@contextlib.contextmanager
+def probe_batch(batch_size: int) -> Iterator[None]:
+    """Sets the traced batch size of the current session (a no-op without one)."""
+    session = _CURRENT.get()
+    if session is None:
+        yield
+        return
+    previous = session.batch_size
+    session.batch_size = batch_size
+    try:
+        yield
+    finally:
+        session.batch_size = previous

@@ -1,0 +1,322 @@
+"""Kernel probes: fingerprint, on-disk cache, fitting, and their use by ``estimate_training``."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from nnmem_callbacks.probes import ProbeCache, ProbeSession, ProbeSettings, fingerprint, kernel_probes, probe_batch
+from nnmem_callbacks.probes.cache import cache_dir
+from nnmem_callbacks.probes.runner import kernel_peak
+from nnmem_callbacks.torch import UnsupportedKernelError, estimate_training
+
+aten = torch.ops.aten
+CONV = aten.convolution.default
+
+
+def _conv_call(batch: int, channels: int = 8, size: int = 12):
+    x, w = torch.zeros(batch, channels, size, size), torch.zeros(channels, channels, 3, 3)
+    args = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    return args, CONV(*args)
+
+
+def _small_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 10),
+    )
+
+
+@pytest.fixture
+def cache_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("NNMEM_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_the_test_suite_never_uses_the_real_user_cache():
+    import platformdirs
+
+    assert os.environ.get("NNMEM_CACHE_DIR")
+    assert not str(cache_dir()).startswith(platformdirs.user_cache_dir("nnmem_callbacks"))
+
+
+def test_fingerprint_names_what_decides_the_cpu_kernel_path():
+    fp = fingerprint("cpu")
+    assert fp["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert fp["threads"] == torch.get_num_threads()
+    assert fp["mkldnn_bf16"] == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert set(fp["env"]) >= {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"}
+    assert fp["onednn"] is None or fp["onednn"][0].isdigit()
+    assert fingerprint("cuda")["device_type"] == "cuda"
+
+
+def test_a_fingerprint_change_invalidates_the_cache(tmp_path, monkeypatch):
+    fp = fingerprint("cpu")
+    args, out = _conv_call(4)
+
+    def session_for(fp_now):
+        session = ProbeSession("cpu", cache=ProbeCache(fp_now, tmp_path))
+        session.batch_size = 4
+        value = session.peak(CONV, args, {}, out)
+        session.flush()
+        return session, value
+
+    first, value = session_for(fp)
+    assert (first.probed, first.from_cache) == (1, 0) and value > 0
+    again, cached_value = session_for(dict(fp))
+    assert (again.probed, again.from_cache, again.kernel_runs) == (0, 1, 0)
+    assert cached_value == value
+    other, _ = session_for({**fp, "threads": fp["threads"] + 7})
+    assert (other.probed, other.from_cache) == (1, 0)
+    assert len(list(tmp_path.glob("cpu-*.json"))) == 2
+    # the environment variables that select the ISA are part of the fingerprint
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert ProbeCache(fingerprint("cpu"), tmp_path).path != ProbeCache(fp, tmp_path).path
+
+
+def _write_keys(directory: str, fp: dict, worker: int, count: int) -> None:
+    cache = ProbeCache(fp, directory)
+    for index in range(count):
+        cache.save({f"w{worker}-k{index}": {"points": [[1, worker], [2, index]]}})
+
+
+def test_concurrent_writers_lose_no_key(tmp_path):
+    fp = {"device_type": "cpu", "torch": "test"}
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_write_keys, args=(str(tmp_path), fp, worker, 15)) for worker in range(4)]
+    for process in workers:
+        process.start()
+    for process in workers:
+        process.join(60)
+    assert all(process.exitcode == 0 for process in workers)
+    path = ProbeCache(fp, tmp_path).path
+    data = json.loads(path.read_text())  # valid JSON
+    assert set(data["entries"]) == {f"w{w}-k{k}" for w in range(4) for k in range(15)}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_corrupt_cache_file_is_ignored_with_a_warning_and_rewritten(tmp_path):
+    fp = {"device_type": "cpu", "torch": "test"}
+    cache = ProbeCache(fp, tmp_path)
+    cache.path.parent.mkdir(parents=True, exist_ok=True)
+    cache.path.write_text('{"version": 1, "entries": {"a": ')
+    with pytest.warns(UserWarning, match=cache.path.name):
+        assert cache.load() == {}
+    with pytest.warns(UserWarning, match="corrupt"):
+        cache.save({"b": {"points": [[1, 2]]}})
+    assert json.loads(cache.path.read_text())["entries"] == {"b": {"points": [[1, 2]]}}
+
+
+def test_points_are_merged_with_those_on_disk(tmp_path):
+    fp = {"device_type": "cpu", "torch": "test"}
+    ProbeCache(fp, tmp_path).save({"op": {"points": [[1, 10], [2, 20]]}})
+    ProbeCache(fp, tmp_path).save({"op": {"points": [[4, 40]]}})
+    assert ProbeCache(fp, tmp_path).load()["op"]["points"] == [[1, 10], [2, 20], [4, 40]]
+
+
+def test_a_probe_matches_the_real_kernel_at_the_full_batch(tmp_path):
+    args, out = _conv_call(16)
+    with kernel_probes("cpu", cache=ProbeCache(fingerprint("cpu"), tmp_path)) as session, probe_batch(16):
+        predicted = session.peak(CONV, args, {}, out)
+    _, measured = kernel_peak(lambda: CONV(*args))
+    assert session.kernel_runs >= 3  # n = 1, 2 and the check at 4
+    assert abs(predicted - measured) <= 0.01 * measured
+    assert predicted >= out.numel() * out.element_size()  # outputs included
+
+
+def _synthetic(monkeypatch, bytes_at):
+    calls = []
+
+    def measure(self, func, args, kwargs, plan, n):
+        calls.append(n)
+        self.kernel_runs += 1
+        return bytes_at(n)
+
+    monkeypatch.setattr(ProbeSession, "_measure", measure)
+    return calls
+
+
+def test_a_linear_kernel_is_probed_at_one_two_and_four_only(monkeypatch, tmp_path):
+    calls = _synthetic(monkeypatch, lambda n: 50_000 + 100_000 * n)
+    args, out = _conv_call(32)
+    session = ProbeSession("cpu", cache=ProbeCache({"device_type": "cpu", "t": 1}, tmp_path))
+    session.batch_size = 32
+    assert session.peak(CONV, args, {}, out) == 50_000 + 100_000 * 32
+    assert sorted(calls) == [1, 2, 4]
+
+
+def test_a_saturating_kernel_is_probed_at_doublings_and_interpolated(monkeypatch, tmp_path):
+    # extra bytes grow until n = 3, then stay (blocking saturates): 1, 2 and 4 are not on one line
+    calls = _synthetic(monkeypatch, lambda n: 100_000 * n + 1_000_000 * min(n, 3))
+    args, out = _conv_call(32)
+    cache = ProbeCache({"device_type": "cpu", "t": 2}, tmp_path)
+    session = ProbeSession("cpu", cache=cache)
+    session.batch_size = 32
+    assert session.peak(CONV, args, {}, out) == 100_000 * 32 + 3_000_000
+    assert sorted(calls) == [1, 2, 4, 8, 16, 32]
+    # a batch between probed points of a non-linear kernel is probed itself
+    args24, out24 = _conv_call(24)
+    session.batch_size = 24
+    assert session.peak(CONV, args24, {}, out24) == 100_000 * 24 + 3_000_000
+    assert calls[6:] == [24]
+    session.flush()
+    stored = list(cache.load().values())[0]["points"]
+    assert [n for n, _ in stored] == [1, 2, 4, 8, 16, 24, 32]  # the points, not just a fit
+
+
+def test_interpolation_between_probed_points_when_the_batch_cannot_be_probed(monkeypatch, tmp_path):
+    calls = _synthetic(monkeypatch, lambda n: 100_000 * n + 1_000_000 * min(n, 3))
+    args, out = _conv_call(32)
+    session = ProbeSession("cpu", cache=ProbeCache({"device_type": "cpu", "t": 5}, tmp_path))
+    session.batch_size = 32
+    session.peak(CONV, args, {}, out)
+    args24, out24 = _conv_call(24)
+    session.batch_size = 24
+    session.cap = session._probe_bytes(args24, out24, session._plan(CONV, args24), 23)  # 24 is over the cap
+    assert session.peak(CONV, args24, {}, out24) == 100_000 * 24 + 3_000_000  # the segment 16..32
+    assert 24 not in calls
+    assert any("interpolated or extrapolated" in note for note in session.notes())
+
+
+def test_probes_over_the_memory_cap_are_refused_and_noted(tmp_path):
+    args, out = _conv_call(8)
+    settings = ProbeSettings(memory_cap_bytes=1024)
+    with kernel_probes("cpu", settings=settings, cache=ProbeCache({"device_type": "cpu", "t": 3}, tmp_path)) as session, probe_batch(8):
+        assert session.peak(CONV, args, {}, out) is None
+    assert session.kernel_runs == 0
+    assert any("not probed" in note and "probe cap" in note and "aten.convolution" in note for note in session.notes())
+
+
+def test_probing_stops_when_the_time_budget_is_spent(tmp_path):
+    settings = ProbeSettings(time_budget_s=0.0)
+    cache = ProbeCache({"device_type": "cpu", "t": 4}, tmp_path)
+    with kernel_probes("cpu", settings=settings, cache=cache) as session, probe_batch(4):
+        args, out = _conv_call(4)
+        session.peak(CONV, args, {}, out)  # the first probe runs, then the budget is spent
+        other, other_out = _conv_call(4, channels=4)
+        assert session.peak(CONV, other, {}, other_out) is None
+    assert any("time budget" in note for note in session.notes())
+
+
+def test_probe_kernels_false_uses_the_rules_and_says_so(cache_env):
+    model, batch = _small_cnn(), torch.zeros(8, 3, 16, 16)
+    probed = estimate_training(model, batch, optimizer="sgd")
+    ruled = estimate_training(model, batch, optimizer="sgd", probe_kernels=False)
+    assert any(note.startswith("kernel workspaces from rules, not probed: probe_kernels=False") for note in ruled.notes)
+    assert not any("not probed" in note for note in probed.notes)
+    assert any("kernel workspaces probed" in note for note in probed.notes)
+    assert ruled.extra["kernel_probes"]["kernel_runs"] == 0
+    assert probed.extra["kernel_probes"]["probed"] > 0
+
+
+def test_a_warm_cache_probes_nothing(cache_env, monkeypatch):
+    model, batch = _small_cnn(), torch.zeros(8, 3, 16, 16)
+    cold = estimate_training(model, batch, optimizer="adam")
+    assert cold.extra["kernel_probes"]["probed"] > 0
+    runs = []
+    original = ProbeSession._measure
+    monkeypatch.setattr(ProbeSession, "_measure", lambda self, *a: runs.append(a) or original(self, *a))
+    warm = estimate_training(model, batch, optimizer="adam")
+    assert runs == []
+    assert warm.extra["kernel_probes"]["probed"] == 0
+    assert warm.extra["kernel_probes"]["from_cache"] == cold.extra["kernel_probes"]["probed"]
+    assert warm.peak_bytes == cold.peak_bytes
+    assert list(cache_env.glob("cpu-*.json"))
+
+
+def test_a_failed_probe_falls_back_to_the_rule_with_a_note(cache_env, monkeypatch):
+    def fail(self, *args):
+        raise RuntimeError("shape '[3, 4]' is invalid for input of size 5")
+
+    monkeypatch.setattr(ProbeSession, "_measure", fail)
+    estimate = estimate_training(_small_cnn(), torch.zeros(4, 3, 16, 16), optimizer="sgd")
+    assert estimate.method == "trace"
+    assert any("not probed: the probe of aten.convolution failed" in note for note in estimate.notes)
+
+
+def test_a_kernel_the_device_cannot_run_is_an_error_not_an_estimate(cache_env, monkeypatch):
+    def unsupported(self, *args):
+        raise RuntimeError("could not create a primitive descriptor for the convolution forward propagation primitive")
+
+    monkeypatch.setattr(ProbeSession, "_measure", unsupported)
+    with pytest.raises(UnsupportedKernelError, match=r"aten\.convolution.*cpu.*precision='32-true'") as error:
+        estimate_training(_small_cnn(), torch.zeros(4, 3, 16, 16), optimizer="sgd")
+    assert error.value.op == "aten.convolution" and error.value.dtype == torch.float32
+
+
+class _Lstm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(16, 32, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(x)[0]
+
+
+@pytest.mark.skipif(
+    torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU runs oneDNN's bf16 LSTM"
+)
+def test_bf16_lstm_on_a_cpu_without_bf16_support_is_refused(cache_env):
+    model, batch = _Lstm(), torch.zeros(4, 10, 16)
+    with pytest.raises(RuntimeError, match="primitive"):  # the real step fails ...
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(batch).sum().backward()
+    with pytest.raises(UnsupportedKernelError, match=r"mkldnn_rnn_layer in bfloat16.*fp32"):  # ... and so does the estimate
+        estimate_training(model, batch, optimizer="adam", precision="bf16-mixed")
+    # fp32 runs, and its oneDNN RNN probes are cached too
+    cold = estimate_training(model, batch, optimizer="adam")
+    warm = estimate_training(model, batch, optimizer="adam")
+    assert cold.extra["kernel_probes"]["probed"] >= 1
+    assert warm.extra["kernel_probes"]["probed"] == 0 and warm.extra["kernel_probes"]["from_cache"] >= 1
+    assert warm.peak_bytes == cold.peak_bytes
+
+
+def test_probes_leave_the_model_the_rng_and_the_optimizer_untouched(cache_env):
+    model = _small_cnn()
+    optimizer = torch.optim.Adam(model.parameters())
+    params = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    estimate = estimate_training(model, torch.zeros(8, 3, 16, 16), optimizer=optimizer)
+    assert estimate.extra["kernel_probes"]["probed"] > 0  # the probes did run (cold cache)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(params[name], tensor) for name, tensor in model.state_dict().items())
+    assert optimizer.state_dict()["state"] == {}
+
+
+def test_isolated_restores_the_cpu_rng_even_if_a_kernel_draws_from_it():
+    from nnmem_callbacks.probes.runner import isolated
+
+    rng = torch.get_rng_state()
+    with isolated():
+        torch.rand(10)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, transposed",
+    [((6, 4, 40), (8, 4, 3), False), ((6, 4, 6, 6, 6), (8, 4, 3, 3, 3), False), ((6, 4, 9, 9), (4, 8, 3, 3), True)],
+    ids=["conv1d", "conv3d", "conv_transpose2d"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_convolution_probes_of_every_rank_match_the_real_kernel(tmp_path, x_shape, w_shape, transposed, dtype):
+    dims = len(x_shape) - 2
+    x, w = torch.zeros(x_shape, dtype=dtype), torch.zeros(w_shape, dtype=dtype)
+    args = (x, w, None, [1] * dims, [1] * dims, [1] * dims, transposed, [0] * dims, 1)
+    out = CONV(*args)
+    grad = torch.zeros_like(out)
+    backward = aten.convolution_backward.default
+    bargs = (grad, x, w, None, [1] * dims, [1] * dims, [1] * dims, transposed, [0] * dims, 1, [True, True, False])
+    with kernel_probes("cpu", cache=ProbeCache(fingerprint("cpu"), tmp_path)) as session, probe_batch(6):
+        forward_probe = session.peak(CONV, args, {}, out)
+        backward_probe = session.peak(backward, bargs, {}, backward(*bargs))
+    _, forward_real = kernel_peak(lambda: CONV(*args))
+    _, backward_real = kernel_peak(lambda: backward(*bargs))
+    assert abs(forward_probe - forward_real) <= 0.01 * forward_real
+    assert abs(backward_probe - backward_real) <= 0.01 * backward_real
+    assert session.probed == 2
