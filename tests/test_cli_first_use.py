@@ -321,3 +321,20 @@ def test_notes_show_bytes_with_units(capsys):
     assert "add 27.63 MiB to the tensor peak" in buffer.getvalue()
     assert "28971460" not in buffer.getvalue()
     assert readable_note("12 bytes per sample") == "12 bytes per sample"  # small counts stay as they are
+
+
+def test_a_kernel_the_device_cannot_run_is_a_clear_error_not_an_internal_one(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("torch")
+    import nnmem_callbacks
+    from nnmem_callbacks.probes.runner import UnsupportedKernelError
+
+    def refuses(*args, **kwargs):
+        raise UnsupportedKernelError("aten.mkldnn_rnn_layer", "bfloat16", "cpu", "could not create a primitive descriptor")
+
+    monkeypatch.setattr(nnmem_callbacks, "estimate_training", refuses)
+    factories = tmp_path / "lstm_models.py"
+    factories.write_text("import torch\n\ndef lstm():\n    return torch.nn.LSTM(8, 8)\n")
+    code = cli.main(["estimate", f"{factories}:lstm", "-i", "4,8", "-b", "2", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "bfloat16 cannot run" in err and "precision='32-true'" in err and "internal error" not in err

@@ -104,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the last line of defence
         if getattr(args, "debug", False):
             raise
+        if type(error).__name__ == "UnsupportedKernelError":
+            # a kernel the device cannot run (a bf16 LSTM on a CPU without bf16 kernels): no bug; the message
+            # names the op and the way out, and the real training step would fail the same way
+            print(f"nnmem {args.command}: error: {error}", file=sys.stderr)
+            return EXIT_USAGE
         print(
             f"nnmem {args.command}: internal error: {type(error).__name__}: {_first_line(error)} "
             f"(rerun with --debug for the traceback, and please report it)",
