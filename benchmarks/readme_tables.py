@@ -30,6 +30,20 @@ def _cell(errors: Sequence[float | None]) -> str:
     return text + (f" (crash x{missing})" if missing else "")
 
 
+def group_is_dynamic(rows: list[dict[str, Any]]) -> bool:
+    return bool(rows[0].get("data_dependent"))
+
+
+def _not_runnable(row: dict[str, Any]) -> bool:
+    """The estimator refused a kernel the host cannot run, and the real step failed too."""
+    return row.get("method") == "unsupported" and row.get("measured") is None
+
+
+def _refusal(rows: list[dict[str, Any]]) -> str:
+    precisions = sorted({str(r.get("precision")) for r in rows if _not_runnable(r)})
+    return "the real step cannot run in " + ", ".join(precisions)
+
+
 def render(result: dict[str, Any]) -> str:
     """The per-case table and the summary lines, as Markdown."""
     rows = result["rows"]
@@ -40,15 +54,19 @@ def render(result: dict[str, Any]) -> str:
         "| model | runs | nnmem_callbacks median / worst | rule of thumb median / worst | MemTracker median / worst |",
         "|---|---:|---|---|---|",
     ]
-    for case, group in cases.items():
-        name = case + (" (data-dependent: fallback)" if group[0].get("data_dependent") else "")
+    for case, all_rows in cases.items():
+        name = case + (" (data-dependent: fallback)" if group_is_dynamic(all_rows) else "")
+        group = [r for r in all_rows if not _not_runnable(r)]
+        refused = len(all_rows) - len(group)
+        runs = f"{len(group)}" + (f" (+{refused} refused: {_refusal(all_rows)})" if refused else "")
         lines.append(
-            f"| {name} | {len(group)} | {_cell([r.get('error_pct') for r in group])} | "
+            f"| {name} | {runs} | {_cell([r.get('error_pct') for r in group])} | "
             f"{_cell([r.get('rule_of_thumb_error_pct') for r in group])} | "
             f"{_cell([r.get('memtracker_error_pct') for r in group])} |"
         )
-    static = [r for r in rows if not r.get("data_dependent")]
-    dynamic = [r for r in rows if r.get("data_dependent")]
+    static = [r for r in rows if not r.get("data_dependent") and not _not_runnable(r)]
+    dynamic = [r for r in rows if r.get("data_dependent") and not _not_runnable(r)]
+    refused = [r for r in rows if _not_runnable(r)]
     lines.append(
         f"| **all static-shape runs** | {len(static)} | **{_cell([r.get('error_pct') for r in static])}** | "
         f"{_cell([r.get('rule_of_thumb_error_pct') for r in static])} | {_cell([r.get('memtracker_error_pct') for r in static])} |"
@@ -60,10 +78,18 @@ def render(result: dict[str, Any]) -> str:
     seconds = [r["estimate_s"] for r in rows if r.get("estimate_s") is not None]
     meta = result.get("meta", {})
     lines.append("")
+    if refused:
+        lines.append(
+            f"{len(refused)} run(s) refused with `UnsupportedKernelError`, where the real step fails on this host too "
+            f"({_refusal(refused)}): an agreement, not an error."
+        )
+        lines.append("")
     lines.append(
         f"Device {meta.get('device', 'cpu')}, torch {meta.get('torch', '?')}, {meta.get('date', '?')}; "
         f"median estimate time {statistics.median(seconds):.2f} s (each case in a fresh process, first call included)."
     )
+    if meta.get("kernel_fingerprint"):
+        lines.append(f"Host kernel fingerprint: {meta['kernel_fingerprint']}.")
     return "\n".join(lines)
 
 
