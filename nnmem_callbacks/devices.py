@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 

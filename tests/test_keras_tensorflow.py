@@ -7,16 +7,10 @@ Runs in-process when Keras' backend is TensorFlow (the default); skipped otherwi
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 
 import numpy as np
 import pytest
-
-if "tensorflow" not in sys.modules:
-    # TensorFlow's CPU allocator keeps the statistics these tests compare with only when it is a BFC allocator:
-    # oneDNN on (the default on AVX-512-class CPUs only) or this variable, read when TensorFlow starts.
-    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
-
-if "tensorflow" not in sys.modules:
-    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")

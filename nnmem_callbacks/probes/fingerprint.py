@@ -145,8 +145,6 @@ def describe(fp: dict[str, Any]) -> str:
         >>> describe({"device_type": "cpu", "torch": "2.4", "env": {"A": None}})
         'device_type=cpu, torch=2.4, env={}'
     """
-    import torch  # imported on use: the cache and the TensorFlow probes need no torch
-
     parts = []
     for name, value in fp.items():
         if isinstance(value, dict):
