@@ -2,7 +2,8 @@
 
 Usage::
 
-    python -m benchmarks.accuracy                      # all cases x 3 optimizers x 2 precisions, CPU
+    python -m benchmarks.accuracy                      # the zoo x 3 optimizers x 2 precisions, CPU
+    python -m benchmarks.accuracy --cases hf_bert,hf_llama,hf_t5,hf_vit,hf_convnext   # outside cases
     python -m benchmarks.accuracy --quick              # 4 cases x adam x 2 precisions
     python -m benchmarks.accuracy --cases mlp,lstm --optimizers adam --precisions 32-true
     python -m benchmarks.accuracy --device cuda        # ground truth from the CUDA allocator
@@ -17,6 +18,11 @@ isolated: a Python exception becomes an error row, and each case runs in its
 own child process (unless ``--in-process``), so a native crash or a hang of
 one case is recorded with the stage it happened in (estimate, groundtruth,
 memtracker) instead of ending the run.
+
+The default run is the hand-written zoo plus gpt2 (``zoo.DEFAULT_CASES``); the
+outside cases (``zoo.OUTSIDE_CASES``, models built from ``transformers``
+configs that the estimator was never tuned on) run when named in ``--cases``
+and are marked "(outside)" in the tables and ``"outside": true`` in the JSON.
 """
 
 from __future__ import annotations
@@ -96,7 +102,8 @@ def run_combo(case: zoo.ZooCase, model: torch.nn.Module, batch: Any, opt_name: s
     make_opt = zoo.OPTIMIZERS[opt_name]
     row: dict[str, Any] = {
         "case": case.name, "optimizer": opt_name, "precision": precision,
-        "batch_size": case.batch_size, "data_dependent": case.data_dependent, "errors": [],
+        "batch_size": case.batch_size, "data_dependent": case.data_dependent, "outside": case.outside,
+        "errors": [],
     }
     # -- ours
     if "estimate" in skip:
@@ -324,7 +331,8 @@ def _format_cells(row: dict[str, Any]) -> list[str]:
     if method in ("crash", "unsupported"):
         method = method + ": " + (row.get("estimate_error") or "")[:80]
     return [
-        row["case"] + (" (dd)" if row.get("data_dependent") else ""), row["optimizer"], row["precision"],
+        row["case"] + (" (dd)" if row.get("data_dependent") else "") + (" (outside)" if row.get("outside") else ""),
+        row["optimizer"], row["precision"],
         _mib(row.get("predicted")), _mib(row.get("measured")), _pct(row.get("error_pct")),
         _secs(row.get("estimate_s")), method, row.get("predicted_phase", "-") or "-",
         row.get("measured_phase", "-") or "-",
@@ -382,7 +390,8 @@ def to_markdown(rows: list[dict[str, Any]], summary: dict[str, Any], meta: dict[
     lines += [f"- {k}: {v}" for k, v in meta.items()]
     lines += ["", "Error = (predicted - measured) / measured. Measured = peak of live tensor bytes "
               "over two real training steps (CPU: profiler allocation events + bytes live before; "
-              "CUDA: max_memory_allocated). (dd) = data-dependent case.", ""]
+              "CUDA: max_memory_allocated). (dd) = data-dependent case; (outside) = built from a "
+              "transformers config, not tuned on.", ""]
     lines.append("| " + " | ".join(HEADER) + " |")
     lines.append("|" + "---|" * len(HEADER))
     for r in rows:
@@ -465,7 +474,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(prog="python -m benchmarks.accuracy", description=__doc__,
                                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--cases", default=None, help=f"comma-separated subset of: {','.join(zoo.ZOO)}")
+    parser.add_argument("--cases", default=None,
+                        help=f"comma-separated subset of: {','.join(zoo.ZOO)} (default: all but the outside "
+                             f"cases {','.join(zoo.OUTSIDE_CASES)})")
     parser.add_argument("--optimizers", default=None, help=f"comma-separated subset of: {','.join(zoo.OPTIMIZERS)}")
     parser.add_argument("--precisions", default=None, help=f"comma-separated subset of: {','.join(zoo.PRECISIONS)}")
     parser.add_argument("--quick", action="store_true",
@@ -497,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _worker(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device available")
-    cases = _split(args.cases, QUICK_CASES if args.quick else list(zoo.ZOO), list(zoo.ZOO), "cases")
+    cases = _split(args.cases, QUICK_CASES if args.quick else list(zoo.DEFAULT_CASES), list(zoo.ZOO), "cases")
     args.optimizers = _split(args.optimizers, QUICK_OPTIMIZERS if args.quick else list(zoo.OPTIMIZERS),
                              list(zoo.OPTIMIZERS), "optimizers")
     args.precisions = _split(args.precisions, zoo.PRECISIONS, zoo.PRECISIONS, "precisions")

@@ -26,7 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["ZooCase", "ZOO", "OPTIMIZERS", "PRECISIONS", "get_case", "case_names"]
+__all__ = ["ZooCase", "ZOO", "OUTSIDE_CASES", "DEFAULT_CASES", "OPTIMIZERS", "PRECISIONS", "get_case",
+           "case_names"]
 
 
 @dataclasses.dataclass
@@ -40,6 +41,8 @@ class ZooCase:
         batch_size: The batch size the benchmark uses.
         loss_fn: ``(model, batch) -> scalar loss``; runs the forward pass and the loss.
         data_dependent: The forward contains data-dependent shapes (``nonzero``, masks).
+        outside: Built from a ``transformers`` config this repo did not write, and never
+            tuned on (see :data:`OUTSIDE_CASES`); not in the default full run.
     """
 
     name: str
@@ -48,6 +51,7 @@ class ZooCase:
     batch_size: int
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
     data_dependent: bool = False
+    outside: bool = False
 
 
 def _generator(seed: int = 0) -> torch.Generator:
@@ -442,6 +446,98 @@ def data_dependent_batch(batch_size: int, device: Any = "cpu") -> tuple[torch.Te
 
 
 # ---------------------------------------------------------------------------
+# Outside cases: models built from transformers configs (no weights, no network).
+# The estimator was developed on the hand-written zoo above; these judge it on
+# models nobody here wrote. Every config keeps transformers' defaults (the
+# attention implementation included, "sdpa" in transformers 5) apart from sizes.
+# ---------------------------------------------------------------------------
+def _hf_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(**batch).loss
+
+
+def _no_cache(model: nn.Module) -> nn.Module:
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
+    return model
+
+
+HF_VOCAB, HF_SEQ = 8000, 128
+
+
+def make_hf_bert() -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=HF_VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                        intermediate_size=1024, max_position_embeddings=HF_SEQ, num_labels=5)
+    return BertForSequenceClassification(config)
+
+
+def hf_bert_batch(batch_size: int, device: Any = "cpu") -> dict[str, torch.Tensor]:
+    """Token ids padded to 128 with a padded attention mask: sequence i keeps 128 - 16*(i % 4) tokens."""
+    g = _generator()
+    ids = torch.randint(1, HF_VOCAB, (batch_size, HF_SEQ), generator=g)
+    lengths = torch.tensor([HF_SEQ - 16 * (i % 4) for i in range(batch_size)])
+    mask = (torch.arange(HF_SEQ)[None, :] < lengths[:, None]).long()
+    ids = ids * mask  # pad id 0
+    labels = torch.randint(0, 5, (batch_size,), generator=g)
+    return {k: v.to(device) for k, v in
+            {"input_ids": ids, "attention_mask": mask, "labels": labels}.items()}
+
+
+def make_hf_llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=HF_VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256)
+    return _no_cache(LlamaForCausalLM(config))
+
+
+def hf_llama_batch(batch_size: int, device: Any = "cpu") -> dict[str, torch.Tensor]:
+    g = _generator()
+    ids = torch.randint(0, HF_VOCAB, (batch_size, HF_SEQ), generator=g)
+    return {"input_ids": ids.to(device), "labels": ids.to(device)}
+
+
+def make_hf_t5() -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=HF_VOCAB, d_model=256, d_kv=32, d_ff=1024, num_layers=4, num_decoder_layers=4,
+                      num_heads=8, relative_attention_num_buckets=32, decoder_start_token_id=0, pad_token_id=0)
+    return _no_cache(T5ForConditionalGeneration(config))
+
+
+def hf_t5_batch(batch_size: int, device: Any = "cpu") -> dict[str, torch.Tensor]:
+    """128 source tokens, 64 target tokens; the decoder input is the labels shifted right by the model."""
+    g = _generator()
+    ids = torch.randint(1, HF_VOCAB, (batch_size, HF_SEQ), generator=g)
+    labels = torch.randint(1, HF_VOCAB, (batch_size, HF_SEQ // 2), generator=g)
+    return {"input_ids": ids.to(device), "labels": labels.to(device)}
+
+
+def make_hf_vit() -> nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(image_size=64, patch_size=8, hidden_size=192, num_hidden_layers=6, num_attention_heads=3,
+                       intermediate_size=768, num_labels=100)
+    return ViTForImageClassification(config)
+
+
+def make_hf_convnext() -> nn.Module:
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    config = ConvNextConfig(hidden_sizes=[32, 64, 128, 256], depths=[2, 2, 4, 2], num_labels=100, image_size=64)
+    return ConvNextForImageClassification(config)
+
+
+def _hf_image_batch(size: int, classes: int) -> Callable[[int, Any], Any]:
+    def make(batch_size: int, device: Any = "cpu") -> dict[str, torch.Tensor]:
+        x, y = _image_batch(3, size, classes)(batch_size, device)
+        return {"pixel_values": x, "labels": y}
+
+    return make
+
+
+# ---------------------------------------------------------------------------
 # The zoo
 # ---------------------------------------------------------------------------
 ZOO: dict[str, ZooCase] = {
@@ -459,12 +555,23 @@ ZOO: dict[str, ZooCase] = {
         ZooCase("embedding_heavy", EmbeddingBagModel, _token_batch(200_000, 32, 10), 256, _xent_loss),
         ZooCase("checkpointed", CheckpointedMLP, checkpointed_batch, 256, _xent_loss),
         ZooCase("data_dependent", MaskedRouting, data_dependent_batch, 32, _xent_loss, data_dependent=True),
+        # outside cases (transformers configs, not tuned on)
+        ZooCase("hf_bert", make_hf_bert, hf_bert_batch, 8, _hf_loss, outside=True),
+        ZooCase("hf_llama", make_hf_llama, hf_llama_batch, 4, _hf_loss, outside=True),
+        ZooCase("hf_t5", make_hf_t5, hf_t5_batch, 4, _hf_loss, outside=True),
+        ZooCase("hf_vit", make_hf_vit, _hf_image_batch(64, 100), 16, _hf_loss, outside=True),
+        ZooCase("hf_convnext", make_hf_convnext, _hf_image_batch(64, 100), 16, _hf_loss, outside=True),
     ]
 }
 
+#: Cases built from transformers configs this repo did not write; the estimator was never tuned on them.
+OUTSIDE_CASES: tuple[str, ...] = tuple(name for name, case in ZOO.items() if case.outside)
+#: The default full run: the hand-written zoo (plus gpt2), as before the outside cases were added.
+DEFAULT_CASES: tuple[str, ...] = tuple(name for name, case in ZOO.items() if not case.outside)
+
 
 def case_names() -> list[str]:
-    """Names of every zoo case, in benchmark order."""
+    """Names of every zoo case (outside cases included), in benchmark order."""
     return list(ZOO)
 
 

@@ -120,3 +120,13 @@ def test_zoo_names_and_helpers():
     assert zoo.PRECISIONS == ("32-true", "bf16-mixed")
     with pytest.raises(KeyError, match="valid"):
         zoo.get_case("nope")
+
+
+def test_outside_cases_are_marked_and_not_in_the_default_run():
+    assert zoo.OUTSIDE_CASES == ("hf_bert", "hf_llama", "hf_t5", "hf_vit", "hf_convnext")
+    assert all(zoo.ZOO[name].outside for name in zoo.OUTSIDE_CASES)
+    assert set(zoo.DEFAULT_CASES).isdisjoint(zoo.OUTSIDE_CASES)
+    assert set(zoo.DEFAULT_CASES) | set(zoo.OUTSIDE_CASES) == set(zoo.ZOO)
+    assert "gpt2" in zoo.DEFAULT_CASES and not zoo.ZOO["gpt2"].outside
+    batch = zoo.get_case("hf_bert").make_batch(4, "cpu")
+    assert (batch["attention_mask"] == 0).any(), "the BERT case must carry padding"
