@@ -49,7 +49,7 @@ slots. The estimate's ``peak_bytes`` counts every tensor (the package's
 definition of the peak); the figure comparable to
 ``get_memory_info('CPU:0')['peak']`` is in ``extra["tf_allocator_peak_bytes"]``.
 
-Known limitations (see ``benchmarks/results/keras_tensorflow_cpu.md``):
+Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md``):
     * Forward and backward ops run in creation order; the executor may run
       independent ones in another order (inter-op parallelism). Running every
       backward op as soon as it is ready was tried and overestimated ResNet-50
