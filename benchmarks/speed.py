@@ -1,4 +1,4 @@
-"""Speed benchmark: how long one estimate of ResNet-50 takes (target: <= 1 s).
+"""Speed benchmark: one estimate of ResNet-50 against MemTracker in the same run (target: at least 4x faster).
 
 Usage::
 
@@ -33,7 +33,9 @@ from benchmarks import zoo  # noqa: E402
 from benchmarks.baselines import memtracker_peak  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-TARGET_S = 1.0
+#: How many times faster than MemTracker on the same step, in the same run, a warm-cache estimate must be
+#: (a ratio against a peer, not a time: the machine's load slows both).
+TARGET_RATIO = 4.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {
         "model": "resnet50 (benchmarks.zoo, hand-written torchvision layout)",
         "batch_size": args.batch_size, "input": f"3x{args.image_size}x{args.image_size}",
-        "optimizer": "adam", "precision": "32-true", "target_s": TARGET_S,
+        "optimizer": "adam", "precision": "32-true", "target_ratio": TARGET_RATIO,
         "torch": torch.__version__, "python": platform.python_version(),
         "cpu_threads": torch.get_num_threads(),
         "load_average_1min_at_start": round(os.getloadavg()[0], 2),
@@ -80,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 cold_s = dt
         result["ours"] = {"median_s": statistics.median(times), "runs_s": times, "warmup_excluded": True,
-                          "peak_bytes": est.peak_bytes, "method": est.method, "meets_target": statistics.median(times) <= TARGET_S,
+                          "peak_bytes": est.peak_bytes, "method": est.method,
                           # the warm-up is the first estimate of this process: with an empty probe cache
                           # (NNMEM_CACHE_DIR pointing at an empty directory) it is the cold-cache time
                           "first_run_s": cold_s, "first_run_kernel_probes": probes[0], "later_runs_kernel_probes": probes[1:],
@@ -103,9 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "error": None if ok else runs[0]["error"] if runs else "not run",
     }
 
+    ours, mt = result["ours"], result["memtracker"]
+    if "error" not in ours and mt["median_s"]:
+        ours["speedup_vs_memtracker"] = mt["median_s"] / ours["median_s"]
+        ours["meets_target"] = ours["speedup_vs_memtracker"] >= TARGET_RATIO
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"{args.stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    ours, mt = result["ours"], result["memtracker"]
     lines = ["# Speed benchmark", "",
              f"ResNet-50 (hand-written), batch {args.batch_size}, 3x{args.image_size}x{args.image_size}, "
              f"Adam, fp32; torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {result['date']}, "
@@ -116,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         lines.append(f"| nnmem_callbacks (method={ours['method']}) | {ours['median_s']:.3f} | "
                      f"{', '.join(f'{t:.3f}' for t in ours['runs_s'])} | {ours['peak_bytes'] / 2**20:.1f} | "
-                     f"target <= {TARGET_S} s: {'met' if ours['meets_target'] else 'MISSED'} (probe cache warm) |")
+                     + (f"{ours['speedup_vs_memtracker']:.1f}x faster than MemTracker, target >= {TARGET_RATIO:.0f}x: "
+                        f"{'met' if ours['meets_target'] else 'MISSED'}" if "meets_target" in ours else "no MemTracker time")
+                     + " (probe cache warm) |")
         first = ours["first_run_kernel_probes"]
         lines.append(f"| nnmem_callbacks, first run | {ours['first_run_s']:.3f} | {ours['first_run_s']:.3f} | "
                      f"{ours['peak_bytes'] / 2**20:.1f} | kernel probes: {first.get('probed', 0)} op shapes measured "
