@@ -8,7 +8,7 @@ Times ``nnmem_callbacks.estimate_training`` on the zoo's hand-written ResNet-50
 at batch 32, 3x224x224, Adam, fp32 (median of ``--repeats`` after one warm-up),
 and PyTorch's MemTracker under FakeTensorMode on the same step (its time
 includes converting the model to fake tensors). Writes
-``benchmarks/results/speed.md`` and ``.json``.
+``benchmarks/results/<stem>.md`` and ``.json`` (``--stem``, default ``speed``).
 """
 
 from __future__ import annotations
