@@ -301,18 +301,9 @@ def mode_environment(onednn: str | None) -> dict[str, str]:
 
 def host_fingerprint() -> dict[str, Any]:
     """What decides TensorFlow's CPU kernels and allocator here (recorded with every result)."""
-    model, flags = "unknown", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name") and model == "unknown":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return {"cpu": model, "isa": ",".join(isa) or "unknown", "cpu_threads": os.cpu_count()}
+    from nnmem_callbacks.probes.fingerprint import cpu_isa_extensions, cpu_model_name
+
+    return {"cpu": cpu_model_name(), "isa": ",".join(cpu_isa_extensions()) or "unknown", "cpu_threads": os.cpu_count()}
 
 
 def run_isolated(name: str, backend: str, timeout: int = 900, onednn: str | None = None) -> dict[str, Any]:

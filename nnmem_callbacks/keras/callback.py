@@ -40,12 +40,6 @@ def _tf_counted(num_bytes: int) -> int:
 
     return tf_allocator_bytes(num_bytes)
 
-#: Keys added to ``logs`` every epoch when the backend's allocator is measured (valid Keras metric names; MiB
-#: except the error). Process RSS is logged under other names: see :func:`nnmem_callbacks.monitor.metric_names`.
-PREDICTED_PEAK = "memory_predicted_peak_mib"
-MEASURED_PEAK = "memory_measured_peak_mib"
-RELATIVE_ERROR = "memory_relative_error"
-BUDGET = "memory_budget_mib"
 
 
 class MemoryBudgetCallback(keras.callbacks.Callback):

@@ -211,24 +211,17 @@ def collect(graph: Any, double_graph: Any, batch_size: int, *, onednn: bool = Fa
 def host_fingerprint() -> dict[str, Any]:
     """What decides TensorFlow's CPU kernels here."""
     import tensorflow as tf
-    from tensorflow.python.util import _pywrap_util_port
 
-    from nnmem_callbacks.probes.fingerprint import cpu_model_name
+    from nnmem_callbacks.keras.tf_graph import onednn_enabled
+    from nnmem_callbacks.probes.fingerprint import cpu_isa_extensions, cpu_model_name
 
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            flags = next((line for line in handle if line.startswith("flags")), "")
-    except OSError:  # pragma: no cover - not Linux
-        pass
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
     return {
         "device_type": "cpu",
         "framework": "tensorflow",
         "tensorflow": tf.__version__,
-        "onednn": bool(_pywrap_util_port.IsMklEnabled()),
+        "onednn": onednn_enabled(),
         "cpu": cpu_model_name(),
-        "isa": isa,
+        "isa": list(cpu_isa_extensions()),
         "intra_op_threads": int(tf.config.threading.get_intra_op_parallelism_threads()),
         "inter_op_threads": int(tf.config.threading.get_inter_op_parallelism_threads()),
     }
@@ -363,14 +356,14 @@ def _run_child(
     requests: list[dict[str, Any]], timeout: float
 ) -> tuple[dict[str, dict[int, int]], list[tuple[str | None, str]], bool]:
     """Runs the probes in a fresh process with this process's TensorFlow mode; returns points and errors."""
-    from tensorflow.python.util import _pywrap_util_port
-
     import tensorflow as tf
+
+    from nnmem_callbacks.keras.tf_graph import onednn_enabled
 
     env = dict(os.environ)
     env.update(
         TF_CPU_ALLOCATOR_USE_BFC="true",
-        TF_ENABLE_ONEDNN_OPTS="1" if _pywrap_util_port.IsMklEnabled() else "0",
+        TF_ENABLE_ONEDNN_OPTS="1" if onednn_enabled() else "0",
         TF_CPP_MIN_LOG_LEVEL="3",
         CUDA_VISIBLE_DEVICES="",
     )

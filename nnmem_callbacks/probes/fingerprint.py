@@ -68,6 +68,28 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: Instruction-set extensions that decide CPU kernel paths (oneDNN's ISA, bf16 and AMX kernels).
+ISA_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_isa_extensions() -> tuple[str, ...]:
+    """Which of :data:`ISA_EXTENSIONS` the CPU reports (``/proc/cpuinfo`` flags; empty where unreadable).
+
+    Example:
+        >>> set(cpu_isa_extensions()) <= set(ISA_EXTENSIONS)
+        True
+    """
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            line = next((line for line in handle if line.startswith("flags")), "")
+            flags = set(line.split(":", 1)[1].split()) if ":" in line else set()
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return tuple(name for name in ISA_EXTENSIONS if name in flags)
+
+
 def _mkldnn_supports(name: str) -> bool | None:
     import torch  # imported on use: the cache and the TensorFlow probes need no torch
 
