@@ -553,7 +553,13 @@ class _RnnCalls(TorchFunctionMode):
 
             session = current_session()
             if session is not None:
-                session.fallbacks[OP_NAME] += 1
+                major = cudnn_major()
+                row = sizes.workspace_fit(major)[2]
+                reason = (
+                    f"cuDNN RNN reserve and workspace from the rule in nnmem_callbacks.cudnn_rnn_sizes "
+                    f"(cuDNN {major or sizes.DEFAULT_CUDNN_MAJOR} row: {row})"
+                )
+                session.skipped.setdefault(reason, set()).add(OP_NAME)
 
 
 @contextlib.contextmanager
