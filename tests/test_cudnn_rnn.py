@@ -409,3 +409,60 @@ def test_fallback_allocates_nothing_on_cuda(monkeypatch):
     assert estimate.method == "closed-form"
     assert estimate.breakdown["activations"] > 0
     assert cuda_inits == []
+
+
+# ---------------------------------------------------------------------------
+# Keras on the torch backend
+# ---------------------------------------------------------------------------
+
+KERAS_TORCH_CUDA = """
+import functools, json
+import numpy as np, keras
+from nnmem_callbacks.keras import estimate_training
+from nnmem_callbacks.keras import torch_backend
+from nnmem_callbacks.torch import cudnn_rnn
+
+calls = []
+apply = cudnn_rnn._CudnnRNN.apply
+cudnn_rnn._CudnnRNN.apply = lambda spec, *args: calls.append((spec.shape.mode, spec.flattened, spec.batch_first)) or apply(spec, *args)
+original_lstm = keras.src.backend.lstm
+out = {}
+for layer in ("LSTM", "GRU"):
+    model = keras.Sequential([keras.Input((64, 32)), getattr(keras.layers, layer)(128), keras.layers.Dense(5)])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    estimates = {}
+    for device in ("cpu", "cuda"):
+        torch_backend_estimate = torch_backend.estimate_torch
+        torch_backend.estimate_torch = functools.partial(torch_backend_estimate, device=device)
+        try:
+            estimates[device] = estimate_training(model, batch_size=32, method="backend")
+        finally:
+            torch_backend.estimate_torch = torch_backend_estimate
+    out[layer] = {d: [e.method, e.peak_bytes, e.device, list(e.notes)] for d, e in estimates.items()}
+out["calls"] = calls
+out["restored"] = keras.src.backend.lstm is original_lstm
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_keras_torch_backend_rnns_trace_for_a_cuda_target():
+    pytest.importorskip("keras")
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, KERAS_BACKEND="torch", PYTHONPATH=root)
+    done = subprocess.run([sys.executable, "-c", KERAS_TORCH_CUDA], env=env, capture_output=True, text=True, timeout=600, cwd=root)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stderr[-4000:]
+    result = json.loads(lines[0][len("RESULT "):])
+    # Keras' cuDNN path: functional torch._VF.lstm / gru, batch-first, weights not flat (a weight buffer per call)
+    assert result["calls"] and {tuple(c) for c in result["calls"]} == {("LSTM", False, True), ("GRU", False, True)}
+    assert result["restored"]
+    for layer in ("LSTM", "GRU"):
+        cpu, cuda = result[layer]["cpu"], result[layer]["cuda"]
+        assert cpu[0] == cuda[0] == "torch-trace"
+        assert cuda[2].startswith("cuda") and any("cudnn_rnn_sizes" in note for note in cuda[3])
+        assert cuda[1] != cpu[1]  # the cuDNN reserve and workspaces, not Keras' per-step CPU loop
