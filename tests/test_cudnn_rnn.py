@@ -466,3 +466,35 @@ def test_keras_torch_backend_rnns_trace_for_a_cuda_target():
         assert cpu[0] == cuda[0] == "torch-trace"
         assert cuda[2].startswith("cuda") and any("cudnn_rnn_sizes" in note for note in cuda[3])
         assert cuda[1] != cpu[1]  # the cuDNN reserve and workspaces, not Keras' per-step CPU loop
+
+
+def test_probe_inside_a_trace_is_invisible_to_it(monkeypatch):
+    """The probe's real tensors pass no fake mode and no storage tracker (and no autocast)."""
+    from nnmem_callbacks.probes import runner
+    from nnmem_callbacks.torch.tracer import StorageTracker
+
+    function, calls = fake_cudnn_rnn()
+    seen = []
+
+    def checked(*args):
+        seen.append((type(args[0]).__name__, torch.is_autocast_enabled("cpu")))
+        return function(*args)
+
+    monkeypatch.setattr(torch, "_cudnn_rnn", checked)
+    monkeypatch.setattr(runner, "kernel_peak", lambda call, strict=False: (lambda out: (out, sum(t.numel() * t.element_size() for t in out)))(call()))
+    tracker = StorageTracker("cuda")
+    with FakeTensorMode(), tracker, torch.autocast("cpu", dtype=torch.bfloat16):
+        tracker.set_phase("step1/forward")
+        entry = cudnn_rnn.probe_entry(RnnShape("GRU", I, H), torch.float32, torch.device("cpu"))
+    assert tracker.events == [] and entry["reserve"] == [96 * n + 64 for n in (4, 8, 16)]
+    assert seen == [("Tensor", False)] * 3
+
+
+def test_probe_refuses_a_profiler_that_misses_the_device(monkeypatch):
+    from nnmem_callbacks.probes import runner
+
+    function, _ = fake_cudnn_rnn()
+    monkeypatch.setattr(torch, "_cudnn_rnn", function)
+    monkeypatch.setattr(runner, "kernel_peak", lambda call, strict=False: (call(), 0))
+    with pytest.raises(RuntimeError, match="the profiler saw 0 B"):
+        cudnn_rnn.probe_entry(RnnShape("LSTM", I, H), torch.float32, torch.device("cpu"))

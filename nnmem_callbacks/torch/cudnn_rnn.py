@@ -132,15 +132,13 @@ def probe_entry(shape: RnnShape, dtype: torch.dtype, device: torch.device, has_b
         the reserve is the op's fourth output; the workspace is the peak of the
         call's own allocations (profiler events) less everything it returns.
     """
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     from nnmem_callbacks.probes.runner import kernel_peak
 
-    weights = _probe_weights(shape, dtype, device, has_biases)
-    stride0 = (4 if has_biases else 2) + (1 if shape.proj_size else 0)
     entry: dict[str, list[int]] = {"n": [], "reserve": [], "workspace": [], "weights": []}
     layers = shape.num_layers * shape.directions
-    with unset_fake_temporarily(), torch.no_grad():
+    stride0 = (4 if has_biases else 2) + (1 if shape.proj_size else 0)
+    with _outside_the_trace(device):
+        weights = _probe_weights(shape, dtype, device, has_biases)
         for steps, batch in PROBE_POINTS:
             x = torch.zeros((steps, batch, shape.input_size), dtype=dtype, device=device)
             hx = torch.zeros((layers, batch, shape.output_size), dtype=dtype, device=device)
@@ -153,6 +151,8 @@ def probe_entry(shape: RnnShape, dtype: torch.dtype, device: torch.device, has_b
                 strict=True,
             )
             returned = sum(t.numel() * t.element_size() for t in out if isinstance(t, torch.Tensor))
+            if peak < returned:
+                raise RuntimeError(f"the profiler saw {peak} B of {device.type} allocations, less than the {returned} B returned")
             entry["n"].append(steps * batch)
             entry["reserve"].append(int(out[3].numel() * out[3].element_size()))
             entry["workspace"].append(max(0, int(peak) - returned))
@@ -161,21 +161,27 @@ def probe_entry(shape: RnnShape, dtype: torch.dtype, device: torch.device, has_b
     return entry
 
 
-def _probe_weights(shape: RnnShape, dtype: torch.dtype, device: torch.device, has_biases: bool) -> list[torch.Tensor]:
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+@contextlib.contextmanager
+def _outside_the_trace(device: torch.device) -> Iterator[None]:
+    """Real tensors, seen by no dispatch mode (fake mode, storage tracker) and no autocast."""
+    from torch.utils._python_dispatch import _disable_current_modes
 
+    with _disable_current_modes(), torch.autocast(device.type, enabled=False), torch.no_grad():
+        yield
+
+
+def _probe_weights(shape: RnnShape, dtype: torch.dtype, device: torch.device, has_biases: bool) -> list[torch.Tensor]:
     rows = sizes.GATES[shape.mode] * shape.hidden_size
     weights = []
-    with unset_fake_temporarily():
-        for layer in range(shape.num_layers):
-            inputs = shape.input_size if layer == 0 else shape.output_size * shape.directions
-            for _ in range(shape.directions):
-                layer_weights = [(rows, inputs), (rows, shape.output_size)]
-                if has_biases:
-                    layer_weights += [(rows,), (rows,)]
-                if shape.proj_size:
-                    layer_weights.append((shape.proj_size, shape.hidden_size))
-                weights += [torch.zeros(s, dtype=dtype, device=device) for s in layer_weights]
+    for layer in range(shape.num_layers):
+        inputs = shape.input_size if layer == 0 else shape.output_size * shape.directions
+        for _ in range(shape.directions):
+            layer_weights = [(rows, inputs), (rows, shape.output_size)]
+            if has_biases:
+                layer_weights += [(rows,), (rows,)]
+            if shape.proj_size:
+                layer_weights.append((shape.proj_size, shape.hidden_size))
+            weights += [torch.zeros(s, dtype=dtype, device=device) for s in layer_weights]
     return weights
 
 
@@ -372,7 +378,8 @@ def _int_list_on_cpu(args: tuple, kwargs: dict) -> bool:
 
 def _int_values(tensor: Any) -> list[int] | None:
     """The values of a real integer tensor or of a fake one that carries its constant."""
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import _disable_current_modes
 
     if isinstance(tensor, FakeTensor):
         tensor = tensor.constant
@@ -380,7 +387,7 @@ def _int_values(tensor: Any) -> list[int] | None:
             return None
     if not isinstance(tensor, torch.Tensor) or tensor.is_floating_point():
         return None
-    with unset_fake_temporarily():
+    with _disable_current_modes():
         return [int(v) for v in tensor.reshape(-1).tolist()]
 
 
@@ -484,9 +491,9 @@ class _RnnCalls(TorchFunctionMode):
         elif func is _VARIABLE_FUNCTIONS.as_tensor and _int_list_on_cpu(args, kwargs):
             # pack_padded_sequence's torch.as_tensor(lengths, dtype=int64, device="cpu"):
             # Python ints, known to the trace, so keep them real
-            from torch._subclasses.fake_tensor import unset_fake_temporarily
+            from torch.utils._python_dispatch import _disable_current_modes
 
-            with unset_fake_temporarily():
+            with _disable_current_modes():
                 return func(*args, **kwargs)
         elif func is _VARIABLE_FUNCTIONS._pack_padded_sequence:
             result = _pack_padded(*args, **kwargs)
