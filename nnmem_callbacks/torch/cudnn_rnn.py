@@ -63,9 +63,11 @@ _ENTRY_POINTS = {
 #: dtypes cuDNN runs RNNs in (``cudnn_is_acceptable``); others take torch's native cells
 _CUDNN_DTYPES = (torch.float32, torch.float16, torch.float64)
 
-#: (steps, batch) of the real probes on a GPU: tiny, so the probe costs about
-#: twice the layer's weights (the weights and cuDNN's flat copy of them)
-PROBE_POINTS = ((2, 2), (4, 2), (4, 4))
+#: (steps, batch) of the real probes on a GPU: small (the probe costs about
+#: twice the layer's weights: the weights and cuDNN's flat copy of them), with
+#: batches that are multiples of 8 so that any padding of the batch by cuDNN
+#: behaves as at typical batch sizes
+PROBE_POINTS = ((2, 8), (4, 8), (4, 16))
 
 #: name under which probes and fallbacks are reported in the probe session's notes
 OP_NAME = "aten._cudnn_rnn"
