@@ -121,7 +121,7 @@ def cuda_rnn_paths(enabled: bool = True) -> Iterator[None]:
         kernel = convert_to_tensor(kernel)
         inputs = convert_to_tensor(inputs).to(kernel.dtype)
         if go_backwards:
-            inputs = torch_flip(inputs, 1 if batch_first else 0)
+            inputs = _flip(inputs, 1 if batch_first else 0)
         cudnn_inputs = inputs if batch_first else inputs.permute(1, 0, 2)
         last, outputs, states = keras_rnn._cudnn_lstm(  # noqa: SLF001
             cudnn_inputs,
@@ -143,7 +143,7 @@ def cuda_rnn_paths(enabled: bool = True) -> Iterator[None]:
         kernel = convert_to_tensor(kernel)
         inputs = convert_to_tensor(inputs).to(kernel.dtype)
         if go_backwards:
-            inputs = torch_flip(inputs, 1)
+            inputs = _flip(inputs, 1)
         return keras_rnn._cudnn_gru(  # noqa: SLF001
             inputs,
             convert_to_tensor(initial_state).to(kernel.dtype),
@@ -161,7 +161,7 @@ def cuda_rnn_paths(enabled: bool = True) -> Iterator[None]:
         keras_backend.lstm, keras_backend.gru = original_lstm, original_gru
 
 
-def torch_flip(tensor: Any, dim: int) -> Any:
+def _flip(tensor: Any, dim: int) -> Any:
     import torch
 
     return torch.flip(tensor, dims=[dim])

@@ -237,8 +237,7 @@ def probed_sizes(shape: RnnShape, dtype: torch.dtype, device: torch.device, step
 def _transient(nbytes: int, device: torch.device) -> None:
     """Allocates and frees ``nbytes`` on ``device`` (a kernel workspace)."""
     if nbytes > 0:
-        workspace = torch.empty((int(nbytes),), dtype=torch.uint8, device=device)
-        del workspace
+        torch.empty((int(nbytes),), dtype=torch.uint8, device=device)  # dropped at once: allocated, then freed
 
 
 def _time_major(tensor: torch.Tensor, spec: _Spec) -> torch.Tensor:
@@ -273,9 +272,12 @@ class _CudnnRNN(torch.autograd.Function):
         layers = shape.num_layers * shape.directions
         hy = torch.empty((layers, spec.batch, shape.output_size), dtype=dtype, device=device)
         cy = torch.empty((layers, spec.batch, shape.hidden_size) if cx is not None else (0,), dtype=dtype, device=device)
-        workspace = torch.empty((spec.workspace_bytes,), dtype=torch.uint8, device=device)
+        # the workspace and the reserve are both allocated before the kernel runs; the workspace (and the
+        # contiguous input) are freed when it returns
+        held = [x, torch.empty((spec.workspace_bytes,), dtype=torch.uint8, device=device)]
         reserve = torch.empty((spec.reserve_bytes if spec.train else 0,), dtype=torch.uint8, device=device)
-        del workspace, x
+        del x
+        held.clear()
         ctx.spec = spec
         ctx.weight_meta = [(tuple(w.shape), w.dtype) for w in weights]
         ctx.input_dtypes = (input.dtype, hx.dtype, cx.dtype if cx is not None else None)
@@ -317,10 +319,10 @@ class _CudnnRNN(torch.autograd.Function):
         # _cudnn_rnn_backward_weight (only when a weight needs its gradient)
         weight_grads: list[torch.Tensor | None] = [None] * len(ctx.weight_meta)
         if any(ctx.needs_input_grad[4:]):
-            x = _time_major(x_in, spec)
+            held = [_time_major(x_in, spec)]  # x.contiguous(), alive during the kernel
             dw = torch.zeros((sizes.weight_count(shape),), dtype=dtype, device=device)
             _transient(spec.workspace_bytes, device)
-            del x
+            held.clear()
             same_layout = spec.has_biases and all(d == dtype for _, d in ctx.weight_meta)
             offset = 0
             for index, (weight_shape, weight_dtype) in enumerate(ctx.weight_meta):
