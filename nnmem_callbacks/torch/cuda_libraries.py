@@ -1,0 +1,340 @@
+"""The CUDA libraries of a training step: cuBLAS/cuDNN workspaces and the device's overhead.
+
+What a fake-tensor trace cannot see on CUDA, modelled from how PyTorch sets
+the libraries up (sizes and tables: :mod:`nnmem_callbacks.cuda_tables`):
+
+* **cuBLAS/cuBLASLt workspaces** (``aten/src/ATen/cuda/CublasHandlePool.cpp``):
+  at the first GEMM of a thread on a stream, ``getCurrentCUDABlasHandle``
+  allocates the handle's workspace from the caching allocator and keeps it in
+  ``cublas_handle_stream_to_workspace()`` for the life of the process. The
+  forward and optimizer run on the user's thread; autograd runs CUDA backward
+  on its own device thread with its own handle, so a training step allocates
+  two. :class:`LibraryModel` makes the tracer log them as allocations that are
+  never freed (category ``workspaces``), so the allocator replay rounds them
+  into their own segments like the real allocator does.
+* **cuDNN convolution workspaces**: a transient allocation around each
+  convolution, from the table (or a bounded probe on the device, when one is
+  present and :func:`measure_conv_workspace` is given the chance).
+* **Context and loaded libraries**: :func:`device_overhead` reads it from the
+  live device after a bounded probe has created the handles the run will use,
+  or takes it from the table.
+
+Known limitations:
+    * One stream per thread is assumed (side streams get their own workspaces).
+    * Which GEMMs go through cuBLASLt (and so need a separate workspace when
+      ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=0``) is approximated by the op:
+      ``addmm`` (bias epilogue), ``_addmm_activation``, ``_scaled_mm``.
+    * The context read from the device is device-wide: other processes on the
+      same GPU count towards it. Kernels loaded lazily later in the run (other
+      GEMM shapes, other cuDNN engines) are not in it.
+    * cuDNN convolution workspaces depend on the GPU, cuDNN version, dtype and
+      algorithm choice; without a device only the measured table entries apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+
+from nnmem_callbacks import cuda_tables
+from nnmem_callbacks.units import format_bytes
+
+aten = torch.ops.aten
+
+#: Ops whose CUDA kernels call cuBLAS through ``getCurrentCUDABlasHandle`` (Blas.cpp / CUDABlas.cpp).
+GEMM_OPS = frozenset(
+    {
+        aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.addmv, aten.mv,
+        aten.dot, aten.vdot, aten._addmm_activation, aten._scaled_mm, aten._int_mm,
+    }
+)
+
+#: Ops that may run through cuBLASLt (``gemm_and_bias`` / ``scaled_gemm`` in CUDABlas.cpp).
+LT_OPS = frozenset({aten.addmm, aten._addmm_activation, aten._scaled_mm})
+
+#: Convolution ops that cuDNN runs on CUDA.
+CONV_FORWARD_OPS = frozenset({aten.convolution, aten.cudnn_convolution})
+CONV_BACKWARD_OPS = frozenset({aten.convolution_backward})
+
+BACKWARD_THREAD = "autograd device thread"
+USER_THREAD = "user thread"
+
+
+def blas_thread(phase: str) -> str:
+    """The thread a phase's GEMMs run on: autograd's device thread for backward phases.
+
+    Example:
+        >>> blas_thread("step1/backward"), blas_thread("step2/forward.2"), blas_thread("step1/optimizer")
+        ('autograd device thread', 'user thread', 'user thread')
+    """
+    return BACKWARD_THREAD if "/backward" in phase else USER_THREAD
+
+
+@dataclasses.dataclass
+class LibraryModel:
+    """What the CUDA libraries allocate during a traced step on one device.
+
+    Attributes:
+        capability: The GPU's compute capability.
+        cublas_bytes: The cuBLAS workspace per (thread, stream).
+        cublaslt_bytes: A separate cuBLASLt workspace per (thread, stream), 0 when
+            cuBLASLt shares the cuBLAS one (the default).
+        source: Where the sizes come from ("the running torch" or the table).
+        conv_probe: ``(op, args, out) -> bytes | None``: measures a convolution's
+            workspace on the device (``None``: use the table).
+        unmodelled: Convolution kinds seen without a workspace figure.
+        probed: Convolutions measured by ``conv_probe``.
+    """
+
+    capability: tuple[int, int] = cuda_tables.DEFAULT_CAPABILITY
+    cublas_bytes: int = cuda_tables.CUBLAS_LARGE_DEFAULT
+    cublaslt_bytes: int = 0
+    source: str = "table"
+    conv_probe: Callable[[Any, tuple, Any], int | None] | None = None
+    unmodelled: Counter = dataclasses.field(default_factory=Counter)
+    probed: Counter = dataclasses.field(default_factory=Counter)
+
+    def persistent(self, packet: Any, phase: str, seen: set) -> list[tuple[str, int]]:
+        """The workspaces ``packet`` creates in ``phase`` that ``seen`` lacks (and adds them).
+
+        Args:
+            packet: The op's overload packet.
+            phase: The tracer's phase (which tells the thread).
+            seen: ``(thread, library)`` pairs that already have a workspace in
+                this trace; updated.
+
+        Returns:
+            ``(label, bytes)`` per new workspace.
+        """
+        if packet not in GEMM_OPS:
+            return []
+        thread = blas_thread(phase)
+        new = []
+        if (thread, "cublas") not in seen:
+            seen.add((thread, "cublas"))
+            new.append((f"cuBLAS workspace ({thread})", self.cublas_bytes))
+        if self.cublaslt_bytes and packet in LT_OPS and (thread, "cublaslt") not in seen:
+            seen.add((thread, "cublaslt"))
+            new.append((f"cuBLASLt workspace ({thread})", self.cublaslt_bytes))
+        return new
+
+    def transient(self, packet: Any, args: tuple, out: Any) -> int:
+        """The transient cuDNN workspace of a convolution (0 for other ops or when unknown)."""
+        if packet in CONV_FORWARD_OPS:
+            direction = "forward"
+        elif packet in CONV_BACKWARD_OPS:
+            direction = "backward"
+        else:
+            return 0
+        # convolution(input, weight, ...); convolution_backward(grad_output, input, weight, ...)
+        source, weight = (args[0], args[1]) if direction == "forward" else (args[1], args[2])
+        if not isinstance(source, torch.Tensor) or source.dim() not in (4, 5) or not source.dtype.is_floating_point:
+            return 0
+        if self.conv_probe is not None:
+            measured = self.conv_probe(packet, args, out)
+            if measured is not None:
+                self.probed[direction] += 1
+                return measured
+        rule = cuda_tables.conv_workspace_rule(self.capability, str(source.dtype).replace("torch.", ""), direction)
+        if rule is None:
+            self.unmodelled[f"{direction} {str(source.dtype).replace('torch.', '')}"] += 1
+            return 0
+        return rule.bytes_for(_nbytes(source), _nbytes(weight))
+
+    def notes(self, workspace_ops: Counter | None = None) -> list[str]:
+        """What the model assumed, for ``MemoryEstimate.notes``.
+
+        Args:
+            workspace_ops: The trace's workspace counter; the cuBLAS note is
+                given only when a GEMM ran (default: always).
+        """
+        text = []
+        if workspace_ops is None or any(str(op).startswith("cuBLAS") for op in workspace_ops):
+            lt = f" plus a separate cuBLASLt workspace of {format_bytes(self.cublaslt_bytes)}" if self.cublaslt_bytes else ""
+            text.append(
+                f"cuBLAS workspaces from the caching allocator counted as 'workspaces': {format_bytes(self.cublas_bytes)}{lt} "
+                f"at the first GEMM of the user's thread and of autograd's backward thread, kept for the process "
+                f"(sizes from {self.source}); a process that already ran GEMMs on those threads holds them already"
+            )
+        if self.probed:
+            text.append("cuDNN convolution workspaces measured on the device for: " + ", ".join(sorted(self.probed)))
+        if self.unmodelled:
+            text.append(
+                f"cuDNN convolution workspaces not modelled on sm_{self.capability[0]}{self.capability[1]} for: "
+                + ", ".join(sorted(self.unmodelled))
+                + " (no measured table entry and no device to probe); fp32 conv nets can need much more"
+            )
+        return text
+
+
+def _nbytes(tensor: Any) -> int:
+    if not isinstance(tensor, torch.Tensor):
+        return 0
+    return tensor.numel() * tensor.element_size()
+
+
+def device_index(device: torch.device) -> int:
+    """The CUDA index of ``device`` (the current device when it has none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def indexed_device(device: Any) -> torch.device:
+    """``device`` with an explicit CUDA index, as ``torch.cuda.set_device`` needs on torch >= 2.11.
+
+    Example:
+        >>> indexed_device("cuda:1")
+        device(type='cuda', index=1)
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"expected a cuda device, got {device}")
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def library_model(device: torch.device, notes: list[str], capability: tuple[int, int] | None = None) -> LibraryModel:
+    """The library sizes for training on ``device``.
+
+    With a CUDA device present, the compute capability comes from it and the
+    cuBLAS/cuBLASLt sizes from the running torch
+    (``torch._C._cuda_getCublasWorkspaceSize``, torch >= 2.13), which honours
+    ``torch.backends.cuda.cublas_workspace_size()`` as well as the environment.
+    Without one, ``capability`` (default sm_90, said in ``notes``) and the
+    environment give them through :mod:`nnmem_callbacks.cuda_tables`.
+    """
+    env = os.environ
+    present = torch.cuda.is_available()
+    if capability is None:
+        if present:
+            capability = tuple(torch.cuda.get_device_capability(device_index(device)))
+        else:
+            capability = cuda_tables.DEFAULT_CAPABILITY
+            notes.append(
+                f"no CUDA device here: compute capability {capability[0]}.{capability[1]} (Hopper) assumed for library sizes"
+            )
+    cublas = cuda_tables.cublas_workspace_bytes(capability, env)
+    lt = 0 if cuda_tables.cublaslt_unified(env) else cuda_tables.cublaslt_workspace_bytes(capability, env)
+    source = f"CublasHandlePool.cpp defaults for sm_{capability[0]}{capability[1]} and the environment"
+    if present:
+        getter = getattr(torch._C, "_cuda_getCublasWorkspaceSize", None)
+        lt_getter = getattr(torch._C, "_cuda_getCublasLtWorkspaceSize", None)
+        try:  # the current device's sizes; torch < 2.13 has no getter: keep the table
+            if getter is not None:
+                cublas = int(getter())
+                source = "the running torch"
+            if lt_getter is not None and lt:
+                lt = int(lt_getter())
+        except RuntimeError:
+            pass
+    return LibraryModel(capability=tuple(capability), cublas_bytes=cublas, cublaslt_bytes=lt, source=source)
+
+
+# ---------------------------------------------------------------------------
+# context and loaded libraries
+# ---------------------------------------------------------------------------
+
+
+#: Bytes of the tensors :func:`load_libraries` creates (all of them freed at its end).
+PROBE_TENSOR_BYTES = 2 * 8 * 8 * 4 + 2 * 1 * 1 * 4 * 4 * 4 + 8 * 8 * 2 * 2
+
+
+def load_libraries(device: torch.device, reduced_dtype: torch.dtype | None, uses_cudnn: bool) -> None:
+    """Runs the tiny ops that make the run's handles and kernels exist.
+
+    An 8x8 matmul forward and backward (cuBLAS handles and workspaces of this
+    thread and of autograd's device thread), the same in ``reduced_dtype``
+    when the run uses one, and a 1x1x4x4 convolution forward and backward
+    (cuDNN) when the model has cuDNN layers. It touches no RNG and no module.
+    """
+    with torch.enable_grad(), torch.cuda.device(device_index(device)):
+        a = torch.ones((8, 8), device=device, requires_grad=True)
+        (a @ a).sum().backward()
+        if reduced_dtype is not None:
+            b = torch.ones((8, 8), device=device, dtype=reduced_dtype, requires_grad=True)
+            (b @ b).float().sum().backward()
+            del b
+        if uses_cudnn:
+            x = torch.ones((1, 1, 4, 4), device=device, requires_grad=True)
+            w = torch.ones((1, 1, 1, 1), device=device, requires_grad=True)
+            torch.nn.functional.conv2d(x, w).sum().backward()
+            del x, w
+        del a
+        torch.cuda.synchronize(device)
+
+
+def uses_cudnn(model: torch.nn.Module) -> bool:
+    """Whether a model has layers PyTorch runs through cuDNN on CUDA (conv, batch norm, RNN)."""
+    kinds = (torch.nn.modules.conv._ConvNd, torch.nn.modules.batchnorm._BatchNorm, torch.nn.RNNBase)
+    return any(isinstance(module, kinds) for module in model.modules())
+
+
+def device_overhead(
+    device: torch.device,
+    notes: list[str],
+    *,
+    reduced_dtype: torch.dtype | None = None,
+    cudnn: bool = True,
+    capability: tuple[int, int] | None = None,
+) -> int:
+    """Device memory the run uses beyond the caching allocator: CUDA context and libraries.
+
+    With a CUDA device present: :func:`load_libraries` runs (a bounded probe,
+    reported in ``notes``), then ``total - free - memory_reserved`` is read
+    from the driver. Without one: the table for the GPU family and CUDA major
+    version (:data:`nnmem_callbacks.cuda_tables.CONTEXT_TABLE`).
+    """
+    if torch.cuda.is_available():
+        index = device_index(device)
+        target = torch.device("cuda", index)
+        load_libraries(target, reduced_dtype, cudnn)
+        free, total = torch.cuda.mem_get_info(index)
+        measured = total - free - torch.cuda.memory_reserved(index)
+        if measured > 0:
+            notes.append(
+                f"CUDA context and libraries read from the device: {format_bytes(measured)} "
+                f"(total - free - reserved, device-wide) after a bounded probe (8x8 matmul forward and backward"
+                + (f", the same in {str(reduced_dtype).replace('torch.', '')}" if reduced_dtype is not None else "")
+                + (", a 1x1x4x4 convolution forward and backward" if cudnn else "")
+                + f"; under {PROBE_TENSOR_BYTES} B of tensors, plus the cuBLAS workspaces the run allocates anyway)"
+            )
+            return measured
+    cuda_major = None
+    version = getattr(torch.version, "cuda", None)
+    if version:
+        try:
+            cuda_major = int(str(version).split(".")[0])
+        except ValueError:
+            cuda_major = None
+    if capability is None:
+        capability = cuda_tables.DEFAULT_CAPABILITY
+    figures, exact = cuda_tables.context_figures(capability, cuda_major)
+    where = "" if exact else (
+        f" (the table has no entry for sm_{capability[0]}x with CUDA {cuda_major if cuda_major else '(unknown: a CPU build of torch)'}; "
+        f"the nearest measured stack is used)"
+    )
+    notes.append(
+        f"CUDA context and libraries from the table: {format_bytes(figures.with_libraries)} measured on {figures.source}{where}"
+    )
+    return figures.with_libraries
+
+
+def compiled_module_note(model: Any) -> str | None:
+    """A note when ``model`` is a ``torch.compile``'d module: the eager step is what gets estimated.
+
+    Example:
+        >>> compiled_module_note(torch.nn.Linear(2, 2)) is None
+        True
+    """
+    original = getattr(model, "_orig_mod", None)
+    if original is None or not isinstance(model, torch.nn.Module):
+        return None
+    return (
+        f"the model is a torch.compile'd module ({type(model).__name__} around {type(original).__name__}): "
+        f"the eager training step was estimated; compiled kernels fuse ops (often less memory) and "
+        f"the compilation itself (autotuning, CUDA graphs) can add more"
+    )

@@ -1,0 +1,239 @@
+"""CUDA library model: cuBLAS workspaces as allocations, cuDNN conv workspaces, context overhead.
+
+Every test runs on a CPU host: CUDA targets are traced on CPU kernels, and the
+device paths are driven by a fake driver (monkeypatched ``torch.cuda``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from nnmem_callbacks import cuda_tables  # noqa: E402
+from nnmem_callbacks.estimate import Category  # noqa: E402
+from nnmem_callbacks.torch import allocator, cuda_libraries  # noqa: E402
+from nnmem_callbacks.torch.estimator import estimate_training  # noqa: E402
+from nnmem_callbacks.torch.tracer import StorageTracker  # noqa: E402
+
+MiB = 2**20
+_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "TORCH_CUBLASLT_UNIFIED_WORKSPACE")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for name in _ENV:
+        monkeypatch.delenv(name, raising=False)
+    if not torch.cuda.is_available():
+        yield
+        return
+    pytest.skip("these tests drive the no-device paths and fake drivers; a real GPU is present")
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+def _estimate(model=None, batch_size=64, **kwargs):
+    model = model or _mlp()
+    return estimate_training(model, torch.empty(batch_size, 256, device="meta"), optimizer="adam", device="cuda", **kwargs)
+
+
+# ---------------------------------------------------------------------------
+# cuBLAS workspaces in the trace
+# ---------------------------------------------------------------------------
+
+
+def test_forward_and_backward_threads_each_get_a_cublas_workspace():
+    est = _estimate()
+    assert est.breakdown[str(Category.WORKSPACES)] == 2 * 32 * MiB
+    # forward: only the user's thread has run a GEMM
+    assert est.phase_breakdowns["step1/forward"][str(Category.WORKSPACES)] == 32 * MiB
+    assert est.phase_breakdowns["step1/backward"][str(Category.WORKSPACES)] == 64 * MiB
+    # step 2 reuses them
+    assert est.phase_breakdowns["step2/backward"][str(Category.WORKSPACES)] == 64 * MiB
+    assert any("cuBLAS workspaces from the caching allocator" in note for note in est.notes)
+    assert est.reserved_bytes >= est.peak_bytes
+
+
+def test_workspace_size_follows_cublas_workspace_config_and_stays_out_of_the_slope(monkeypatch):
+    default = _estimate()
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8")
+    small = _estimate()
+    size = (4096 * 2 + 16 * 8) * 1024
+    assert small.breakdown[str(Category.WORKSPACES)] == 2 * size
+    assert small.per_sample_bytes == default.per_sample_bytes
+    assert default.peak_bytes - small.peak_bytes == pytest.approx(2 * (32 * MiB - size), abs=64 * 1024)
+
+
+def test_cpu_targets_have_no_library_workspaces():
+    est = estimate_training(_mlp(), torch.empty(64, 256), optimizer="adam")
+    assert est.breakdown[str(Category.WORKSPACES)] == 0
+    assert est.overhead_bytes == 0
+
+
+def test_separate_cublaslt_workspace_only_when_unification_is_off(monkeypatch):
+    unified = _estimate()
+    monkeypatch.setenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "0")
+    separate = _estimate()
+    # the forward's Linear-with-bias runs addmm (cuBLASLt epilogue); the backward runs mm only
+    assert unified.breakdown[str(Category.WORKSPACES)] == 64 * MiB
+    assert separate.breakdown[str(Category.WORKSPACES)] == 64 * MiB + 1 * MiB
+
+
+def test_first_matmul_matches_the_h100_allocator_reading():
+    # cuda_facts.json: one 512-byte tensor, then the first fp32 matmul of 512x512 -> memory_allocated 35,652,096
+    model = cuda_libraries.LibraryModel(capability=(9, 0), cublas_bytes=cuda_tables.cublas_workspace_bytes((9, 0), {}))
+    with FakeTensorMode() as mode:
+        tracker = StorageTracker("cuda", fake_mode=mode, libraries=model)
+        with tracker:
+            tracker.set_phase("step1/forward")
+            first = torch.empty(128)
+            tracker.register(first, Category.INPUTS)
+            x = torch.empty(512, 512)
+            out = x @ x
+            del out
+            tracker.end()
+        result = tracker.result()
+    live = sum(size if size >= 0 else 0 for _, size in result.events)  # every allocation
+    freed = {key for key, size in result.events if size < 0}
+    sizes = {key: size for key, size in result.events if size >= 0}
+    allocated_at_end = live - sum(sizes[key] for key in freed)
+    assert allocated_at_end == 35_652_096 - 512 * 512 * 4  # the output (1 MiB) was freed here
+    assert allocator.replay(result.events).peak_allocated == 35_652_096
+
+
+def test_conv_forward_workspace_from_the_table_matches_the_measured_layer():
+    # cuda_facts.json: 64->64 3x3 on 32x64x56x56 fp32: the peak rose 25,838,080 B beyond the output
+    model = cuda_libraries.LibraryModel(capability=(9, 0))
+    with FakeTensorMode() as mode:
+        tracker = StorageTracker("cuda", fake_mode=mode, libraries=model)
+        with tracker:
+            tracker.set_phase("step1/forward")
+            x = torch.empty(32, 64, 56, 56)
+            w = torch.empty(64, 64, 3, 3)
+            tracker.register(x, Category.INPUTS)
+            tracker.register(w, Category.PARAMETERS)
+            before = tracker.current
+            out = torch.nn.functional.conv2d(x, w, padding=1)
+            after = tracker.current
+            tracker.end()
+        result = tracker.result()
+    output = after - before
+    assert output == 32 * 64 * 56 * 56 * 4
+    assert result.phase_peaks["step1/forward"] - before - output == 25_838_080
+    del out
+
+
+def test_reduced_precision_convolutions_have_no_table_workspace_and_fp32_backward_is_noted():
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 16 * 16, 4))
+    batch = torch.empty(4, 3, 16, 16, device="meta")
+    bf16 = estimate_training(conv, batch, optimizer="sgd", device="cuda", precision="bf16-mixed")
+    fp32 = estimate_training(conv, batch, optimizer="sgd", device="cuda")
+    assert not any("not modelled" in note for note in bf16.notes)
+    assert any("not modelled" in note and "backward float32" in note for note in fp32.notes)
+    assert any("cuDNN aten.convolution" in note for note in fp32.notes)
+
+
+# ---------------------------------------------------------------------------
+# sizes from the running torch, context from the device (fake driver)
+# ---------------------------------------------------------------------------
+
+
+def _fake_device(monkeypatch, *, capability=(8, 0), free=70 * 2**30, total=80 * 2**30, reserved=9 * 2**30):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=None: (free, total))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index=None: reserved)
+    loaded = []
+    monkeypatch.setattr(cuda_libraries, "load_libraries", lambda device, dtype, cudnn: loaded.append((device, dtype, cudnn)))
+    return loaded
+
+
+def test_library_sizes_come_from_the_device_capability_and_the_running_torch(monkeypatch):
+    _fake_device(monkeypatch, capability=(8, 0))
+    monkeypatch.delattr(torch._C, "_cuda_getCublasWorkspaceSize", raising=False)
+    notes: list[str] = []
+    model = cuda_libraries.library_model(torch.device("cuda"), notes)
+    assert model.capability == (8, 0)
+    assert model.cublas_bytes == 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert not notes  # nothing assumed
+    monkeypatch.setattr(torch._C, "_cuda_getCublasWorkspaceSize", lambda: 12 * MiB, raising=False)
+    model = cuda_libraries.library_model(torch.device("cuda"), notes)
+    assert model.cublas_bytes == 12 * MiB and model.source == "the running torch"
+
+
+def test_device_overhead_is_read_after_the_bounded_probe(monkeypatch):
+    loaded = _fake_device(monkeypatch)
+    notes: list[str] = []
+    overhead = cuda_libraries.device_overhead(torch.device("cuda"), notes, reduced_dtype=torch.bfloat16, cudnn=False)
+    assert overhead == 80 * 2**30 - 70 * 2**30 - 9 * 2**30
+    assert loaded == [(torch.device("cuda", 0), torch.bfloat16, False)]
+    assert any("read from the device" in note and "bfloat16" in note for note in notes)
+
+
+def test_device_overhead_without_a_device_comes_from_the_table(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    notes: list[str] = []
+    overhead = cuda_libraries.device_overhead(torch.device("cuda"), notes, capability=(9, 0))
+    assert overhead == 1_015_873_536 - 211_812_352
+    assert any("from the table" in note for note in notes)
+    est = _estimate()
+    assert est.overhead_bytes == overhead
+    assert est.device_bytes == est.reserved_bytes + overhead
+
+
+def test_estimate_asks_for_the_libraries_the_run_uses(monkeypatch):
+    calls = []
+
+    def spy(device, notes, *, reduced_dtype=None, cudnn=True, capability=None):
+        calls.append((reduced_dtype, cudnn, capability))
+        return 123
+
+    monkeypatch.setattr(cuda_libraries, "device_overhead", spy)
+    est = _estimate(precision="bf16-mixed")
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    estimate_training(conv, torch.empty(2, 3, 8, 8, device="meta"), optimizer="sgd", device="cuda")
+    assert est.overhead_bytes == 123
+    assert calls == [(torch.bfloat16, False, (9, 0)), (None, True, (9, 0))]
+
+
+def test_context_table_falls_back_to_the_nearest_stack():
+    figures, exact = cuda_tables.context_figures((8, 6), 12)
+    assert not exact and figures is cuda_tables.CONTEXT_TABLE[(9, 13)]
+
+
+def test_cublas_workspace_config_parsing_follows_pytorch():
+    assert cuda_tables.cublas_workspace_bytes((9, 0), {"CUBLAS_WORKSPACE_CONFIG": ":4096:2:16:8"}) == (4096 * 2 + 16 * 8) * 1024
+    assert cuda_tables.cublas_workspace_bytes((9, 0), {"CUBLAS_WORKSPACE_CONFIG": "garbage"}) == 32 * MiB
+    assert cuda_tables.cublas_workspace_bytes((7, 5), {}) == 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert cuda_tables.cublaslt_workspace_bytes((7, 5), {"CUBLASLT_WORKSPACE_SIZE": str(64 * 1024)}) == 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert cuda_tables.cublaslt_workspace_bytes(
+        (7, 5), {"CUBLASLT_WORKSPACE_SIZE": str(64 * 1024), "TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0"}
+    ) == 64 * MiB
+
+
+def test_conv_table_rejects_an_unknown_direction():
+    with pytest.raises(ValueError, match="'forward' or 'backward'"):
+        cuda_tables.conv_workspace_rule((9, 0), "float32", "sideways")
+
+
+# ---------------------------------------------------------------------------
+# torch.compile
+# ---------------------------------------------------------------------------
+
+
+def test_compiled_module_is_estimated_as_its_eager_step():
+    model = _mlp()
+    compiled = torch.compile(model)
+    batch = torch.empty(32, 256)
+    eager = estimate_training(model, batch, optimizer="sgd")
+    est = estimate_training(compiled, batch, optimizer="sgd")
+    assert est.peak_bytes == eager.peak_bytes
+    assert any("torch.compile'd module" in note and "eager" in note for note in est.notes)
+    assert not any("torch.compile" in note for note in eager.notes)
