@@ -237,3 +237,72 @@ def test_compiled_module_is_estimated_as_its_eager_step():
     assert est.peak_bytes == eager.peak_bytes
     assert any("torch.compile'd module" in note and "eager" in note for note in est.notes)
     assert not any("torch.compile" in note for note in eager.notes)
+
+
+# ---------------------------------------------------------------------------
+# cuDNN convolution probe (fake meter, real CPU kernels) and cudnn.benchmark
+# ---------------------------------------------------------------------------
+
+
+class _FakeMeter:
+    """Allocator counters as a device would report them: outputs plus a workspace of 1000 + 10 * batch."""
+
+    def __init__(self, output_bytes_per_sample: int) -> None:
+        self.output = output_bytes_per_sample
+        self.calls = 0
+
+    def start(self) -> int:
+        self.calls += 1
+        return 5_000  # what was allocated before the call
+
+    def peak(self) -> int:
+        batch = self.calls  # the probe runs batch 1, then batch 2
+        return 5_000 + self.output * batch + 1000 + 10 * batch
+
+
+def test_conv_probe_fits_the_workspace_in_the_batch_and_measures_each_layer_once():
+    out_per_sample = 8 * 6 * 6 * 4
+    probe = cuda_libraries.ConvProbe(torch.device("cpu"), meter=_FakeMeter(out_per_sample))
+    model = cuda_libraries.LibraryModel(capability=(9, 0), conv_probe=probe)
+    with FakeTensorMode() as mode:
+        tracker = StorageTracker("cuda", fake_mode=mode, libraries=model)
+        with tracker:
+            tracker.set_phase("step1/forward")
+            x = torch.empty(32, 3, 8, 8)
+            w = torch.empty(8, 3, 3, 3)
+            first = torch.nn.functional.conv2d(x, w)
+            second = torch.nn.functional.conv2d(x, w)
+            tracker.end()
+        result = tracker.result()
+    assert probe.runs == 2 and len(probe.fits) == 1
+    assert result.workspace_ops["cuDNN aten.convolution"] == 2
+    sizes = [size for _, size in result.events if size > 0]
+    assert sizes.count(1000 + 10 * 32) == 2
+    assert any("measured on the device" in note and "resets the CUDA peak" in note for note in model.notes({}))
+    del first, second
+
+
+def test_conv_probe_failure_falls_back_to_the_table():
+    class Refusing:
+        def start(self):
+            raise RuntimeError("CUDA out of memory")
+
+    probe = cuda_libraries.ConvProbe(torch.device("cpu"), meter=Refusing())
+    model = cuda_libraries.LibraryModel(capability=(9, 0), conv_probe=probe)
+    x, w = torch.zeros(2, 4, 5, 5), torch.zeros(4, 4, 3, 3)
+    assert model.transient(torch.ops.aten.convolution, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), None) == (
+        x.numel() * 4 + w.numel() * 4 + 512
+    )
+    assert probe.failed["RuntimeError"] == 1
+
+
+def test_cudnn_benchmark_adds_a_first_step_note(monkeypatch):
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    batch = torch.empty(2, 3, 8, 8, device="meta")
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    on = estimate_training(conv, batch, optimizer="sgd", device="cuda")
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    off = estimate_training(conv, batch, optimizer="sgd", device="cuda")
+    assert any("cudnn.benchmark is on" in note for note in on.notes)
+    assert not any("cudnn.benchmark is on" in note for note in off.notes)
+    assert on.peak_bytes == off.peak_bytes

@@ -97,6 +97,7 @@ class LibraryModel:
     conv_probe: Callable[[Any, tuple, Any], int | None] | None = None
     unmodelled: Counter = dataclasses.field(default_factory=Counter)
     probed: Counter = dataclasses.field(default_factory=Counter)
+    table_used: Counter = dataclasses.field(default_factory=Counter)
 
     def persistent(self, packet: Any, phase: str, seen: set) -> list[tuple[str, int]]:
         """The workspaces ``packet`` creates in ``phase`` that ``seen`` lacks (and adds them).
@@ -143,6 +144,7 @@ class LibraryModel:
         if rule is None:
             self.unmodelled[f"{direction} {str(source.dtype).replace('torch.', '')}"] += 1
             return 0
+        self.table_used[direction] += 1
         return rule.bytes_for(_nbytes(source), _nbytes(weight))
 
     def notes(self, workspace_ops: Counter | None = None) -> list[str]:
@@ -160,8 +162,20 @@ class LibraryModel:
                 f"at the first GEMM of the user's thread and of autograd's backward thread, kept for the process "
                 f"(sizes from {self.source}); a process that already ran GEMMs on those threads holds them already"
             )
-        if self.probed:
+        probe = self.conv_probe
+        if self.probed and isinstance(probe, ConvProbe):
+            text.append(
+                f"cuDNN convolution workspaces measured on the device ({', '.join(sorted(self.probed))}): "
+                f"{len(probe.fits)} layer shape(s), {probe.runs} real call(s) at batch {CONV_PROBE_BATCHES[0]} and "
+                f"{CONV_PROBE_BATCHES[1]} with zero tensors (bounded probe; it resets the CUDA peak memory statistics)"
+            )
+        elif self.probed:
             text.append("cuDNN convolution workspaces measured on the device for: " + ", ".join(sorted(self.probed)))
+        if isinstance(probe, ConvProbe) and probe.failed:
+            text.append("cuDNN convolution probes failed (" + ", ".join(f"{k} x{v}" for k, v in sorted(probe.failed.items()))
+                        + "); the table was used for those")
+        if cudnn_benchmark_enabled() and (self.probed or self.unmodelled or self.table_used):
+            text.append(BENCHMARK_NOTE)
         if self.unmodelled:
             text.append(
                 f"cuDNN convolution workspaces not modelled on sm_{self.capability[0]}{self.capability[1]} for: "
@@ -169,6 +183,21 @@ class LibraryModel:
                 + " (no measured table entry and no device to probe); fp32 conv nets can need much more"
             )
         return text
+
+
+#: What ``torch.backends.cudnn.benchmark = True`` adds, from pytorch ``aten/src/ATen/native/cudnn/Conv_v8.cpp``.
+BENCHMARK_NOTE = (
+    "torch.backends.cudnn.benchmark is on: the first step's algorithm search (Conv_v8.cpp generate_and_filter_plans) "
+    "allocates, once per new convolution shape, the largest workspace among the candidate plans that fits the largest "
+    "free block (free device memory or a cached block; halved on out-of-memory), so that first step can briefly take "
+    "up to all free device memory; it is not in this peak. Later steps use the chosen plan's workspace. "
+    "CUDNN_CONV_WSCAP_DBG (MiB) caps the workspaces cuDNN considers"
+)
+
+
+def cudnn_benchmark_enabled() -> bool:
+    """Whether ``torch.backends.cudnn.benchmark`` is on."""
+    return bool(getattr(torch.backends.cudnn, "benchmark", False))
 
 
 def _nbytes(tensor: Any) -> int:
@@ -197,7 +226,9 @@ def indexed_device(device: Any) -> torch.device:
     return device
 
 
-def library_model(device: torch.device, notes: list[str], capability: tuple[int, int] | None = None) -> LibraryModel:
+def library_model(
+    device: torch.device, notes: list[str], capability: tuple[int, int] | None = None, *, probe_convolutions: bool = True
+) -> LibraryModel:
     """The library sizes for training on ``device``.
 
     With a CUDA device present, the compute capability comes from it and the
@@ -206,6 +237,8 @@ def library_model(device: torch.device, notes: list[str], capability: tuple[int,
     ``torch.backends.cuda.cublas_workspace_size()`` as well as the environment.
     Without one, ``capability`` (default sm_90, said in ``notes``) and the
     environment give them through :mod:`nnmem_callbacks.cuda_tables`.
+    With a device and ``probe_convolutions``, cuDNN convolution workspaces are
+    measured by a :class:`ConvProbe`.
     """
     env = os.environ
     present = torch.cuda.is_available()
@@ -231,7 +264,111 @@ def library_model(device: torch.device, notes: list[str], capability: tuple[int,
                 lt = int(lt_getter())
         except RuntimeError:
             pass
-    return LibraryModel(capability=tuple(capability), cublas_bytes=cublas, cublaslt_bytes=lt, source=source)
+    probe = ConvProbe(torch.device("cuda", device_index(device))) if present and probe_convolutions else None
+    return LibraryModel(capability=tuple(capability), cublas_bytes=cublas, cublaslt_bytes=lt, source=source, conv_probe=probe)
+
+
+# ---------------------------------------------------------------------------
+# cuDNN convolution workspaces measured on the device
+# ---------------------------------------------------------------------------
+
+
+class CudaMeter:
+    """Reads the caching allocator's counters on one device (the probes' only side effect:
+    ``reset_peak_memory_stats``, which the notes report)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def start(self) -> int:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def peak(self) -> int:
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+
+#: The batch sizes of the two real calls a convolution's workspace is fitted from.
+CONV_PROBE_BATCHES = (1, 2)
+
+
+class ConvProbe:
+    """Measures a convolution's cuDNN workspace on the device at batch 1 and 2 and fits it in the batch.
+
+    The call runs for real with zero tensors of the traced shapes (the batch
+    dimension replaced), under the allocator's peak counter; the workspace is
+    the peak beyond what was allocated before and the call's outputs. It is
+    ``a + b * batch``, evaluated at the traced batch. One fit per distinct
+    layer shape, dtype and arguments; tensors of at most two samples.
+
+    Args:
+        device: The CUDA device the run trains on.
+        meter: Reads allocator counters (default :class:`CudaMeter`; tests pass a fake).
+    """
+
+    def __init__(self, device: torch.device, meter: Any = None) -> None:
+        self.device = device
+        self.meter = meter or CudaMeter(device)
+        self.fits: dict[Any, tuple[float, float]] = {}
+        self.runs = 0
+        self.failed: Counter = Counter()
+
+    @staticmethod
+    def _batched(packet: Any) -> tuple[int, ...]:
+        # convolution(input, ...): dim 0 of input; convolution_backward(grad_output, input, ...): both
+        return (0,) if packet in CONV_FORWARD_OPS else (0, 1)
+
+    def _key(self, packet: Any, args: tuple) -> Any:
+        parts = []
+        for index, value in enumerate(args):
+            if isinstance(value, torch.Tensor):
+                shape = tuple(value.shape[1:]) if index in self._batched(packet) else tuple(value.shape)
+                parts.append(("T", shape, tuple(value.stride()) if value.dim() else (), value.dtype))
+            else:
+                parts.append(repr(value))
+        return (str(packet), tuple(parts))
+
+    def __call__(self, packet: Any, args: tuple, out: Any) -> int | None:
+        if packet not in CONV_FORWARD_OPS and packet not in CONV_BACKWARD_OPS:
+            return None
+        key = self._key(packet, args)
+        fit = self.fits.get(key)
+        if fit is None:
+            try:
+                fit = self.fits[key] = self._measure(packet, args)
+            except (RuntimeError, ValueError) as error:  # the device refuses (OOM, unsupported): use the table
+                self.failed[type(error).__name__] += 1
+                return None
+        batch = int(args[0].shape[0]) if packet in CONV_FORWARD_OPS else int(args[1].shape[0])
+        return max(0, int(round(fit[0] + fit[1] * batch)))
+
+    def _measure(self, packet: Any, args: tuple) -> tuple[float, float]:
+        from nnmem_callbacks.probes.runner import isolated, real_tensor
+
+        func = aten.convolution.default if packet in CONV_FORWARD_OPS else aten.convolution_backward.default
+        if packet is aten.cudnn_convolution:
+            func = aten.cudnn_convolution.default
+        batched = self._batched(packet)
+        values = []
+        with isolated(), torch.autocast("cuda", enabled=False), torch.utils._python_dispatch._disable_current_modes():
+            for batch in CONV_PROBE_BATCHES:
+                real = [
+                    real_tensor(value, (batch, *value.shape[1:]) if index in batched else None, device=str(self.device))
+                    if isinstance(value, torch.Tensor) else value
+                    for index, value in enumerate(args)
+                ]
+                before = self.meter.start()
+                result = func(*real)
+                peak = self.meter.peak()
+                outputs = sum(_nbytes(t) for t in (result if isinstance(result, (tuple, list)) else (result,)))
+                values.append(max(0, peak - before - outputs))
+                self.runs += 1
+                del real, result
+        (b1, b2), (w1, w2) = CONV_PROBE_BATCHES, values
+        slope = (w2 - w1) / (b2 - b1)
+        return (w1 - slope * b1, slope)
 
 
 # ---------------------------------------------------------------------------

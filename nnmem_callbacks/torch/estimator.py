@@ -58,7 +58,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from nnmem_callbacks import cuda_tables
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
 from nnmem_callbacks.probes.runner import UnsupportedKernelError
-from nnmem_callbacks.probes.session import kernel_probes, probe_batch
+from nnmem_callbacks.probes.session import current_session, kernel_probes, probe_batch
 from nnmem_callbacks.units import format_bytes
 from nnmem_callbacks.torch import allocator, cuda_libraries
 from nnmem_callbacks.torch.compat import eager_library_checks
@@ -351,7 +351,10 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
     batch_size = config.batch.batch_size
     libraries = None
     if config.target_device.type == "cuda":
-        libraries = cuda_libraries.library_model(config.target_device, notes)
+        session_probes = current_session()
+        libraries = cuda_libraries.library_model(
+            config.target_device, notes, probe_convolutions=session_probes is None or session_probes.settings.enabled
+        )
     session = TraceSession(libraries)
     main = run_trace(config, batch_size, session=session)
     if main.placeholders:
