@@ -28,6 +28,14 @@ creates the same handles), and the prediction includes the workspaces
 (``breakdown["workspaces"]``). ``leftover_bytes`` reports what was allocated
 before the steps; in a fresh process it is 0.
 
+Evidence (gpu-runs/2026-11-23-h100/zoo_cuda.json, first combination of each
+worker, where the estimate still ran first): the traced cases hold two 32 MiB
+workspaces from step 1 on (mlp: 34.97 MiB at step1/forward over a 1.48 MiB
+baseline, 67.49 MiB at step1/optimizer), but data_dependent and lstm, whose
+closed-form fallback ran real layers on the device before the truth, hold only
+the backward thread's one (data_dependent: 11.03 MiB at step1/forward, 40.18
+MiB at step1/optimizer over 3.39 MiB).
+
 Phases are named ``step{1,2}/{forward,backward,optimizer,zero_grad}``, the same
 convention as :class:`nnmem_callbacks.estimate.PhaseLine`.
 """

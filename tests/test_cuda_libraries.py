@@ -306,3 +306,25 @@ def test_cudnn_benchmark_adds_a_first_step_note(monkeypatch):
     assert any("cudnn.benchmark is on" in note for note in on.notes)
     assert not any("cudnn.benchmark is on" in note for note in off.notes)
     assert on.peak_bytes == off.peak_bytes
+
+
+def test_closed_form_estimates_for_cuda_get_the_workspaces_and_the_overhead():
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(16, 16)
+
+        def forward(self, x):
+            x = self.linear(x)
+            return x[x.nonzero(as_tuple=True)].sum()  # data-dependent shape: no trace
+
+    model = DataDependent()
+    batch = torch.randn(8, 16)
+    with pytest.warns(RuntimeWarning):
+        cuda = estimate_training(model, batch, optimizer="sgd", device="cuda", loss_fn=lambda m, b: m(b))
+        cpu = estimate_training(model, batch, optimizer="sgd", device="cpu", loss_fn=lambda m, b: m(b))
+    assert cuda.method == cpu.method != "trace"
+    assert cuda.breakdown[str(Category.WORKSPACES)] == 64 * MiB
+    assert cuda.peak_bytes == cpu.peak_bytes + 64 * MiB
+    assert cuda.peak_bytes_at(16) - cuda.peak_bytes_at(8) == cpu.peak_bytes_at(16) - cpu.peak_bytes_at(8)
+    assert cuda.overhead_bytes == cuda_tables.CONTEXT_TABLE[(9, 13)].with_libraries

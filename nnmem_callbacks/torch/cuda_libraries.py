@@ -475,3 +475,43 @@ def compiled_module_note(model: Any) -> str | None:
         f"the eager training step was estimated; compiled kernels fuse ops (often less memory) and "
         f"the compilation itself (autotuning, CUDA graphs) can add more"
     )
+
+
+def uses_gemm(model: torch.nn.Module) -> bool:
+    """Whether a model has layers whose CUDA kernels call cuBLAS (linear and attention projections).
+
+    Used where no trace says which ops ran (the closed-form fallback).
+
+    Example:
+        >>> uses_gemm(torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3))), uses_gemm(torch.nn.Linear(2, 2))
+        (False, True)
+    """
+    kinds = (torch.nn.Linear, torch.nn.Bilinear, torch.nn.MultiheadAttention)
+    return any(isinstance(module, kinds) or type(module).__name__ in ("Conv1D", "LinearLayer") for module in model.modules())
+
+
+def complete_closed_form(estimate: Any, model: torch.nn.Module, device: torch.device, precision_dtype: torch.dtype | None) -> Any:
+    """Adds what the CUDA libraries take to a closed-form (untraced) estimate for a CUDA target.
+
+    The cuBLAS workspaces of the user's and autograd's threads when the model
+    has GEMM layers (:func:`uses_gemm`), as fixed bytes of every phase, and
+    the context and libraries as ``overhead_bytes``.
+    """
+    notes: list[str] = list(estimate.notes)
+    libraries = library_model(device, notes, probe_convolutions=False)
+    workspaces = 2 * (libraries.cublas_bytes + libraries.cublaslt_bytes) if uses_gemm(model) else 0
+    category = "workspaces"
+    breakdown = dict(estimate.breakdown)
+    breakdown[category] = breakdown.get(category, 0) + workspaces
+    phase_breakdowns = {phase: {**values, category: values.get(category, 0) + workspaces} for phase, values in estimate.phase_breakdowns.items()}
+    phases = tuple(dataclasses.replace(line, fixed_bytes=line.fixed_bytes + workspaces) for line in estimate.phases)
+    if workspaces:
+        notes.append(
+            f"closed-form estimate: the model has GEMM layers, so two cuBLAS workspaces ({format_bytes(libraries.cublas_bytes)} "
+            f"each: the user's and autograd's threads) are added"
+        )
+    overhead = device_overhead(device, notes, reduced_dtype=precision_dtype, cudnn=uses_cudnn(model), capability=libraries.capability)
+    return dataclasses.replace(
+        estimate, peak_bytes=estimate.peak_bytes + workspaces, breakdown=breakdown, phases=phases,
+        phase_breakdowns=phase_breakdowns, overhead_bytes=overhead, notes=tuple(notes),
+    )

@@ -181,6 +181,8 @@ def estimate_training(
                 f"using the closed-form layer-by-layer estimate instead"
             )
             estimate = estimate_closed_form(config, reason, notes)
+            if config.target_device.type == "cuda":
+                estimate = cuda_libraries.complete_closed_form(estimate, config.model, config.target_device, _reduced_dtype(config))
     estimate = dataclasses.replace(estimate, notes=(*estimate.notes, *probes.notes()))
     extra = dict(estimate.extra)
     extra["kernel_probes"] = {"probed": probes.probed, "from_cache": probes.from_cache, "kernel_runs": probes.kernel_runs, "seconds": round(probes.seconds, 4)}
