@@ -191,28 +191,53 @@ def blas_workspaces_per_thread(
 class ContextFigures:
     """Device memory outside the caching allocator, measured on one stack.
 
+    Each figure is ``total - free - memory_reserved`` at the end of two
+    training steps in a fresh process (``after_init``: right after
+    ``torch.cuda.init()``). Which libraries a run loads decides which applies.
+
     Attributes:
-        after_init: ``total - free`` right after ``torch.cuda.init()``.
-        with_libraries: ``total - free - memory_reserved`` once cuBLAS (on the
-            user's and autograd's threads, fp32 and bf16 GEMMs) and cuDNN
-            (convolution forward and backward) have run.
+        after_init: The CUDA context alone.
+        gemm: A run with GEMMs (cuBLAS handles on the user's and autograd's threads) and no cuDNN.
+        cudnn: A run with cuDNN layers (convolution, batch norm) and no GEMM.
+        gemm_and_cudnn: A run with both.
         source: Where the numbers come from.
     """
 
     after_init: int
-    with_libraries: int
+    gemm: int
+    cudnn: int
+    gemm_and_cudnn: int
     source: str
+
+    def for_run(self, gemm: bool, cudnn: bool) -> int:
+        """The figure for a run that uses GEMMs and/or cuDNN.
+
+        Example:
+            >>> CONTEXT_TABLE[(9, 13)].for_run(gemm=True, cudnn=False) // 2**20
+            750
+        """
+        if gemm and cudnn:
+            return self.gemm_and_cudnn
+        if gemm:
+            return self.gemm
+        if cudnn:
+            return self.cudnn
+        return self.after_init
 
 
 #: (compute capability major, CUDA major) -> figures. Only measured stacks are listed.
 CONTEXT_TABLE: dict[tuple[int, int], ContextFigures] = {
     (9, 13): ContextFigures(
+        # cuda_facts.json after_init: device_used
         after_init=552_402_944,
-        # after_conv_bwd: device_used 1,015,873,536 - reserved 211,812,352
-        with_libraries=1_015_873_536 - 211_812_352,
+        # zoo_cuda.json measured_overhead of the first (fresh-process) combination: mlp (GEMM only),
+        # unet (convolutions and batch norm, no GEMM), bn_cnn (both; equal to cuda_facts.json
+        # after_conv_bwd: device_used 1,015,873,536 - reserved 211,812,352)
+        gemm=787_283_968,
+        cudnn=669_843_456,
+        gemm_and_cudnn=804_061_184,
         source="H100 80GB HBM3, torch 2.11.0+cu130, cuDNN 9.19, driver 580 "
-        "(gpu-runs/2026-11-23-h100/cuda_facts.json: after_init, after_conv_bwd; "
-        "training processes of the zoo used 750-810 MiB beyond the allocator)",
+        "(gpu-runs/2026-11-23-h100: cuda_facts.json, zoo_cuda.json)",
     ),
 }
 

@@ -104,7 +104,10 @@ def test_first_matmul_matches_the_h100_allocator_reading():
     sizes = {key: size for key, size in result.events if size >= 0}
     allocated_at_end = live - sum(sizes[key] for key in freed)
     assert allocated_at_end == 35_652_096 - 512 * 512 * 4  # the output (1 MiB) was freed here
-    assert allocator.replay(result.events).peak_allocated == 35_652_096
+    prediction = allocator.replay(result.events)
+    assert prediction.peak_allocated == 35_652_096
+    # and the reserve: a 2 MiB small segment for the tensors, another for the output, 32 MiB for the workspace
+    assert prediction.peak_reserved == 37_748_736  # cuda_facts.json after_fp32_matmul "reserved"
 
 
 def test_conv_forward_workspace_from_the_table_matches_the_measured_layer():
@@ -151,7 +154,7 @@ def _fake_device(monkeypatch, *, capability=(8, 0), free=70 * 2**30, total=80 * 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=None: (free, total))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index=None: reserved)
     loaded = []
-    monkeypatch.setattr(cuda_libraries, "load_libraries", lambda device, dtype, cudnn: loaded.append((device, dtype, cudnn)))
+    monkeypatch.setattr(cuda_libraries, "load_libraries", lambda device, dtype, gemm, cudnn: loaded.append((device, dtype, gemm, cudnn)))
     return loaded
 
 
@@ -173,7 +176,7 @@ def test_device_overhead_is_read_after_the_bounded_probe(monkeypatch):
     notes: list[str] = []
     overhead = cuda_libraries.device_overhead(torch.device("cuda"), notes, reduced_dtype=torch.bfloat16, cudnn=False)
     assert overhead == 80 * 2**30 - 70 * 2**30 - 9 * 2**30
-    assert loaded == [(torch.device("cuda", 0), torch.bfloat16, False)]
+    assert loaded == [(torch.device("cuda", 0), torch.bfloat16, True, False)]
     assert any("read from the device" in note and "bfloat16" in note for note in notes)
 
 
@@ -181,26 +184,31 @@ def test_device_overhead_without_a_device_comes_from_the_table(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     notes: list[str] = []
     overhead = cuda_libraries.device_overhead(torch.device("cuda"), notes, capability=(9, 0))
-    assert overhead == 1_015_873_536 - 211_812_352
-    assert any("from the table" in note for note in notes)
+    assert overhead == 1_015_873_536 - 211_812_352  # cuda_facts.json after_conv_bwd: both libraries loaded
+    assert any("from the table" in note and "cuBLAS and cuDNN" in note for note in notes)
+    figures = cuda_tables.CONTEXT_TABLE[(9, 13)]
+    assert cuda_libraries.device_overhead(torch.device("cuda"), [], gemm=False, cudnn=False) == figures.after_init
+    # the MLP runs GEMMs and no cuDNN layer: the zoo's mlp figure
     est = _estimate()
-    assert est.overhead_bytes == overhead
-    assert est.device_bytes == est.reserved_bytes + overhead
+    assert est.overhead_bytes == figures.gemm == 787_283_968
+    assert est.device_bytes == est.reserved_bytes + est.overhead_bytes
 
 
 def test_estimate_asks_for_the_libraries_the_run_uses(monkeypatch):
     calls = []
 
-    def spy(device, notes, *, reduced_dtype=None, cudnn=True, capability=None):
-        calls.append((reduced_dtype, cudnn, capability))
+    def spy(device, notes, *, reduced_dtype=None, gemm=True, cudnn=True, capability=None):
+        calls.append((reduced_dtype, gemm, cudnn, capability))
         return 123
 
     monkeypatch.setattr(cuda_libraries, "device_overhead", spy)
     est = _estimate(precision="bf16-mixed")
     conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
     estimate_training(conv, torch.empty(2, 3, 8, 8, device="meta"), optimizer="sgd", device="cuda")
+    only_conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    estimate_training(only_conv, torch.empty(2, 3, 8, 8, device="meta"), optimizer="sgd", device="cuda")
     assert est.overhead_bytes == 123
-    assert calls == [(torch.bfloat16, False, (9, 0)), (None, True, (9, 0))]
+    assert calls == [(torch.bfloat16, True, False, (9, 0)), (None, True, True, (9, 0)), (None, False, True, (9, 0))]
 
 
 def test_context_table_falls_back_to_the_nearest_stack():
@@ -327,4 +335,4 @@ def test_closed_form_estimates_for_cuda_get_the_workspaces_and_the_overhead():
     assert cuda.breakdown[str(Category.WORKSPACES)] == 64 * MiB
     assert cuda.peak_bytes == cpu.peak_bytes + 64 * MiB
     assert cuda.peak_bytes_at(16) - cuda.peak_bytes_at(8) == cpu.peak_bytes_at(16) - cpu.peak_bytes_at(8)
-    assert cuda.overhead_bytes == cuda_tables.CONTEXT_TABLE[(9, 13)].with_libraries
+    assert cuda.overhead_bytes == cuda_tables.CONTEXT_TABLE[(9, 13)].gemm

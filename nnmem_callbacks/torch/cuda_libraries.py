@@ -380,27 +380,28 @@ class ConvProbe:
 PROBE_TENSOR_BYTES = 2 * 8 * 8 * 4 + 2 * 1 * 1 * 4 * 4 * 4 + 8 * 8 * 2 * 2
 
 
-def load_libraries(device: torch.device, reduced_dtype: torch.dtype | None, uses_cudnn: bool) -> None:
+def load_libraries(device: torch.device, reduced_dtype: torch.dtype | None, gemm: bool, cudnn: bool) -> None:
     """Runs the tiny ops that make the run's handles and kernels exist.
 
-    An 8x8 matmul forward and backward (cuBLAS handles and workspaces of this
-    thread and of autograd's device thread), the same in ``reduced_dtype``
-    when the run uses one, and a 1x1x4x4 convolution forward and backward
-    (cuDNN) when the model has cuDNN layers. It touches no RNG and no module.
+    With ``gemm``: an 8x8 matmul forward and backward (cuBLAS handles and
+    workspaces of this thread and of autograd's device thread), the same in
+    ``reduced_dtype`` when the run uses one. With ``cudnn``: a 1x1x4x4
+    convolution forward and backward. It touches no RNG and no module.
     """
-    with torch.enable_grad(), torch.cuda.device(device_index(device)):
-        a = torch.ones((8, 8), device=device, requires_grad=True)
-        (a @ a).sum().backward()
-        if reduced_dtype is not None:
-            b = torch.ones((8, 8), device=device, dtype=reduced_dtype, requires_grad=True)
-            (b @ b).float().sum().backward()
-            del b
-        if uses_cudnn:
+    with torch.enable_grad():
+        if gemm:
+            a = torch.ones((8, 8), device=device, requires_grad=True)
+            (a @ a).sum().backward()
+            del a
+            if reduced_dtype is not None:
+                b = torch.ones((8, 8), device=device, dtype=reduced_dtype, requires_grad=True)
+                (b @ b).float().sum().backward()
+                del b
+        if cudnn:
             x = torch.ones((1, 1, 4, 4), device=device, requires_grad=True)
             w = torch.ones((1, 1, 1, 1), device=device, requires_grad=True)
             torch.nn.functional.conv2d(x, w).sum().backward()
             del x, w
-        del a
         torch.cuda.synchronize(device)
 
 
@@ -415,6 +416,7 @@ def device_overhead(
     notes: list[str],
     *,
     reduced_dtype: torch.dtype | None = None,
+    gemm: bool = True,
     cudnn: bool = True,
     capability: tuple[int, int] | None = None,
 ) -> int:
@@ -423,20 +425,25 @@ def device_overhead(
     With a CUDA device present: :func:`load_libraries` runs (a bounded probe,
     reported in ``notes``), then ``total - free - memory_reserved`` is read
     from the driver. Without one: the table for the GPU family and CUDA major
-    version (:data:`nnmem_callbacks.cuda_tables.CONTEXT_TABLE`).
+    version (:data:`nnmem_callbacks.cuda_tables.CONTEXT_TABLE`), for a run
+    that uses GEMMs (``gemm``) and/or cuDNN (``cudnn``).
     """
     if torch.cuda.is_available():
         index = device_index(device)
         target = torch.device("cuda", index)
-        load_libraries(target, reduced_dtype, cudnn)
+        load_libraries(target, reduced_dtype, gemm, cudnn)
         free, total = torch.cuda.mem_get_info(index)
         measured = total - free - torch.cuda.memory_reserved(index)
         if measured > 0:
             notes.append(
                 f"CUDA context and libraries read from the device: {format_bytes(measured)} "
-                f"(total - free - reserved, device-wide) after a bounded probe (8x8 matmul forward and backward"
-                + (f", the same in {str(reduced_dtype).replace('torch.', '')}" if reduced_dtype is not None else "")
-                + (", a 1x1x4x4 convolution forward and backward" if cudnn else "")
+                f"(total - free - reserved, device-wide) after a bounded probe ("
+                + ", ".join(
+                    (["8x8 matmul forward and backward"] if gemm else [])
+                    + ([f"the same in {str(reduced_dtype).replace('torch.', '')}"] if gemm and reduced_dtype is not None else [])
+                    + (["a 1x1x4x4 convolution forward and backward"] if cudnn else [])
+                    or ["no op: the run uses neither cuBLAS nor cuDNN"]
+                )
                 + f"; under {PROBE_TENSOR_BYTES} B of tensors, plus the cuBLAS workspaces the run allocates anyway)"
             )
             return measured
@@ -450,14 +457,17 @@ def device_overhead(
     if capability is None:
         capability = cuda_tables.DEFAULT_CAPABILITY
     figures, exact = cuda_tables.context_figures(capability, cuda_major)
+    figure = figures.for_run(gemm, cudnn)
+    uses = " and ".join(name for name, used in (("cuBLAS", gemm), ("cuDNN", cudnn)) if used) or "no library"
     where = "" if exact else (
         f" (the table has no entry for sm_{capability[0]}x with CUDA {cuda_major if cuda_major else '(unknown: a CPU build of torch)'}; "
         f"the nearest measured stack is used)"
     )
     notes.append(
-        f"CUDA context and libraries from the table: {format_bytes(figures.with_libraries)} measured on {figures.source}{where}"
+        f"CUDA context and libraries from the table: {format_bytes(figure)} for a run using {uses}, "
+        f"measured on {figures.source}{where}"
     )
-    return figures.with_libraries
+    return figure
 
 
 def compiled_module_note(model: Any) -> str | None:
@@ -510,7 +520,9 @@ def complete_closed_form(estimate: Any, model: torch.nn.Module, device: torch.de
             f"closed-form estimate: the model has GEMM layers, so two cuBLAS workspaces ({format_bytes(libraries.cublas_bytes)} "
             f"each: the user's and autograd's threads) are added"
         )
-    overhead = device_overhead(device, notes, reduced_dtype=precision_dtype, cudnn=uses_cudnn(model), capability=libraries.capability)
+    overhead = device_overhead(
+        device, notes, reduced_dtype=precision_dtype, gemm=uses_gemm(model), cudnn=uses_cudnn(model), capability=libraries.capability
+    )
     return dataclasses.replace(
         estimate, peak_bytes=estimate.peak_bytes + workspaces, breakdown=breakdown, phases=phases,
         phase_breakdowns=phase_breakdowns, overhead_bytes=overhead, notes=tuple(notes),

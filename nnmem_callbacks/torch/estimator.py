@@ -81,7 +81,7 @@ from nnmem_callbacks.torch.tracer import OpMemo, StorageTracker, TraceResult
 
 #: CUDA context and library bytes assumed when no CUDA device can be asked and
 #: the table has nothing closer (:data:`nnmem_callbacks.cuda_tables.CONTEXT_TABLE`, H100 / CUDA 13).
-DEFAULT_CUDA_CONTEXT_BYTES = cuda_tables.CONTEXT_TABLE[(9, 13)].with_libraries
+DEFAULT_CUDA_CONTEXT_BYTES = cuda_tables.CONTEXT_TABLE[(9, 13)].gemm_and_cudnn
 
 #: Replay fake ops from a cheap metadata key instead of FakeTensorMode's own
 #: cache (same outputs, about a third less time); off only for debugging.
@@ -396,6 +396,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         notes.extend(libraries.notes(main.workspace_ops))
         overhead = cuda_libraries.device_overhead(
             config.target_device, notes, reduced_dtype=_reduced_dtype(config),
+            gemm=any(str(op).startswith("cuBLAS") for op in main.workspace_ops),
             cudnn=cuda_libraries.uses_cudnn(config.model), capability=libraries.capability,
         )
     return MemoryEstimate(
