@@ -336,3 +336,19 @@ def test_closed_form_estimates_for_cuda_get_the_workspaces_and_the_overhead():
     assert cuda.peak_bytes == cpu.peak_bytes + 64 * MiB
     assert cuda.peak_bytes_at(16) - cuda.peak_bytes_at(8) == cpu.peak_bytes_at(16) - cpu.peak_bytes_at(8)
     assert cuda.overhead_bytes == cuda_tables.CONTEXT_TABLE[(9, 13)].gemm
+
+
+def test_conv_probe_measures_with_cudnn_benchmark_off_and_restores_it(monkeypatch):
+    seen = []
+
+    class Meter(_FakeMeter):
+        def start(self):
+            seen.append(torch.backends.cudnn.benchmark)
+            return super().start()
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    probe = cuda_libraries.ConvProbe(torch.device("cpu"), meter=Meter(4 * 3 * 3 * 4))
+    x, w = torch.zeros(8, 2, 5, 5), torch.zeros(4, 2, 3, 3)
+    probe(torch.ops.aten.convolution, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), None)
+    assert seen == [False, False]
+    assert torch.backends.cudnn.benchmark is True

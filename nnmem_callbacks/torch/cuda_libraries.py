@@ -33,10 +33,11 @@ Known limitations:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -45,20 +46,21 @@ from nnmem_callbacks.units import format_bytes
 
 aten = torch.ops.aten
 
+def _packets(*names: str) -> frozenset:
+    """The aten overload packets of ``names`` that this torch has."""
+    return frozenset(getattr(aten, name) for name in names if hasattr(aten, name))
+
+
 #: Ops whose CUDA kernels call cuBLAS through ``getCurrentCUDABlasHandle`` (Blas.cpp / CUDABlas.cpp).
-GEMM_OPS = frozenset(
-    {
-        aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.addmv, aten.mv,
-        aten.dot, aten.vdot, aten._addmm_activation, aten._scaled_mm, aten._int_mm,
-    }
-)
+GEMM_OPS = _packets("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot",
+                    "_addmm_activation", "_scaled_mm", "_int_mm")
 
 #: Ops that may run through cuBLASLt (``gemm_and_bias`` / ``scaled_gemm`` in CUDABlas.cpp).
-LT_OPS = frozenset({aten.addmm, aten._addmm_activation, aten._scaled_mm})
+LT_OPS = _packets("addmm", "_addmm_activation", "_scaled_mm")
 
 #: Convolution ops that cuDNN runs on CUDA.
-CONV_FORWARD_OPS = frozenset({aten.convolution, aten.cudnn_convolution})
-CONV_BACKWARD_OPS = frozenset({aten.convolution_backward})
+CONV_FORWARD_OPS = _packets("convolution", "cudnn_convolution")
+CONV_BACKWARD_OPS = _packets("convolution_backward")
 
 BACKWARD_THREAD = "autograd device thread"
 USER_THREAD = "user thread"
@@ -294,6 +296,17 @@ class CudaMeter:
 CONV_PROBE_BATCHES = (1, 2)
 
 
+@contextlib.contextmanager
+def _cudnn_benchmark_off() -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark = False`` inside, the user's value restored after (nothing else touched)."""
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = previous
+
+
 class ConvProbe:
     """Measures a convolution's cuDNN workspace on the device at batch 1 and 2 and fits it in the batch.
 
@@ -301,7 +314,9 @@ class ConvProbe:
     dimension replaced), under the allocator's peak counter; the workspace is
     the peak beyond what was allocated before and the call's outputs. It is
     ``a + b * batch``, evaluated at the traced batch. One fit per distinct
-    layer shape, dtype and arguments; tensors of at most two samples.
+    layer shape, dtype and arguments; tensors of at most two samples. The
+    probe runs with ``cudnn.benchmark`` off (the algorithm search is not
+    bounded), so with benchmark on it measures the heuristics' choice.
 
     Args:
         device: The CUDA device the run trains on.
@@ -352,7 +367,10 @@ class ConvProbe:
             func = aten.cudnn_convolution.default
         batched = self._batched(packet)
         values = []
-        with isolated(), torch.autocast("cuda", enabled=False), torch.utils._python_dispatch._disable_current_modes():
+        # benchmark off: the search would try workspaces up to the free device memory (not a bounded probe);
+        # the heuristics' choice is measured instead (BENCHMARK_NOTE says what the search adds)
+        with isolated(), _cudnn_benchmark_off(), torch.autocast("cuda", enabled=False), \
+                torch.utils._python_dispatch._disable_current_modes():
             for batch in CONV_PROBE_BATCHES:
                 real = [
                     real_tensor(value, (batch, *value.shape[1:]) if index in batched else None, device=str(self.device))
