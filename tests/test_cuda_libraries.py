@@ -352,3 +352,31 @@ def test_conv_probe_measures_with_cudnn_benchmark_off_and_restores_it(monkeypatc
     probe(torch.ops.aten.convolution, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), None)
     assert seen == [False, False]
     assert torch.backends.cudnn.benchmark is True
+
+
+def test_a_bf16_matmul_after_an_fp32_one_adds_only_its_output():
+    # cuda_facts.json: the first bf16 autocast matmul raised memory_allocated by 524,288 B (its 512x512 bf16 output)
+    model = cuda_libraries.LibraryModel(capability=(9, 0))
+    with FakeTensorMode() as mode:
+        tracker = StorageTracker("cuda", fake_mode=mode, libraries=model)
+        with tracker:
+            tracker.set_phase("step1/forward")
+            x = torch.empty(512, 512)
+            kept = [x @ x]
+            before = tracker.current
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                kept.append(x @ x)
+            after = tracker.current
+            tracker.end()
+    assert after - before == 512 * 512 * 2
+    assert tracker.workspace_ops["cuBLAS workspace (user thread)"] == 1
+
+
+def test_the_workspaces_category_reaches_the_tables_and_the_json():
+    from nnmem_callbacks import report
+
+    est = _estimate()
+    assert "| workspaces | 64.00 MiB |" in report.format_markdown_breakdown(est)
+    assert "workspaces" in report.format_summary(est)
+    assert est.to_dict()["breakdown"]["workspaces"] == 64 * MiB
+    assert est.static_bytes >= 64 * MiB  # fixed, not per sample
