@@ -40,7 +40,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nnmem_callbacks.estimate import MemoryEstimate
 
 MiB = 2**20
 
@@ -338,3 +341,53 @@ def conv_workspace_rule(capability: tuple[int, int], dtype_name: str, direction:
     if kind is None:
         return None
     return CONV_WORKSPACE_TABLE.get((capability[0], kind, direction))
+
+
+# ---------------------------------------------------------------------------
+# one estimate, another GPU
+# ---------------------------------------------------------------------------
+
+
+def for_capability(estimate: "MemoryEstimate", capability: tuple[int, int], env: Mapping[str, str] | None = None) -> "MemoryEstimate":
+    """``estimate`` with its cuBLAS workspaces sized for a GPU of another compute capability.
+
+    An estimate made without a GPU assumes one (``extra["cuda_libraries"]``
+    records which, and how many workspaces the step allocates); a table of
+    GPUs can re-size the fixed workspaces per card with this. The tensors and
+    the cuDNN workspaces stay as estimated.
+
+    Returns:
+        A new estimate (the same one when it has no CUDA library record).
+
+    Example:
+        >>> from nnmem_callbacks.estimate import MemoryEstimate
+        >>> est = MemoryEstimate(peak_bytes=64 * 2**20 + 100, breakdown={"workspaces": 64 * 2**20, "activations": 100},
+        ...                      batch_size=1, extra={"cuda_libraries": {"cublas_workspaces": 2, "cublas_bytes": 32 * 2**20,
+        ...                                                              "cublaslt_workspaces": 0, "cublaslt_bytes": 0}})
+        >>> t4 = for_capability(est, (7, 5), env={})
+        >>> t4.breakdown["workspaces"] == 2 * CUBLAS_SMALL_DEFAULT, t4.peak_bytes == 2 * CUBLAS_SMALL_DEFAULT + 100
+        (True, True)
+    """
+    record = dict(estimate.extra).get("cuda_libraries")
+    if not record:
+        return estimate
+    environment = _env(env)
+    old = record["cublas_workspaces"] * record["cublas_bytes"] + record["cublaslt_workspaces"] * record["cublaslt_bytes"]
+    lt = 0 if cublaslt_unified(environment) else cublaslt_workspace_bytes(capability, environment)
+    new = record["cublas_workspaces"] * cublas_workspace_bytes(capability, environment) + record["cublaslt_workspaces"] * lt
+    delta = new - old
+    if not delta:
+        return estimate
+    breakdown = dict(estimate.breakdown)
+    breakdown["workspaces"] = breakdown.get("workspaces", 0) + delta
+    phase_breakdowns = {
+        phase: {**values, "workspaces": values.get("workspaces", 0) + delta} if values.get("workspaces") else dict(values)
+        for phase, values in estimate.phase_breakdowns.items()
+    }
+    phases = tuple(dataclasses.replace(line, fixed_bytes=line.fixed_bytes + delta) for line in estimate.phases)
+    reserved = None if estimate.reserved_bytes is None else estimate.reserved_bytes + delta
+    extra = {**estimate.extra, "cuda_libraries": {**record, "capability": list(capability)}}
+    return dataclasses.replace(
+        estimate, peak_bytes=estimate.peak_bytes + delta, breakdown=breakdown, phases=phases,
+        phase_breakdowns=phase_breakdowns, reserved_bytes=reserved, extra=extra,
+    )

@@ -380,3 +380,17 @@ def test_the_workspaces_category_reaches_the_tables_and_the_json():
     assert "workspaces" in report.format_summary(est)
     assert est.to_dict()["breakdown"]["workspaces"] == 64 * MiB
     assert est.static_bytes >= 64 * MiB  # fixed, not per sample
+
+
+def test_an_estimate_can_be_resized_for_another_gpu():
+    est = _estimate()
+    assert est.extra["cuda_libraries"]["cublas_workspaces"] == 2
+    t4 = cuda_tables.for_capability(est, (7, 5), env={})
+    small = cuda_tables.CUBLAS_SMALL_DEFAULT
+    assert t4.breakdown[str(Category.WORKSPACES)] == 2 * small
+    assert est.peak_bytes - t4.peak_bytes == 2 * (32 * MiB - small)
+    assert t4.per_sample_bytes == est.per_sample_bytes
+    assert t4.peak_bytes_at(1000) == est.peak_bytes_at(1000) - 2 * (32 * MiB - small)
+    assert cuda_tables.for_capability(est, (9, 0), env={}) is est
+    cpu = estimate_training(_mlp(), torch.empty(8, 256), optimizer="sgd")
+    assert cuda_tables.for_capability(cpu, (7, 5)) is cpu

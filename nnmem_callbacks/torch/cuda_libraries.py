@@ -149,6 +149,17 @@ class LibraryModel:
         self.table_used[direction] += 1
         return rule.bytes_for(_nbytes(source), _nbytes(weight))
 
+    def record(self, workspace_ops: Counter) -> dict[str, Any]:
+        """Plain values for ``MemoryEstimate.extra["cuda_libraries"]`` (see :func:`nnmem_callbacks.cuda_tables.for_capability`)."""
+        return {
+            "capability": list(self.capability),
+            "source": self.source,
+            "cublas_bytes": self.cublas_bytes,
+            "cublas_workspaces": sum(1 for op in workspace_ops if str(op).startswith("cuBLAS workspace")),
+            "cublaslt_bytes": self.cublaslt_bytes,
+            "cublaslt_workspaces": sum(1 for op in workspace_ops if str(op).startswith("cuBLASLt workspace")),
+        }
+
     def notes(self, workspace_ops: Counter | None = None) -> list[str]:
         """What the model assumed, for ``MemoryEstimate.notes``.
 
@@ -541,7 +552,12 @@ def complete_closed_form(estimate: Any, model: torch.nn.Module, device: torch.de
     overhead = device_overhead(
         device, notes, reduced_dtype=precision_dtype, gemm=uses_gemm(model), cudnn=uses_cudnn(model), capability=libraries.capability
     )
+    extra = {**estimate.extra, "cuda_libraries": {
+        "capability": list(libraries.capability), "source": libraries.source,
+        "cublas_bytes": libraries.cublas_bytes, "cublas_workspaces": 2 if workspaces else 0,
+        "cublaslt_bytes": libraries.cublaslt_bytes, "cublaslt_workspaces": 2 if workspaces and libraries.cublaslt_bytes else 0,
+    }}
     return dataclasses.replace(
         estimate, peak_bytes=estimate.peak_bytes + workspaces, breakdown=breakdown, phases=phases,
-        phase_breakdowns=phase_breakdowns, overhead_bytes=overhead, notes=tuple(notes),
+        phase_breakdowns=phase_breakdowns, overhead_bytes=overhead, notes=tuple(notes), extra=extra,
     )

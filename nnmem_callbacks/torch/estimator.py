@@ -394,6 +394,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         peak_bytes = max(prediction.peak_allocated, peak_bytes)
         reserved = prediction.peak_reserved
         notes.extend(libraries.notes(main.workspace_ops))
+        extra["cuda_libraries"] = libraries.record(main.workspace_ops)
         overhead = cuda_libraries.device_overhead(
             config.target_device, notes, reduced_dtype=_reduced_dtype(config),
             gemm=any(str(op).startswith("cuBLAS") for op in main.workspace_ops),
