@@ -13,8 +13,8 @@ the libraries up (sizes and tables: :mod:`nnmem_callbacks.cuda_tables`):
   never freed (category ``workspaces``), so the allocator replay rounds them
   into their own segments like the real allocator does.
 * **cuDNN convolution workspaces**: a transient allocation around each
-  convolution, from the table (or a bounded probe on the device, when one is
-  present and :func:`measure_conv_workspace` is given the chance).
+  convolution forward and backward: measured on the device by a bounded
+  :class:`ConvProbe` when one is present, else from the table.
 * **Context and loaded libraries**: :func:`device_overhead` reads it from the
   live device after a bounded probe has created the handles the run will use,
   or takes it from the table.
@@ -45,6 +45,7 @@ from nnmem_callbacks import cuda_tables
 from nnmem_callbacks.units import format_bytes
 
 aten = torch.ops.aten
+
 
 def _packets(*names: str) -> frozenset:
     """The aten overload packets of ``names`` that this torch has."""
@@ -222,21 +223,6 @@ def _nbytes(tensor: Any) -> int:
 def device_index(device: torch.device) -> int:
     """The CUDA index of ``device`` (the current device when it has none)."""
     return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def indexed_device(device: Any) -> torch.device:
-    """``device`` with an explicit CUDA index, as ``torch.cuda.set_device`` needs on torch >= 2.11.
-
-    Example:
-        >>> indexed_device("cuda:1")
-        device(type='cuda', index=1)
-    """
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"expected a cuda device, got {device}")
-    if device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def library_model(
