@@ -394,3 +394,17 @@ def test_an_estimate_can_be_resized_for_another_gpu():
     assert cuda_tables.for_capability(est, (9, 0), env={}) is est
     cpu = estimate_training(_mlp(), torch.empty(8, 256), optimizer="sgd")
     assert cuda_tables.for_capability(cpu, (7, 5)) is cpu
+
+
+def test_a_failing_device_probe_falls_back_to_the_table(monkeypatch):
+    _fake_device(monkeypatch)
+
+    def refuse(device, dtype, gemm, cudnn):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(cuda_libraries, "load_libraries", refuse)
+    notes: list[str] = []
+    overhead = cuda_libraries.device_overhead(torch.device("cuda"), notes, gemm=True, cudnn=False, capability=(9, 0))
+    assert overhead == cuda_tables.CONTEXT_TABLE[(9, 13)].gemm
+    assert any("probe failed" in note and "out of memory" in note for note in notes)
+    assert any("from the table" in note for note in notes)

@@ -403,7 +403,7 @@ def load_libraries(device: torch.device, reduced_dtype: torch.dtype | None, gemm
     ``reduced_dtype`` when the run uses one. With ``cudnn``: a 1x1x4x4
     convolution forward and backward. It touches no RNG and no module.
     """
-    with torch.enable_grad():
+    with torch.inference_mode(False), torch.enable_grad():
         if gemm:
             a = torch.ones((8, 8), device=device, requires_grad=True)
             (a @ a).sum().backward()
@@ -446,9 +446,13 @@ def device_overhead(
     if torch.cuda.is_available():
         index = device_index(device)
         target = torch.device("cuda", index)
-        load_libraries(target, reduced_dtype, gemm, cudnn)
-        free, total = torch.cuda.mem_get_info(index)
-        measured = total - free - torch.cuda.memory_reserved(index)
+        try:
+            load_libraries(target, reduced_dtype, gemm, cudnn)
+            free, total = torch.cuda.mem_get_info(index)
+            measured = total - free - torch.cuda.memory_reserved(index)
+        except RuntimeError as error:  # the probe must not end the estimate: use the table
+            notes.append(f"the CUDA library probe failed ({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''})")
+            measured = 0
         if measured > 0:
             notes.append(
                 f"CUDA context and libraries read from the device: {format_bytes(measured)} "
