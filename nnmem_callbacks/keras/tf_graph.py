@@ -64,7 +64,19 @@ Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`
       backward op as soon as it is ready was tried and overestimated ResNet-50
       by ~10 %. Only the optimizer's ops (and ops regrouped by Grappler) run as
       soon as they are ready, in waves as wide as the inter-op pool, each op
-      taking the same time: a crude model of the thread pool.
+      taking the same time: a crude model of the thread pool. With oneDNN
+      off the allocator's profiler events (``python -m
+      benchmarks.tf_memory_events audio_cnn``) show a layer's
+      ``Conv2DBackpropInput`` and ``Conv2DBackpropFilter`` running at the same
+      time, their Eigen scratch (32.0 and 20.8 MiB) alive together: the main
+      cause of ``audio_cnn``'s -31 % there. Running such sibling pairs (adjacent,
+      reading the same gradient, both with scratch) as one wave was tried
+      against the committed runs: DenseNet-121 -14 % -> -1 %, MobileNetV2
+      -16.5 % -> -4.3 %, ``conv1d`` -20.7 % -> +13.1 %, but MobileNetV3-Small
+      +55 % (its depthwise backprop pairs rarely overlap that much). In
+      ``conv1d`` the filter gradient's 16 MiB scratch overlaps the next ops of
+      the chain (``MaxPoolGrad``) rather than the input gradient's: the overlap
+      follows the kernels' run times, which the replay does not model.
     * Of Grappler's rewrites only ``ArithmeticOptimizer``'s
       ``MinimizeBroadcasts`` regrouping of ``Mul`` trees is replayed (checked
       against the executed graph); fusions, constant folding and layout changes
@@ -82,6 +94,17 @@ Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`
     * The first step's copy-on-write of ``AssignAdd``/``AssignSub`` is modelled as
       a transient copy; when the initial value outlives the step the copy stays
       (``persistent_growth_first_steps`` in the benchmark, <= 1.2 MiB there).
+      The allocator's per-buffer profiler events of the first two steps
+      (``python -m benchmarks.tf_memory_events CASE --fresh --grep Assign``) show
+      no ``AssignAddVariableOp`` copy in ``gru_text``, ``lstm`` or ``mlp`` (both
+      oneDNN modes): with oneDNN on, where the RNN loops' small buffers are not
+      counted, the rule's two 2.9 MiB Adam-slot copies are the whole of
+      ``gru_text``'s +48 %; with oneDNN off the same copies stand in for the
+      gradient loop's iterations in flight (previous item), which measure more
+      than the rule adds. Dropping the rule alone was tried on the committed
+      runs: oneDNN on, ``gru_text`` +48 % -> 0 % but ``lstm`` +2 % -> -16 %;
+      oneDNN off, ``lstm`` -5 % -> -32 %, ``gru_text`` +8 % -> -24 %. It stays
+      until the loops' iterations in flight are modelled.
     * ``While`` loops whose trip count cannot be read from the graph are
       assumed to run ``parallel_iterations`` times (reported in ``notes``).
     * The graph is traced twice (at the batch and at twice it), as TensorFlow
