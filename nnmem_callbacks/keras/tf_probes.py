@@ -151,7 +151,7 @@ def _static_value(tensor: Any) -> Any:
     """The value of a small integer tensor known before running: a constant, or the shape a ``Shape`` op reads."""
     import numpy as np
 
-    from nnmem_callbacks.keras.tf_graph import _constant_array
+    from nnmem_callbacks.keras.tf_trace import _constant_array
 
     value = _constant_array(tensor)
     if value is not None:
@@ -212,7 +212,7 @@ def host_fingerprint() -> dict[str, Any]:
     """What decides TensorFlow's CPU kernels here."""
     import tensorflow as tf
 
-    from nnmem_callbacks.keras.tf_graph import onednn_enabled
+    from nnmem_callbacks.keras.tf_trace import onednn_enabled
     from nnmem_callbacks.probes.fingerprint import cpu_isa_extensions, cpu_model_name
 
     return {
@@ -358,7 +358,7 @@ def _run_child(
     """Runs the probes in a fresh process with this process's TensorFlow mode; returns points and errors."""
     import tensorflow as tf
 
-    from nnmem_callbacks.keras.tf_graph import onednn_enabled
+    from nnmem_callbacks.keras.tf_trace import onednn_enabled
 
     env = dict(os.environ)
     env.update(

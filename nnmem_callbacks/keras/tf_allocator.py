@@ -1,0 +1,222 @@
+"""TensorFlow's CPU allocator, as the graph replay charges it.
+
+What ``tf.config.experimental.get_memory_info('CPU:0')`` counts: with oneDNN on,
+allocations of at least :data:`TF_CPU_COUNTED_MIN_BYTES` (smaller ones go to
+``malloc``); with ``TF_CPU_ALLOCATOR_USE_BFC=true``, every allocation. The large
+ones come from a best-fit-with-coalescing allocator that charges whole chunks;
+:class:`BFCSimulator` replays its policy.
+
+Known limitations:
+    * The simulator follows ``bfc_allocator.cc``'s policy (bins, best fit, split
+      rule, coalescing, doubling regions), not its garbage collection or the
+      ``allow_growth=False`` single region.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+#: oneDNN's CPU allocator (``MklCPUAllocator``, TensorFlow's with oneDNN on) keeps allocations under this size in
+#: a separate pool that its statistics do not report. The BFC allocator of ``TF_CPU_ALLOCATOR_USE_BFC=true``
+#: reports every allocation.
+TF_CPU_COUNTED_MIN_BYTES = 256 * 1024
+#: ... rounded up to this granularity.
+TF_CPU_ROUNDING = 256
+
+
+def tf_cpu_allocator() -> str:
+    """Which CPU allocator this process's TensorFlow uses (read from the environment TensorFlow started with).
+
+    ``"bfc"``: ``TF_CPU_ALLOCATOR_USE_BFC=true``, statistics for every allocation; ``"onednn"``: oneDNN's
+    ``MklCPUAllocator`` (oneDNN on), statistics for allocations of :data:`TF_CPU_COUNTED_MIN_BYTES` and more;
+    ``"default"``: no statistics (they are then predicted as the BFC allocator would count them).
+    """
+    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").strip().lower() in ("true", "1"):
+        return "bfc"
+    from nnmem_callbacks.keras.tf_trace import onednn_enabled
+
+    return "onednn" if onednn_enabled() else "default"
+
+
+def tf_allocator_bytes(num_bytes: int, min_bytes: int | None = None) -> int:
+    """What TensorFlow's CPU allocator statistics count for one allocation.
+
+    Args:
+        num_bytes: The bytes requested.
+        min_bytes: Allocations below this are not counted; default: this
+            process's allocator (:data:`TF_CPU_COUNTED_MIN_BYTES` for oneDNN's,
+            0 for the BFC allocator).
+
+    Example:
+        >>> tf_allocator_bytes(1000, min_bytes=TF_CPU_COUNTED_MIN_BYTES), tf_allocator_bytes(400_000, min_bytes=0)
+        (0, 400128)
+        >>> tf_allocator_bytes(1000, min_bytes=0)
+        1024
+    """
+    if min_bytes is None:
+        min_bytes = _counted_min_bytes()
+    if num_bytes < min_bytes or num_bytes <= 0:
+        return 0
+    return int(math.ceil(num_bytes / TF_CPU_ROUNDING) * TF_CPU_ROUNDING)
+
+
+_COUNTED_MIN: list[int] = []
+
+
+def _counted_min_bytes() -> int:
+    """The smallest allocation this process's TensorFlow CPU allocator counts (fixed once TensorFlow started)."""
+    if not _COUNTED_MIN:
+        _COUNTED_MIN.append(TF_CPU_COUNTED_MIN_BYTES if tf_cpu_allocator() == "onednn" else 0)
+    return _COUNTED_MIN[0]
+
+
+# -- TensorFlow's CPU allocator ------------------------------------------------------------------------
+#: BFC constants (tensorflow/core/common_runtime/bfc_allocator.{h,cc}).
+BFC_MIN_ALLOCATION = 256
+BFC_NUM_BINS = 21
+BFC_MAX_INTERNAL_FRAGMENTATION = 128 << 20
+#: ``allow_growth``: the first region is 2 MiB, each later region doubles (MklCPUAllocator's large allocator).
+BFC_INITIAL_REGION = 2 << 20
+
+
+class BFCSimulator:
+    """A model of the best-fit-with-coalescing allocator behind ``get_memory_info('CPU:0')``.
+
+    With oneDNN (the default on x86), TensorFlow's CPU allocator is ``MklCPUAllocator``:
+    allocations below 256 KiB go to ``malloc`` (and are not counted); larger ones go to a
+    ``BFCAllocator`` with ``allow_growth`` whose ``bytes_in_use`` / ``peak_bytes_in_use`` are what
+    ``get_memory_info`` reports. The BFC allocator hands out whole *chunks*: a request takes the
+    smallest free chunk that fits and splits it only when the chunk is at least twice the
+    request, so a request can be charged up to ~2x its size (a 1.5 MiB tensor placed in a fresh
+    2 MiB region is charged 2 MiB). Measured on TF 2.21 with the profiler's ``MemoryAllocation``
+    events (``allocation_bytes`` vs ``requested_bytes``). This class replays the same policy:
+    256-byte rounding, 21 power-of-two bins ordered by (size, address), split rule, coalescing
+    of free neighbours within a region, regions of 2 MiB doubling with each extension.
+
+    Example:
+        >>> bfc = BFCSimulator()
+        >>> a = bfc.alloc(1_605_632)   # 1.53 MiB in a fresh 2 MiB region: no split
+        >>> bfc.in_use
+        2097152
+        >>> bfc.free(a); bfc.in_use
+        0
+    """
+
+    def __init__(self) -> None:
+        self.region_bytes = BFC_INITIAL_REGION
+        self.next_address = 0
+        # chunk id -> [address, size, in_use, prev_id, next_id]
+        self.chunks: dict[int, list] = {}
+        self.free_chunks: dict[int, set[int]] = {b: set() for b in range(BFC_NUM_BINS)}
+        self.in_use = 0
+        self.peak = 0
+        self._ids = 0
+
+    @staticmethod
+    def rounded(num_bytes: int) -> int:
+        return max(BFC_MIN_ALLOCATION, -(-int(num_bytes) // BFC_MIN_ALLOCATION) * BFC_MIN_ALLOCATION)
+
+    @staticmethod
+    def bin_for(size: int) -> int:
+        return min(max((size >> 8).bit_length() - 1, 0), BFC_NUM_BINS - 1)
+
+    def _new_chunk(self, address: int, size: int, prev: int | None, nxt: int | None) -> int:
+        self._ids += 1
+        self.chunks[self._ids] = [address, size, False, prev, nxt]
+        return self._ids
+
+    def _insert_free(self, cid: int) -> None:
+        self.free_chunks[self.bin_for(self.chunks[cid][1])].add(cid)
+
+    def _remove_free(self, cid: int) -> None:
+        self.free_chunks[self.bin_for(self.chunks[cid][1])].discard(cid)
+
+    def _find(self, rounded: int) -> int | None:
+        for b in range(self.bin_for(rounded), BFC_NUM_BINS):
+            best = None
+            for cid in self.free_chunks[b]:
+                address, size = self.chunks[cid][0], self.chunks[cid][1]
+                if size >= rounded and (best is None or (size, address) < best[0]):
+                    best = ((size, address), cid)
+            if best is not None:
+                cid = best[1]
+                self._remove_free(cid)
+                chunk = self.chunks[cid]
+                if chunk[1] >= 2 * rounded or chunk[1] - rounded >= BFC_MAX_INTERNAL_FRAGMENTATION:
+                    rest = self._new_chunk(chunk[0] + rounded, chunk[1] - rounded, cid, chunk[4])
+                    if chunk[4] is not None:
+                        self.chunks[chunk[4]][3] = rest
+                    chunk[4] = rest
+                    chunk[1] = rounded
+                    self._insert_free(rest)
+                chunk[2] = True
+                self.in_use += chunk[1]
+                self.peak = max(self.peak, self.in_use)
+                return cid
+        return None
+
+    def _extend(self, rounded: int) -> None:
+        increased = False
+        while rounded > self.region_bytes:
+            self.region_bytes *= 2
+            increased = True
+        size = self.region_bytes
+        cid = self._new_chunk(self.next_address, size, None, None)
+        self.next_address += size + (1 << 40)  # regions are never adjacent
+        self._insert_free(cid)
+        if not increased:
+            self.region_bytes *= 2
+
+    def alloc(self, num_bytes: int) -> int:
+        """Allocates; returns a chunk id (its charged size is ``self.chunks[id][1]``)."""
+        rounded = self.rounded(num_bytes)
+        cid = self._find(rounded)
+        if cid is None:
+            self._extend(rounded)
+            cid = self._find(rounded)
+        return cid  # type: ignore[return-value]
+
+    def free(self, cid: int) -> None:
+        chunk = self.chunks[cid]
+        chunk[2] = False
+        self.in_use -= chunk[1]
+        nxt = chunk[4]
+        if nxt is not None and not self.chunks[nxt][2]:
+            self._remove_free(nxt)
+            self._merge(cid, nxt)
+        prev = chunk[3]
+        if prev is not None and not self.chunks[prev][2]:
+            self._remove_free(prev)
+            self._merge(prev, cid)
+            cid = prev
+        self._insert_free(cid)
+
+    def _merge(self, first: int, second: int) -> None:
+        a, b = self.chunks[first], self.chunks.pop(second)
+        a[1] += b[1]
+        a[4] = b[4]
+        if b[4] is not None:
+            self.chunks[b[4]][3] = first
+
+
+@dataclasses.dataclass
+class Buffer:
+    """One buffer of the replay: its bytes, what the allocator charges for it, and who holds it.
+
+    Attributes:
+        nbytes: The tensor's bytes.
+        counted: The bytes the allocator's statistics count (a whole chunk under :class:`BFCSimulator`).
+        category: The breakdown category it is counted in.
+        refs: How many live tensors (aliases included) share it.
+        owned: ``False`` for a variable's or a caller's buffer (never forwarded, never freed here).
+        chunk: The :class:`BFCSimulator` chunk holding it, when an allocator is simulated.
+    """
+
+    nbytes: int
+    counted: int
+    category: str
+    refs: int = 0
+    owned: bool = True
+    chunk: int | None = None

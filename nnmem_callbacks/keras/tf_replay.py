@@ -1,0 +1,377 @@
+"""The TensorFlow graph replay: reference-counted buffers over the ops of a ``FuncGraph``.
+
+:class:`GraphReplayer` orders the graph's ops (:mod:`~nnmem_callbacks.keras.tf_schedule`)
+and runs each through its handler (:mod:`~nnmem_callbacks.keras.tf_ops`); a
+:class:`ReplayRun` holds the state of one replay: the live buffers by category,
+the allocator model (:class:`~nnmem_callbacks.keras.tf_allocator.BFCSimulator`),
+the ``TensorList`` sizes, the ops of the running wave, and the peaks.
+
+An op's outputs are allocated when it runs (by its handler); a tensor is freed
+when its last consumer has run; the ops of one wave (ready optimizer ops run as
+wide as the inter-op pool) hold their inputs and scratch until the wave is done.
+
+Known limitations:
+    See :mod:`nnmem_callbacks.keras.tf_graph` (the replay's model of the
+    executor) and :mod:`nnmem_callbacks.keras.tf_ops` (the per-op rules).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any, Callable
+
+from nnmem_callbacks.estimate import Category
+from nnmem_callbacks.keras.tf_allocator import BFCSimulator, Buffer, tf_allocator_bytes
+from nnmem_callbacks.keras.tf_ops import METADATA_OPS, handler_for
+from nnmem_callbacks.keras.tf_schedule import EAGER_PHASES, _phases, _schedule, wave_holds
+from nnmem_callbacks.keras.tf_trace import _dtype_size, _shape_size
+
+@dataclasses.dataclass
+class ReplayResult:
+    """The outcome of replaying one graph at one batch size."""
+
+    peak: int = 0
+    peak_counted: int = 0
+    peak_phase: str = ""
+    peak_breakdown: dict[str, int] = dataclasses.field(default_factory=dict)
+    phase_peaks: dict[str, int] = dataclasses.field(default_factory=dict)
+    phase_breakdowns: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    unknown_shapes: Counter = dataclasses.field(default_factory=Counter)
+    ops: int = 0
+    approximations: Counter = dataclasses.field(default_factory=Counter)
+
+
+#: The breakdown category of an op's outputs by phase (a backward output the optimizer reads is a gradient).
+_PHASE_CATEGORY = {
+    "forward": Category.ACTIVATIONS.value,
+    "backward": Category.TEMPORARIES.value,
+    "optimizer": Category.TEMPORARIES.value,
+    "body": Category.TEMPORARIES.value,
+}
+
+
+def _category(op: Any, phase: str, phases: dict[str, str]) -> str:
+    category = _PHASE_CATEGORY[phase]
+    if phase == "backward" and any(phases.get(c.name) == "optimizer" for t in op.outputs for c in t.consumers()):
+        return Category.GRADIENTS.value
+    return category
+
+
+class ReplayRun:
+    """The state of replaying one graph: buffers, reference counts, the allocator, the peaks.
+
+    Handlers (:mod:`~nnmem_callbacks.keras.tf_ops`) change it through
+    :meth:`allocate`, :meth:`alias`, :meth:`forward`, :meth:`variable_value`,
+    :meth:`take_ownership` and :meth:`resize_list`; the replayer calls
+    :meth:`record` and :meth:`op_done` after each op.
+    """
+
+    def __init__(
+        self,
+        replayer: "GraphReplayer",
+        graph: Any,
+        ops: list,
+        inputs_of: dict[str, list],
+        graph_outputs: set,
+        *,
+        inputs_category: str | None,
+        input_list_bytes: dict[int, int] | None,
+        track_phases: bool,
+    ) -> None:
+        self.replayer = replayer
+        self.inputs_of = inputs_of
+        self.inputs_category = inputs_category
+        self.input_list_bytes = input_list_bytes
+        self.track_phases = track_phases
+        self.result = ReplayResult(ops=len(ops))
+        self.outputs = list(graph.outputs)
+        # consumers still to run, per tensor (a graph output is held by the caller)
+        self.remaining: dict[Any, int] = {}
+        for op in ops:
+            for t in op.outputs:
+                self.remaining[t.ref()] = 1 if t.ref() in graph_outputs else 0
+        for op in ops:
+            if op.type in METADATA_OPS:
+                continue  # reads only the shape; runs as soon as its input exists (or is folded away)
+            for t in inputs_of[op.name]:
+                self.remaining[t.ref()] = self.remaining.get(t.ref(), 0) + 1
+        self.buffer_of: dict[Any, Buffer] = {}
+        self.list_bytes: dict[Any, int] = {}
+        self.placeholder_index = {t.ref(): i for i, t in enumerate(graph.inputs)}
+        self.live = {str(c): 0 for c in Category}
+        self.live_counted = 0
+        self.bfc = replayer.bfc
+        self.base_counted = self.bfc.in_use if self.bfc is not None else 0
+        self.companions: dict[Any, Any] = {}  # tensor -> a hidden buffer that dies with it
+        self.values: dict[Any, Buffer] = {}  # resource -> the buffer its reads alias (the variable's value)
+        self.deferred: list = []  # ops of the running wave, whose inputs are released when it is done
+        self.wave_scratch = [0, 0]  # scratch (bytes, counted) of the earlier ops of the running wave
+
+    # -- buffers -----------------------------------------------------------------------------------
+    def allocate(self, tensor: Any, nbytes: int, category: str, owned: bool = True) -> None:
+        """Gives ``tensor`` a fresh buffer of ``nbytes`` (charged to the allocator when ``owned``)."""
+        counted = tf_allocator_bytes(nbytes) if owned else 0
+        if tensor.dtype.name == "variant":
+            # a TensorList's elements are separate allocations, each below the allocator's
+            # reporting threshold for the RNN step sizes seen in practice
+            counted = 0
+        buffer = Buffer(nbytes, counted, category, 1, owned)
+        bfc = self.bfc
+        if counted and bfc is not None:
+            buffer.chunk = bfc.alloc(nbytes)
+            buffer.counted = bfc.chunks[buffer.chunk][1]
+            if self.replayer.trace is not None:
+                self.replayer.trace.append(("+", tensor.name, nbytes, buffer.counted, bfc.in_use))
+        self.buffer_of[tensor.ref()] = buffer
+        if owned:
+            self.live[category] += nbytes
+            self.live_counted += buffer.counted
+
+    def alias(self, tensor: Any, source: Any) -> bool:
+        """Makes ``tensor`` share the buffer of ``source``; ``False`` when ``source`` has none."""
+        buffer = self.buffer_of.get(source.ref())
+        if buffer is None:
+            return False
+        buffer.refs += 1
+        self.buffer_of[tensor.ref()] = buffer
+        return True
+
+    def forward(self, source: Any, tensor: Any, category: str) -> None:
+        """``tensor`` takes over the buffer of ``source`` (an element-wise kernel writing into its input)."""
+        buffer = self.buffer_of[source.ref()]
+        buffer.refs += 1
+        self.buffer_of[tensor.ref()] = buffer
+        if buffer.category != category:
+            self.live[buffer.category] -= buffer.nbytes
+            self.live[category] += buffer.nbytes
+            buffer.category = category
+
+    def variable_value(self, resource: Any, nbytes: int, category: str) -> Buffer:
+        """The buffer that reads of the variable behind ``resource`` share (not owned by the step)."""
+        value = self.values.get(resource)
+        if value is None:
+            value = self.values[resource] = Buffer(nbytes, 0, category, 0, owned=False)
+        return value
+
+    def take_ownership(self, value: Buffer) -> None:
+        """A variable's old value becomes a buffer of the step (copy-on-write: the variable got a new one)."""
+        value.owned = True
+        value.counted = tf_allocator_bytes(value.nbytes)
+        self.live[value.category] += value.nbytes
+        if value.counted and self.bfc is not None:
+            value.chunk = self.bfc.alloc(value.nbytes)
+            value.counted = self.bfc.chunks[value.chunk][1]
+        self.live_counted += value.counted
+
+    def resize_list(self, source: Any, out: Any, delta: int, category: str) -> None:
+        """``out`` is the ``TensorList`` ``source`` changed in place by ``delta`` bytes."""
+        buffer = self.buffer_of[source.ref()]
+        buffer.refs += 1
+        self.buffer_of[out.ref()] = buffer
+        if buffer.owned:
+            buffer.nbytes += delta
+            self.live[buffer.category] += delta
+        elif delta > 0:
+            grown = Buffer(delta, 0, category, 1, True)
+            self.live[category] += delta
+            self.buffer_of[out.ref()] = grown
+            buffer.refs -= 1
+
+    def release(self, tensor: Any) -> None:
+        """Drops ``tensor``'s reference; frees its buffer (and a hidden companion) when nothing else holds it."""
+        companion = self.companions.pop(tensor.ref(), None)
+        if companion is not None:
+            self.release(companion)
+        buffer = self.buffer_of.pop(tensor.ref(), None)
+        if buffer is None:
+            return
+        buffer.refs -= 1
+        if buffer.refs <= 0 and buffer.owned:
+            self.live[buffer.category] -= buffer.nbytes
+            self.live_counted -= buffer.counted
+            bfc = self.bfc
+            if buffer.chunk is not None and bfc is not None:
+                bfc.free(buffer.chunk)
+                buffer.chunk = None
+                if self.replayer.trace is not None:
+                    self.replayer.trace.append(("-", tensor.name, buffer.nbytes, buffer.counted, bfc.in_use))
+
+    # -- peaks and waves ---------------------------------------------------------------------------
+    def record(self, phase: str, extra: int = 0, extra_counted: int = 0) -> None:
+        """Updates the peaks with what is live now plus ``extra`` scratch bytes (``extra_counted`` of them counted)."""
+        result, live, bfc = self.result, self.live, self.bfc
+        total = sum(live.values()) + extra
+        if bfc is not None:
+            if extra_counted:
+                scratch = bfc.alloc(extra_counted)
+                counted = bfc.in_use - self.base_counted
+                bfc.free(scratch)
+            else:
+                counted = bfc.in_use - self.base_counted
+        else:
+            counted = self.live_counted + extra_counted
+        if counted > result.peak_counted:
+            result.peak_counted = counted
+        if self.track_phases and total > result.phase_peaks.get(phase, -1):
+            result.phase_peaks[phase] = total
+            snapshot = dict(live)
+            snapshot[str(Category.TEMPORARIES)] += extra
+            result.phase_breakdowns[phase] = snapshot
+        if total > result.peak:
+            result.peak = total
+            result.peak_phase = phase
+            snapshot = dict(live)
+            snapshot[str(Category.TEMPORARIES)] += extra
+            result.peak_breakdown = snapshot
+
+    def op_done(self, op: Any, phase: str, transient: int, transient_counted: int, held: bool) -> None:
+        """Records the peak while ``op`` runs and frees what it read last, unless its wave is still running (``held``).
+
+        Ops of one wave run at the same time: their scratch is alive together until the wave is done.
+        """
+        self.record(phase, transient + self.wave_scratch[0], transient_counted + self.wave_scratch[1])
+        self.deferred.append(op)
+        if held:
+            self.wave_scratch[0] += transient
+            self.wave_scratch[1] += transient_counted
+            return
+        self.wave_scratch[0] = self.wave_scratch[1] = 0
+        for done_op in self.deferred:
+            # free what this op consumed last, and outputs nobody reads
+            for t in self.inputs_of[done_op.name] if done_op.type not in METADATA_OPS else ():
+                key = t.ref()
+                if key in self.remaining:
+                    self.remaining[key] -= 1
+                    if self.remaining[key] <= 0:
+                        self.release(t)
+            for t in done_op.outputs:
+                if self.remaining.get(t.ref(), 0) <= 0:
+                    self.release(t)
+        self.deferred.clear()
+
+    def finish(self) -> tuple[ReplayResult, dict[Any, int]]:
+        """The result, and the sizes of the graph's ``TensorList`` outputs."""
+        self.result.unknown_shapes = Counter(self.replayer.unknown)
+        self.result.approximations = Counter(self.replayer.approx)
+        lists = {t.ref(): self.list_bytes.get(t.ref(), 0) for t in self.outputs if t.dtype.name == "variant"}
+        return self.result, lists
+
+
+class GraphReplayer:
+    """Replays the ops of a TensorFlow ``FuncGraph`` with reference-counted buffers.
+
+    Args:
+        lookup: Finds a function graph by name (for calls, branches, loop bodies).
+        batch_size: The batch size substituted for unknown dimensions.
+        bfc: The allocator model charged for each counted buffer, if any.
+        parallel_ops: How many ready optimizer ops run at once (TensorFlow's
+            inter-op threads, :func:`~nnmem_callbacks.keras.tf_trace.inter_op_threads`).
+        scratch: Kernel scratch measured on this host (allocator-counted bytes at
+            this batch size) by op name; it replaces the op's rule
+            (:mod:`nnmem_callbacks.keras.tf_probes`).
+        onednn: Whether TensorFlow runs its oneDNN kernels (companion rules
+            such as oneDNN's max-pooling workspace apply only then).
+        unlucky: Replay an unlucky run of the executor instead of the expected
+            one: the ready ops of every phase run ``parallel_ops`` at a time
+            (not only the optimizer's), and a ``While`` loop has
+            ``min(parallel_iterations, trips)`` iterations in flight. Its peak
+            bounds what run-to-run scheduling adds.
+    """
+
+    def __init__(
+        self,
+        lookup: Callable[[str], Any],
+        batch_size: int,
+        bfc: BFCSimulator | None = None,
+        parallel_ops: int = 1,
+        scratch: dict[str, int] | None = None,
+        onednn: bool = True,
+        unlucky: bool = False,
+    ) -> None:
+        self.lookup = lookup
+        self.n = batch_size
+        self.bfc = bfc
+        self.parallel_ops = max(1, int(parallel_ops))
+        self.scratch = dict(scratch or {})
+        self.onednn = bool(onednn)
+        self.unlucky = bool(unlucky)
+        self.trace: list | None = None  # (+/-, tensor, bytes, charged bytes, in use) when debugging
+        self.trips: dict[str, int] = {}
+        self.unknown = Counter()
+        self.approx = Counter()
+        self.shapes: dict[Any, Any] = {}  # output shapes changed by a replayed Grappler rewrite
+        self.order: list[str] = []  # the op names of the last replay, in the order they ran
+
+    def shape_of(self, tensor: Any) -> Any:
+        """The static shape of ``tensor``, as a replayed Grappler rewrite left it."""
+        return self.shapes.get(tensor.ref(), tensor.shape)
+
+    def elements(self, tensor: Any) -> int:
+        """Number of elements of ``tensor`` at the replayed batch size (0 when unknown)."""
+        size = _shape_size(self.shape_of(tensor), 1)
+        return size.at(self.n) if size is not None else 0
+
+    # -- sizes ---------------------------------------------------------------
+    def size_of(self, tensor: Any, list_bytes: dict[Any, int] | None = None) -> int:
+        if list_bytes is not None and tensor.dtype.name == "variant":
+            return int(list_bytes.get(tensor.ref(), 0))
+        size = _shape_size(self.shape_of(tensor), _dtype_size(tensor.dtype))
+        if size is None:
+            if _dtype_size(tensor.dtype):
+                self.unknown[tensor.op.type] += 1
+            return 0
+        return size.at(self.n)
+
+    def child(self) -> "GraphReplayer":
+        """A replayer for a function body, branch or loop body called from this graph (same batch, kernels, luck)."""
+        return GraphReplayer(self.lookup, self.n, onednn=self.onednn, unlucky=self.unlucky)
+
+    # -- the replay ----------------------------------------------------------
+    def replay(
+        self,
+        graph: Any,
+        *,
+        inputs_category: str | None = Category.INPUTS.value,
+        input_list_bytes: dict[int, int] | None = None,
+        track_phases: bool = True,
+    ) -> tuple[ReplayResult, dict[Any, int]]:
+        """Replays ``graph``; returns the result and the sizes of its variant outputs.
+
+        Args:
+            graph: A ``FuncGraph``.
+            inputs_category: The category of non-resource placeholders (the
+                batch) when they are allocated here; ``None`` when they belong
+                to a caller (function bodies).
+            input_list_bytes: Sizes of incoming ``TensorList`` arguments, by
+                input position.
+            track_phases: Split the peak by forward/backward/optimizer phase.
+        """
+        created = graph.get_operations()
+        phases = _phases(created) if track_phases else {op.name: "body" for op in created}
+        graph_outputs = {t.ref() for t in graph.outputs}
+        ops, inputs_of, self.shapes, waves = _schedule(
+            created,
+            phases,
+            graph_outputs,
+            self.elements,
+            self.parallel_ops,
+            eager_phases=tuple(set(phases.values())) if self.unlucky else EAGER_PHASES,
+        )
+        self.order = [op.name for op in ops]
+        holds = wave_holds(ops, waves)
+        run = ReplayRun(
+            self, graph, ops, inputs_of, graph_outputs,
+            inputs_category=inputs_category, input_list_bytes=input_list_bytes, track_phases=track_phases,
+        )
+        for index, op in enumerate(ops):
+            phase = phases[op.name]
+            entry = handler_for(op.type)
+            category = _category(op, phase, phases)
+            if not entry.in_schedule:
+                entry.function(run, op, category)
+                run.record(phase)
+                continue
+            transient, transient_counted = entry.function(run, op, category)
+            run.op_done(op, phase, transient, transient_counted, holds[index])
+        return run.finish()

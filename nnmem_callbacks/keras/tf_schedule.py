@@ -1,0 +1,300 @@
+"""The order the TensorFlow graph replay runs ops in: phases, Grappler's regrouping, ready-op waves.
+
+:func:`_phases` splits the traced step into forward, backward and optimizer;
+:func:`_schedule` orders the ops as the replay runs them (creation order, with
+the optimizer's ops, and ops Grappler regrouped with :func:`minimize_broadcasts`,
+run as soon as they are ready, in *waves* as wide as the inter-op thread pool);
+:func:`wave_holds` says which ops keep their inputs until their wave is done.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable
+
+from nnmem_callbacks.keras.tf_trace import _constant_array, _tensor_input_name
+
+#: Phases whose ops the replay runs as soon as their inputs exist (the others run in creation order).
+EAGER_PHASES = ("optimizer",)
+
+
+def _phase_of(op_name: str, state: dict[str, Any]) -> str:
+    lowered = op_name.lower()
+    if "gradient_tape/" in lowered or lowered.startswith("gradients/"):
+        state["seen_backward"] = True
+        return "backward"
+    if state.get("seen_backward"):
+        return "optimizer"
+    return "forward"
+
+
+def _phases(ops: list) -> dict[str, str]:
+    """Phase of each op: forward, backward (up to the last op of the gradient tape), optimizer.
+
+    Ops that a custom gradient creates while the tape differentiates (``tf.nn.silu``'s
+    ``Square``, ``zeros_like``...) carry no ``gradient_tape/`` prefix; they belong to the
+    backward pass all the same, so the backward ends at the last tape op, not the first.
+    """
+    state: dict[str, Any] = {}
+    phases = {op.name: _phase_of(op.name, state) for op in ops}
+    last = max((i for i, op in enumerate(ops) if phases[op.name] == "backward"), default=-1)
+    for i, op in enumerate(ops[: last + 1]):
+        if phases[op.name] == "optimizer":
+            phases[op.name] = "backward"
+    return phases
+
+
+def _broadcastable(shape: Any, target: Any) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` (unknown dimensions only match unknown or 1)."""
+    if shape.rank is None or target.rank is None or shape.rank > target.rank:
+        return False
+    for dim, goal in zip(reversed(shape.as_list()), reversed(target.as_list())):
+        if dim == 1 or dim == goal:
+            continue
+        return False
+    return True
+
+
+def _broadcast_shape(first: Any, second: Any) -> Any:
+    import tensorflow as tf
+
+    a, b = first.as_list(), second.as_list()
+    rank = max(len(a), len(b))
+    a, b = [1] * (rank - len(a)) + a, [1] * (rank - len(b)) + b
+    return tf.TensorShape([y if x == 1 else x for x, y in zip(a, b)])
+
+
+def _all_ones_or_zeros(tensor: Any) -> bool:
+    value = _constant_array(tensor)
+    return value is not None and (bool((value == 1).all()) or bool((value == 0).all()))
+
+
+def minimize_broadcasts(
+    ops: list, inputs_of: dict[str, list], graph_outputs: set, elements: Callable[[Any], int]
+) -> tuple[set[str], dict[Any, Any]]:
+    """Replays Grappler's ``ArithmeticOptimizer/MinimizeBroadcasts`` stage on ``inputs_of``.
+
+    Grappler regroups a tree of ``Mul`` ops whose operands have different shapes so
+    that the smallest operands meet first: ``(grad * softmax) * scale`` becomes
+    ``(scale * softmax) * grad``. The regrouped inner product then depends on
+    forward values only, and TensorFlow's data-flow executor computes it during
+    the forward pass and keeps it until the backward pass reads it (the
+    profiler's ``MemoryAllocation`` events of a ``MultiHeadAttention`` step show
+    ``gradient_tape/.../mul_1`` allocated right after the forward ``Softmax``).
+
+    The stage as in ``tensorflow/core/grappler/optimizers/arithmetic_optimizer.cc``:
+    roots are visited from the last op back; a root absorbs ``Mul`` inputs that
+    have a single consumer and no control edges (depth first, operands of a
+    commutative op in name order, as Grappler canonicalizes them); when the
+    operands have more than one shape they are stably sorted by size, the
+    largest of an odd count is kept for the root, and pairs are combined from the
+    smallest (a regrouped node counts as a scalar when sorting, as Grappler's
+    shapeless placeholder does). Trees with more than one constant operand, or a
+    product by one or zero, are left alone: Grappler's constant folding, which
+    runs before this stage, rewrites those first.
+
+    Args:
+        ops: The graph's ops in creation (topological) order.
+        inputs_of: Each op's data inputs; regrouped ops get their new operands here.
+        graph_outputs: Refs of the graph's outputs (Grappler preserves their producers).
+        elements: Number of elements of a tensor at the replayed batch size.
+
+    Returns:
+        The names of the regrouped ops (they run as soon as their new operands
+        exist) and the new static shapes of their outputs, by tensor ref.
+    """
+    by_name = {op.name: op for op in ops}
+    consumers: Counter = Counter()
+    for name, inputs in inputs_of.items():
+        for t in inputs:
+            consumers[t.op.name] += 1
+    drives_control = {c.name for op in ops for c in op.control_inputs}
+    preserved = {ref.deref().op.name for ref in graph_outputs}
+    tagged: set[str] = set()
+    rewritten: set[str] = set()
+    shapes: dict[Any, Any] = {}
+
+    def shape_of(tensor: Any) -> Any:
+        return shapes.get(tensor.ref(), tensor.shape)
+
+    def canonical(op: Any) -> list:
+        return sorted(inputs_of[op.name], key=_tensor_input_name)
+
+    def operands_fit(op: Any) -> bool:
+        target = shape_of(op.outputs[0])
+        return target.rank is not None and all(_broadcastable(shape_of(t), target) for t in inputs_of[op.name])
+
+    def absorbable(op: Any) -> bool:
+        return (
+            op.type == "Mul"
+            and op.name in by_name
+            and op.name not in tagged
+            and op.name not in preserved
+            and not op.control_inputs
+            and op.name not in drives_control
+            and consumers[op.name] == 1
+            and operands_fit(op)
+        )
+
+    for root in reversed(ops):
+        if root.type != "Mul" or root.name in tagged or root.name in preserved or len(inputs_of[root.name]) != 2:
+            continue
+        if not operands_fit(root):
+            continue
+        absorbed: list = []
+        leaves: list = []
+        pending = list(canonical(root))
+        while pending:
+            tensor = pending.pop(0)
+            producer = tensor.op
+            if absorbable(producer):
+                absorbed.append(producer)
+                pending[:0] = canonical(producer)
+            else:
+                leaves.append(tensor)
+        if not absorbed:
+            continue
+        tagged.update([root.name] + [op.name for op in absorbed])
+        constants = [t for t in leaves if t.op.type == "Const"]
+        if len(constants) > 1 or any(_all_ones_or_zeros(t) for t in constants):
+            # ConstantFolding, which runs first, merges the constants of such a tree or drops a
+            # product by one (or zero); the tree the stage then sees is not this one
+            continue
+        if len({tuple(shape_of(t).as_list()) for t in leaves}) <= 1:
+            continue
+        # (tensor, sort size); a regrouped node sorts as a scalar
+        queue = sorted(((t, elements(t)) for t in leaves), key=lambda item: item[1])
+        leftover = queue.pop() if len(queue) % 2 else None
+        spare = list(absorbed)
+        while len(queue) > 1:
+            (lhs, _), (rhs, _) = queue.pop(0), queue.pop(0)
+            node = spare.pop() if spare else root
+            inputs_of[node.name] = [lhs, rhs]
+            shapes[node.outputs[0].ref()] = _broadcast_shape(shape_of(lhs), shape_of(rhs))
+            rewritten.add(node.name)
+            if len(queue) >= 2 and queue[0][1] < queue[1][1]:
+                queue.insert(0, (node.outputs[0], 1))
+            else:
+                queue.append((node.outputs[0], 1))
+        if leftover is not None:
+            inputs_of[root.name] = [queue[0][0], leftover[0]]
+            shapes[root.outputs[0].ref()] = _broadcast_shape(shape_of(queue[0][0]), shape_of(leftover[0]))
+            rewritten.add(root.name)
+    return rewritten, shapes
+
+
+def _schedule(
+    ops: list,
+    phases: dict[str, str],
+    graph_outputs: set | None = None,
+    elements: Callable[[Any], int] | None = None,
+    width: int = 1,
+    eager_phases: tuple[str, ...] = EAGER_PHASES,
+) -> tuple[list, dict[str, list], dict[Any, Any], dict[str, int]]:
+    """The order the replay runs ops in, each op's data inputs, changed output shapes, and waves.
+
+    Forward and gradient ops run in creation order. An optimizer op runs as soon
+    as its inputs are ready: TensorFlow's executor is data-flow driven, so the
+    update of a variable starts as soon as its gradient exists, in the middle of
+    the backward pass, and the gradient is freed there (the profiler's
+    ``MemoryAllocation`` events of a ResNet-50 step show ``adam/*`` buffers between
+    the ``Conv2DBackpropFilter`` of successive layers). The ``IdentityN`` that
+    gathers the gradients is a pass-through that Grappler removes: consumers of
+    its outputs read its inputs directly and do not wait for the others.
+
+    With ``elements`` (tensor sizes at the replayed batch), Grappler's
+    broadcast-minimizing regrouping of ``Mul`` trees is replayed first
+    (:func:`minimize_broadcasts`); a regrouped op runs as soon as its new operands
+    exist, as the executor runs it.
+
+    Ops that run as soon as they are ready (the optimizer's) run ``width`` at a
+    time, as the executor's inter-op threads run them: the ops of one *wave* hold
+    their inputs and outputs at the same time (Adam's first- and second-moment
+    updates of a variable overlap). ``waves`` maps each op of a wave of two or
+    more to the wave's first position in the order.
+    """
+    by_name = {op.name: op for op in ops}
+
+    def source(tensor: Any) -> Any:
+        while tensor.op.type == "IdentityN" and tensor.op.name in by_name:
+            tensor = tensor.op.inputs[tensor.value_index]
+        return tensor
+
+    inputs_of = {op.name: [source(t) for t in op.inputs] for op in ops}
+    eager: set[str] = set()
+    shapes: dict[Any, Any] = {}
+    if elements is not None:
+        eager, shapes = minimize_broadcasts(ops, inputs_of, graph_outputs or set(), elements)
+    if not eager and not any(phase in eager_phases for phase in phases.values()):
+        return list(ops), inputs_of, shapes, {}
+    outputs = {t.ref() for inputs in inputs_of.values() for t in inputs}
+    # an IdentityN nobody reads any more (all its consumers were rewired) does not run
+    dropped = {op.name for op in ops if op.type == "IdentityN" and not any(t.ref() in outputs for t in op.outputs)}
+    waiting: dict[str, set[str]] = {}
+    consumers: dict[str, list[str]] = {}
+    for op in ops:
+        if phases.get(op.name) not in eager_phases and op.name not in eager:
+            continue
+        deps = {t.op.name for t in inputs_of[op.name]} | {c.name for c in op.control_inputs}
+        deps = {d for d in deps if d in by_name and by_name[d].type != "IdentityN"}
+        waiting[op.name] = deps
+        for d in deps:
+            consumers.setdefault(d, []).append(op.name)
+    order: list = []
+    done: set[str] = set()
+    position = {op.name: i for i, op in enumerate(ops)}
+
+    waves: dict[str, int] = {}
+
+    def emit(op: Any) -> None:
+        import heapq
+
+        heap = [(position[op.name], op.name)]
+        while heap:
+            # the ready ops run ``width`` at a time (the inter-op thread pool); an op's
+            # consumers become ready once its wave is done
+            wave = []
+            while heap and len(wave) < width:
+                _, name = heapq.heappop(heap)
+                if name in done:
+                    continue
+                done.add(name)
+                wave.append(name)
+            if not wave:
+                break
+            start = len(order)
+            for name in wave:
+                order.append(by_name[name])
+                if len(wave) > 1:
+                    waves[name] = start
+            for name in wave:
+                for consumer in consumers.get(name, ()):
+                    deps = waiting[consumer]
+                    deps.discard(name)
+                    if not deps and consumer not in done:
+                        heapq.heappush(heap, (position[consumer], consumer))
+
+    done.update(dropped)
+    for op in ops:  # captured resources, constants: ready from the start
+        if op.name in waiting and not waiting[op.name] and op.name not in done:
+            emit(op)
+    for op in ops:
+        if op.name in done:
+            continue
+        if op.name in waiting:
+            if waiting[op.name]:
+                continue  # runs when its last input is produced
+        emit(op)
+    for op in ops:  # anything left (cycles through control edges never happen; defensive)
+        if op.name not in done:
+            done.add(op.name)
+            order.append(op)
+    return order, inputs_of, shapes, waves
+
+
+def wave_holds(ops: list, waves: dict[str, int]) -> list[bool]:
+    """For each op of ``ops``: whether its successor runs in the same wave (it then keeps its inputs until the wave is done)."""
+    return [
+        i + 1 < len(ops) and ops[i].name in waves and waves.get(ops[i + 1].name) == waves[ops[i].name]
+        for i in range(len(ops))
+    ]
