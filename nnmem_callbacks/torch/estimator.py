@@ -58,7 +58,8 @@ from nnmem_callbacks.probes.session import kernel_probes, probe_batch
 from nnmem_callbacks.units import format_bytes
 from nnmem_callbacks.torch import allocator
 from nnmem_callbacks.torch.compat import eager_library_checks
-from nnmem_callbacks.torch.emulation import cuda_kernel_emulation
+from nnmem_callbacks.gpus import DEFAULT_ARCH_CAPABILITY, cuda_arch
+from nnmem_callbacks.torch.emulation import EmulationReport, cuda_kernel_emulation
 from nnmem_callbacks.torch.fallback import estimate_closed_form
 from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
 from nnmem_callbacks.torch.inputs import optimizer_label
@@ -159,8 +160,7 @@ def estimate_training(
     if config.target_device.type != config.trace_device.type:
         notes.append(
             f"traced on {config.trace_device.type} kernels for a {config.target_device.type} target "
-            f"(no {config.target_device.type} device here): dropout and attention use CUDA-like kernels, "
-            f"but autocast op lists and cuDNN/cuBLAS workspaces may differ"
+            f"(no {config.target_device.type} device here)"
         )
     with kernel_probes(config.target_device.type, enabled=probe_kernels) as probes:
         try:
@@ -230,6 +230,13 @@ class TraceSession:
     def __init__(self) -> None:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.memo = OpMemo(self.fake_mode) if FAST_DISPATCH else None
+        self.cuda_emulation: EmulationReport | None = None  # filled by the traces of a CUDA target without CUDA
+
+    def emulation(self, config: StepConfig) -> EmulationReport:
+        if self.cuda_emulation is None:
+            arch = config.cuda_arch or cuda_arch(DEFAULT_ARCH_CAPABILITY)
+            self.cuda_emulation = EmulationReport(arch, arch_named=config.cuda_arch is not None)
+        return self.cuda_emulation
 
 
 def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_steps: bool, session: TraceSession) -> TraceResult:
@@ -239,7 +246,7 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
     fake_mode = session.fake_mode
     tracker = StorageTracker(config.target_device.type, memo=session.memo)
     emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
-    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation() if emulate_cuda else contextlib.nullcontext()), \
+    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation(report=session.emulation(config)) if emulate_cuda else contextlib.nullcontext()), \
             eager_library_checks(config.example_batch), probe_batch(batch_size):
         model.train()
         with fake_mode, tracker:
@@ -366,6 +373,9 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
     reserved = None
     overhead = 0
     extra: dict[str, Any] = {"ops": main.op_count, "optimizer": optimizer_label(config.optimizer)}
+    if session.cuda_emulation is not None:
+        notes.extend(session.cuda_emulation.notes(torch.__version__))
+        extra["cuda_emulation"] = session.cuda_emulation.summary()
     if config.target_device.type == "cuda":
         prediction = allocator.replay(main.events)
         rounding = prediction.peak_allocated - peak_bytes
