@@ -329,7 +329,7 @@ class CudaAutocastEmulation:
         self.cache.clear()
 
 
-_install_lock = threading.Lock()
+_install_lock = threading.RLock()  # re-entrant: a nested emulation stacks its kernels on the outer ones
 _PLANS: dict[tuple, CastPlan] = {}
 
 

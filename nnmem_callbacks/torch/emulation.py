@@ -45,7 +45,7 @@ from nnmem_callbacks.gpus import DEFAULT_ARCH_CAPABILITY, CudaArch, cuda_arch
 from nnmem_callbacks.torch.cuda_autocast import cuda_autocast_on_cpu
 from nnmem_callbacks.torch.sdpa_backends import SdpaCall, SdpaSwitches, select_backend
 
-__all__ = ["EMULATIONS", "EmulationReport", "cuda_kernel_emulation", "register_emulation", "sdpa_call_of"]
+__all__ = ["EMULATIONS", "PARTS", "EmulationReport", "cuda_kernel_emulation", "emulation_parts", "register_emulation", "sdpa_call_of"]
 
 
 @dataclasses.dataclass
@@ -74,8 +74,14 @@ class EmulationReport:
             self.extra_notes.append(note)
 
     def backend_counts(self) -> dict[str, int]:
+        """Backend -> number of distinct attention calls (calls differing only in batch size count once)."""
+        distinct = {
+            (dataclasses.replace(call, q_shape=call.q_shape[1:], k_shape=call.k_shape[1:], v_shape=call.v_shape[1:],
+                                 mask_shape=None), backend)
+            for call, backend in self.sdpa.items()
+        }
         counts: dict[str, int] = {}
-        for backend in self.sdpa.values():
+        for _, backend in distinct:
             counts[backend] = counts.get(backend, 0) + 1
         return counts
 
@@ -267,6 +273,29 @@ def _cuda_dropout() -> Iterator[None]:
         library._destroy()
 
 
+#: The built-in parts, all on by default; :func:`emulation_parts` turns some off (diagnosis only).
+PARTS = ("dropout", "autocast", "sdpa")
+_enabled_parts: tuple[str, ...] = PARTS
+
+
+@contextlib.contextmanager
+def emulation_parts(*parts: str) -> Iterator[None]:
+    """Within the block, only ``parts`` of :data:`PARTS` are emulated (to show what each changes).
+
+    Raises:
+        ValueError: For a part not in :data:`PARTS`.
+    """
+    global _enabled_parts
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown emulation part(s) {sorted(unknown)}; valid: {', '.join(PARTS)}")
+    previous, _enabled_parts = _enabled_parts, tuple(parts)
+    try:
+        yield
+    finally:
+        _enabled_parts = previous
+
+
 @contextlib.contextmanager
 def cuda_kernel_emulation(arch: CudaArch | None = None, report: EmulationReport | None = None) -> Iterator[EmulationReport]:
     """CUDA autocast, attention and dropout semantics for a CPU trace (see the module docstring).
@@ -293,14 +322,18 @@ def cuda_kernel_emulation(arch: CudaArch | None = None, report: EmulationReport 
     if report is None:
         report = EmulationReport(arch or cuda_arch(DEFAULT_ARCH_CAPABILITY), arch_named=arch is not None)
     arch = report.arch
+    parts = _enabled_parts
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_cuda_dropout())
-        autocast = stack.enter_context(cuda_autocast_on_cpu())
-        report.autocast_ops = len(autocast.overridden)
-        stack.enter_context(_cuda_sdpa(arch, report))
+        if "dropout" in parts:
+            stack.enter_context(_cuda_dropout())
+        autocast = stack.enter_context(cuda_autocast_on_cpu()) if "autocast" in parts else None
+        if autocast is not None:
+            report.autocast_ops = len(autocast.overridden)
+        if "sdpa" in parts:
+            stack.enter_context(_cuda_sdpa(arch, report))
         for factory in list(EMULATIONS.values()):
             stack.enter_context(factory(arch, report))
         try:
             yield report
         finally:
-            report.autocast_used = report.autocast_used or autocast.used
+            report.autocast_used = report.autocast_used or bool(autocast and autocast.used)
