@@ -71,10 +71,17 @@ class _Producers(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if any(r.alias_info is not None for r in func._schema.returns):
+            return out  # a view or in-place op: the storage keeps its producer
         for tensor in torch.utils._pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
-                self.producer.setdefault(id(tensor.untyped_storage()), func.__name__)
+                self.producer[_storage_key(tensor)] = func.__name__  # a freed address reused: new producer
         return out
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    """The StorageImpl's address: stable while the storage lives (saved tensors live until backward)."""
+    return tensor.untyped_storage()._cdata
 
 
 def saved_by_op(layers: int, batch: int, seq: int, cuda_autocast: bool) -> dict[str, int]:
@@ -89,11 +96,10 @@ def saved_by_op(layers: int, batch: int, seq: int, cuda_autocast: bool) -> dict[
     saved: dict[str, int] = defaultdict(int)
 
     def pack(tensor):
-        storage = tensor.untyped_storage()
-        key = id(storage)
+        key = _storage_key(tensor)
         if key not in seen:
             seen.add(key)
-            saved[producers.producer.get(key, "parameter/input")] += storage.nbytes()
+            saved[producers.producer.get(key, "parameter/input")] += tensor.untyped_storage().nbytes()
         return tensor
 
     autocast = cuda_autocast_on_cpu() if cuda_autocast else contextlib.nullcontext()

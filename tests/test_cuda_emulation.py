@@ -274,3 +274,41 @@ def test_the_emulation_leaves_cpu_kernels_alone_afterwards():
     assert nn.functional.dropout(torch.ones(1000), 0.5).eq(0).any()
     with torch.autocast("cpu", dtype=BF16):
         assert torch.softmax(q @ q.transpose(-1, -2), -1).dtype == BF16
+
+
+# ---------------------------------------------------------------------------
+# the "which GPU fits" table
+# ---------------------------------------------------------------------------
+ATTENTION_FACTORY = '''
+import torch
+from torch import nn
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 4, 16).permute(2, 0, 3, 1, 4)
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().mean()
+'''
+
+
+def test_which_gpu_fits_marks_cards_whose_kernels_differ(tmp_path, capsys):
+    import json
+
+    from nnmem_callbacks import cli
+
+    path = tmp_path / "attention_model.py"
+    path.write_text(ATTENTION_FACTORY)
+    argv = ["estimate", f"{path}:Attention", "-i", "32,64", "-b", "8", "--precision", "bf16-mixed"]
+    assert cli.main([*argv, "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["fit"]["gpus"]}
+    assert rows["T4 16GB"]["covered"] is False  # bf16 attention runs the math kernel below sm80
+    assert rows["A100 80GB"]["covered"] is True and rows["H100 80GB"]["covered"] is True
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    t4_lines = [line for line in out.splitlines() if "T4 16GB" in line]
+    assert t4_lines and all("*" in line for line in t4_lines)
+    assert not any("*" in line for line in out.splitlines() if "A100 80GB" in line)
+    assert "estimate for it with --device" in " ".join(out.split())

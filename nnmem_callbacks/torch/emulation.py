@@ -86,9 +86,18 @@ class EmulationReport:
         return counts
 
     def arch_sensitive_calls(self, other: CudaArch) -> list[SdpaCall]:
-        """The recorded attention calls that would use another backend on ``other``."""
+        """The recorded attention calls that would keep other tensors on ``other``.
+
+        Flash, cuDNN and memory-efficient attention all keep the output and a
+        per-row fp32 logsumexp (efficient pads it to 32 rows), so a switch
+        between them changes nothing that matters; a switch to or from the math
+        path (``Lq x Lk`` probabilities kept) does.
+        """
         switches = SdpaSwitches.from_torch()
-        return [call for call, backend in self.sdpa.items() if select_backend(call, other, switches)[0] != backend]
+        return [
+            call for call, backend in self.sdpa.items()
+            if _MEMORY_CLASS[select_backend(call, other, switches)[0]] != _MEMORY_CLASS[backend]
+        ]
 
     def uncovered_capabilities(self, capabilities) -> list[str]:
         """Of ``capabilities``, those ("8.6") where some recorded choice would differ from this estimate's."""
@@ -149,6 +158,8 @@ class EmulationReport:
         notes.extend(self.extra_notes)
         return notes
 
+
+_MEMORY_CLASS = {"flash": "fused", "cudnn": "fused", "efficient": "fused", "math": "math", "error": "error"}
 
 #: Plug-ins: name -> factory ``(arch, report) -> context manager``, entered inside the emulation.
 EMULATIONS: dict[str, Callable[[CudaArch, EmulationReport], ContextManager[Any]]] = {}
