@@ -32,9 +32,12 @@ Known limitations:
     * Memory held by reference cycles until the garbage collector runs, and
       memory a kernel allocates internally without a registered workspace rule,
       are not seen.
-    * Estimating for CUDA on a machine without CUDA traces CPU kernels: the
-      autocast op lists of CPU and CUDA differ slightly and cuDNN/cuBLAS
-      workspaces are not modelled; a note says so.
+    * Estimating for CUDA on a machine without CUDA traces CPU kernels made
+      to behave like CUDA's (:mod:`nnmem_callbacks.torch.emulation`: autocast
+      op lists and casts, attention backend, dropout) for the named GPU's
+      architecture (``device="cuda:a100-80gb"``; sm90 assumed otherwise);
+      ``notes`` lists the tables used and every way the result may differ
+      from an estimate made on the device.
     * Lazy modules must be materialised before estimation.
 """
 
