@@ -312,3 +312,13 @@ def test_which_gpu_fits_marks_cards_whose_kernels_differ(tmp_path, capsys):
     assert t4_lines and all("*" in line for line in t4_lines)
     assert not any("*" in line for line in out.splitlines() if "A100 80GB" in line)
     assert "estimate for it with --device" in " ".join(out.split())
+
+
+def test_a_backend_switch_in_the_forward_is_honoured():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with FakeTensorMode(), cuda_kernel_emulation(gpus.find_arch("a100-80gb")) as report:
+        q = torch.empty(2, 4, 64, 32, dtype=BF16, requires_grad=True)
+        with sdpa_kernel(SDPBackend.MATH):
+            nn.functional.scaled_dot_product_attention(q, q, q)
+    assert list(report.sdpa.values()) == ["math"]

@@ -143,18 +143,11 @@ class EmulationReport:
             changed = sorted({arch.label for arch in others if self.arch_sensitive_calls(arch)})
             if changed:
                 differs.append(
-                    f"no GPU named, {self.arch.label} assumed: attention would use other kernels on "
+                    f"no GPU named, {self.arch.label} assumed: attention would keep other tensors on "
                     f"{', '.join(changed)} (name the GPU, e.g. device='cuda:a100-80gb')"
                 )
-        if self.sdpa and self.arch.versions_assumed:
-            flipped = dataclasses.replace(self.arch, cudnn_version=91000 if self.arch.prefers_cudnn_attention else 91900)
-            if flipped.prefers_cudnn_attention != self.arch.prefers_cudnn_attention and self.arch_sensitive_calls(flipped):
-                differs.append(
-                    "cuDNN/CUDA versions of the target assumed (cuDNN > 9.15, CUDA 13): with an older cuDNN, "
-                    "attention with a mask would use another kernel"
-                )
-        if differs:
-            notes.append("may differ from an estimate made on the GPU: " + "; ".join(differs))
+        differs.append("the CUDA context (device memory beyond the allocator) is assumed, not read from the driver")
+        notes.append("may differ from an estimate made on the GPU: " + "; ".join(differs))
         notes.extend(self.extra_notes)
         return notes
 
@@ -238,11 +231,11 @@ def _run_backend(backend: str, query, key, value, attn_mask, dropout_p, is_causa
 @contextlib.contextmanager
 def _cuda_sdpa(arch: CudaArch, report: EmulationReport) -> Iterator[None]:
     """``aten::scaled_dot_product_attention`` on CPU tensors picks and runs CUDA's backend."""
-    switches = SdpaSwitches.from_torch()
 
     def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         call = sdpa_call_of(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
-        backend, _ = select_backend(call, arch, switches)
+        # read at each call: the model may switch backends (torch.nn.attention.sdpa_kernel) in its forward
+        backend, _ = select_backend(call, arch, SdpaSwitches.from_torch())
         if backend == "error":
             raise RuntimeError("No available kernel. Aborting execution. (every scaled_dot_product_attention backend is disabled)")
         report.sdpa.setdefault(call, backend)
