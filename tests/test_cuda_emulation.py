@@ -322,3 +322,25 @@ def test_a_backend_switch_in_the_forward_is_honoured():
         with sdpa_kernel(SDPBackend.MATH):
             nn.functional.scaled_dot_product_attention(q, q, q)
     assert list(report.sdpa.values()) == ["math"]
+
+
+def test_probing_is_invisible_to_dispatch_modes():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from nnmem_callbacks.torch import cuda_autocast
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.devices = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.devices.update(t.device.type for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+            return out
+
+    cuda_autocast._PLANS.clear()  # force a probe
+    seen = Seen()
+    with cuda_autocast_on_cpu(), torch.autocast("cpu", dtype=BF16), seen:
+        torch.randn(4, 8) @ torch.randn(8, 3)
+    assert seen.devices == {"cpu"}

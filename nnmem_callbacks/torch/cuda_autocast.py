@@ -48,7 +48,8 @@ import weakref
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 _DispatchKey = torch._C.DispatchKey
 _DispatchKeySet = torch._C.DispatchKeySet
@@ -202,7 +203,8 @@ def probe_cuda_autocast(op, args: tuple, kwargs: dict, lower_dtype: torch.dtype)
     torch.set_autocast_dtype("cuda", lower_dtype)
     torch.set_autocast_cache_enabled(False)
     try:
-        with torch._C._AutoDispatchBelowAutograd(), _quiet():
+        # no dispatch mode (the estimator's tracker, FakeTensorMode) may see the stand-ins
+        with _disable_current_modes(), torch._C._AutoDispatchBelowAutograd(), _quiet():
             op.redispatch(_AUTOCAST_CUDA, *p_args, **p_kwargs)
     except _StopKernel as stop:
         func, inner_args, inner_kwargs = stop.args
