@@ -115,6 +115,7 @@ def estimate_transformers(gpu: str | None) -> list[dict[str, Any]]:
             warnings.simplefilter("always")
             est = estimate_training(model, batch, optimizer="adamw", precision=precision,
                                     device=f"cuda:{gpu}" if gpu else "cuda", loss_fn=_hf_loss)
+        print(f"{name}: {est.peak_bytes / GIB:.3f} GiB ({est.method})", file=sys.stderr)
         rows.append({
             "name": name, "precision": precision, "method": est.method, "peak": int(est.peak_bytes),
             "activations": int(est.breakdown.get("activations", 0)), "notes": list(est.notes),
@@ -129,10 +130,10 @@ def estimate_transformers_with(root: str) -> list[dict[str, Any]]:
 
     An older checkout knows no GPU names: it estimates for ``device="cuda"``.
     """
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:  # this benchmarks package first, then root's nnmem_callbacks
         (Path(tmp) / "benchmarks").symlink_to(Path(__file__).parent)
         out = Path(tmp) / "rows.json"
-        code = (f"import json, sys; sys.path[:0] = [{root!r}, {tmp!r}]; "
+        code = (f"import json, sys; sys.path[:0] = [{tmp!r}, {root!r}]; "
                 f"from benchmarks.offline_cuda import estimate_transformers; "
                 f"json.dump(estimate_transformers(None), open({str(out)!r}, 'w'))")
         subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
@@ -159,6 +160,7 @@ def estimate_zoo(cases: list[str], optimizers: list[str], precisions: list[str],
                                             precision=precision, device=f"cuda:{gpu}")
                 rows.append({"case": name, "optimizer": opt_name, "precision": precision, "method": est.method,
                              "peak": int(est.peak_bytes), "notes": list(est.notes)})
+                print(f"{name} {opt_name} {precision}: {est.peak_bytes / 2**20:.1f} MiB ({est.method})", file=sys.stderr)
     return rows
 
 
