@@ -62,6 +62,7 @@ from nnmem_callbacks.units import format_bytes
 from nnmem_callbacks.torch import allocator
 from nnmem_callbacks.torch.compat import eager_library_checks
 from nnmem_callbacks.gpus import DEFAULT_ARCH_CAPABILITY, cuda_arch
+from nnmem_callbacks.torch.cudnn_rnn import cudnn_rnn_emulation
 from nnmem_callbacks.torch.emulation import EmulationReport, cuda_kernel_emulation
 from nnmem_callbacks.torch.fallback import estimate_closed_form
 from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
@@ -250,7 +251,8 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
     tracker = StorageTracker(config.target_device.type, memo=session.memo)
     emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
     with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation(report=session.emulation(config)) if emulate_cuda else contextlib.nullcontext()), \
-            eager_library_checks(config.example_batch), probe_batch(batch_size):
+            eager_library_checks(config.example_batch), probe_batch(batch_size), \
+            cudnn_rnn_emulation(model, enabled=config.target_device.type == "cuda"):
         model.train()
         with fake_mode, tracker:
 
