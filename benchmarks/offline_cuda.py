@@ -255,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         document.update(zoo=rows, zoo_summary=summary)
         md += ["## The CUDA accuracy benchmark's models", "",
                f"Offline within 0.5% of the on-device estimate: {summary['within_0.5pct']} of "
-               f"{summary['traced_on_device']} combinations the GPU traced (largest difference "
-               f"{_fmt(summary['max_abs_offline_vs_device_pct'], 2)}); offline fallbacks where the GPU traced: "
+               f"{summary['traced_on_device']} combinations the GPU traced (largest absolute difference "
+               f"{summary['max_abs_offline_vs_device_pct'] or 0:.2f}%); offline fallbacks where the GPU traced: "
                f"{summary['offline_fallbacks_where_device_traced']}.", "", *lines, ""]
     if not args.no_transformers:
         rows = estimate_transformers(args.gpu)
