@@ -21,6 +21,8 @@ Example:
     81559
     >>> find_gpu("tesla t4").nominal_gb
     16
+    >>> find_gpu("h100").arch.capability
+    (9, 0)
 """
 
 from __future__ import annotations
@@ -29,6 +31,112 @@ import dataclasses
 import re
 
 from nnmem_callbacks.units import MiB
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaArch:
+    """A CUDA architecture: what the kernels a CUDA estimate emulates depend on.
+
+    Attributes:
+        capability: Compute capability ``(major, minor)``, e.g. ``(9, 0)``.
+        name: Architecture name, e.g. ``"Hopper"``.
+        cudnn_version: cuDNN of the target install as an integer (``91900`` for
+            9.19), or ``None`` when unknown: a current PyTorch wheel is then
+            assumed (cuDNN newer than 9.15, CUDA 13).
+        cuda_major: CUDA major version of the target's PyTorch build (``None``: 13).
+
+    Example:
+        >>> find_arch("sm86").name, find_arch("8.6").capability
+        ('Ampere', (8, 6))
+        >>> find_arch("h100").prefers_cudnn_attention, find_arch("a100").prefers_cudnn_attention
+        (True, False)
+    """
+
+    capability: tuple[int, int]
+    name: str
+    cudnn_version: int | None = None
+    cuda_major: int | None = None
+
+    @property
+    def major(self) -> int:
+        return self.capability[0]
+
+    @property
+    def minor(self) -> int:
+        return self.capability[1]
+
+    @property
+    def label(self) -> str:
+        """``"sm90 (Hopper)"``."""
+        return f"sm{self.major}{self.minor} ({self.name})"
+
+    @property
+    def versions_assumed(self) -> bool:
+        """Whether the cuDNN/CUDA versions are assumed rather than given."""
+        return self.cudnn_version is None or self.cuda_major is None
+
+    @property
+    def prefers_cudnn_attention(self) -> bool:
+        """PyTorch tries cuDNN attention first here (``check_prefer_cudnn_attention``, sdp_utils.cpp).
+
+        True on sm90/sm10x with cuDNN newer than 9.15; CUDA 12 builds also need
+        minor 0 or 3.
+        """
+        cudnn = 91900 if self.cudnn_version is None else self.cudnn_version
+        cuda = 13 if self.cuda_major is None else self.cuda_major
+        if self.major not in (9, 10) or cudnn <= 91500:
+            return False
+        return cuda >= 13 or self.minor in (0, 3)
+
+
+#: Architectures by compute capability (NVIDIA's CUDA GPUs table).
+ARCHITECTURES: dict[tuple[int, int], str] = {
+    (6, 0): "Pascal", (6, 1): "Pascal", (7, 0): "Volta", (7, 5): "Turing",
+    (8, 0): "Ampere", (8, 6): "Ampere", (8, 7): "Ampere", (8, 9): "Ada",
+    (9, 0): "Hopper", (10, 0): "Blackwell", (10, 3): "Blackwell", (12, 0): "Blackwell", (12, 1): "Blackwell",
+}
+
+#: The architecture assumed for a CUDA target that names no GPU and has none here.
+DEFAULT_ARCH_CAPABILITY = (9, 0)
+
+
+def cuda_arch(capability: tuple[int, int], cudnn_version: int | None = None, cuda_major: int | None = None) -> CudaArch:
+    """The :class:`CudaArch` of a compute capability.
+
+    Raises:
+        ValueError: For a capability not in :data:`ARCHITECTURES`, naming the known ones.
+    """
+    capability = (int(capability[0]), int(capability[1]))
+    if capability not in ARCHITECTURES:
+        known = ", ".join(f"{a}.{b}" for a, b in ARCHITECTURES)
+        raise ValueError(f"unknown compute capability {capability[0]}.{capability[1]}; known: {known}")
+    return CudaArch(capability, ARCHITECTURES[capability], cudnn_version, cuda_major)
+
+
+def find_arch(name: str) -> CudaArch:
+    """A :class:`CudaArch` from ``"sm90"``, ``"9.0"``, ``"hopper"`` or a GPU name (``"a100-80gb"``).
+
+    Raises:
+        ValueError: If nothing matches, naming what is valid.
+    """
+    text = name.strip().lower()
+    match = re.fullmatch(r"(?:sm_?|compute_?)?(\d{1,2})\.?(\d)", text)
+    if match:
+        return cuda_arch((int(match.group(1)), int(match.group(2))))
+    by_name = sorted({cap for cap, arch in ARCHITECTURES.items() if arch.lower() == text})
+    if by_name:
+        return cuda_arch(by_name[0])
+    try:
+        return find_gpu(name).arch
+    except ValueError:
+        pass
+    models = [gpu for gpu in GPUS if gpu.model == normalize_gpu_name(name)]
+    if models and len({gpu.capability for gpu in models}) == 1:
+        return models[0].arch
+    raise ValueError(
+        f"unknown CUDA architecture {name!r}; use a compute capability (sm80, 8.6), an architecture name "
+        f"({', '.join(sorted(set(ARCHITECTURES.values())))}) or a GPU name ({', '.join(gpu_names())})"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +149,7 @@ class GpuSpec:
         nominal_gb: The memory printed on the box, in GB.
         memory_bytes: Total device memory as ``nvidia-smi`` reports it.
         aliases: Extra normalised spellings that select this card.
+        capability: Compute capability ``(major, minor)``.
     """
 
     name: str
@@ -48,6 +157,12 @@ class GpuSpec:
     nominal_gb: int
     memory_bytes: int
     aliases: tuple[str, ...] = ()
+    capability: tuple[int, int] = DEFAULT_ARCH_CAPABILITY
+
+    @property
+    def arch(self) -> CudaArch:
+        """The card's :class:`CudaArch` (cuDNN/CUDA versions assumed)."""
+        return cuda_arch(self.capability)
 
     def keys(self) -> set[str]:
         """Every normalised spelling that selects this card unambiguously."""
@@ -56,29 +171,29 @@ class GpuSpec:
         return keys
 
 
-def _gpu(name: str, model: str, nominal_gb: int, smi_mib: int, *aliases: str) -> GpuSpec:
-    return GpuSpec(name, model, nominal_gb, smi_mib * MiB, tuple(aliases))
+def _gpu(name: str, model: str, nominal_gb: int, smi_mib: int, capability: tuple[int, int], *aliases: str) -> GpuSpec:
+    return GpuSpec(name, model, nominal_gb, smi_mib * MiB, tuple(aliases), capability)
 
 
-#: The built-in table, smallest memory first. ``smi_mib`` is nvidia-smi's total.
+#: The built-in table, smallest memory first. ``smi_mib`` is nvidia-smi's total; the capability is NVIDIA's.
 GPUS: tuple[GpuSpec, ...] = (
-    _gpu("RTX 3060 12GB", "rtx3060", 12, 12_288, "3060"),
-    _gpu("T4 16GB", "t4", 16, 15_360),
-    _gpu("V100 16GB", "v100", 16, 16_160),
-    _gpu("P100 16GB", "p100", 16, 16_280, "p100"),
-    _gpu("RTX 4080 16GB", "rtx4080", 16, 16_376, "rtx4080", "4080"),
-    _gpu("A10 24GB", "a10", 24, 23_028, "a10", "a10g", "a10g24gb"),
-    _gpu("L4 24GB", "l4", 24, 23_034, "l4"),
-    _gpu("RTX 4090 24GB", "rtx4090", 24, 24_564, "rtx4090", "4090"),
-    _gpu("RTX 3090 24GB", "rtx3090", 24, 24_576, "rtx3090", "3090"),
-    _gpu("V100 32GB", "v100", 32, 32_768),
-    _gpu("A100 40GB", "a100", 40, 40_960),
-    _gpu("A40 48GB", "a40", 48, 46_068, "a40"),
-    _gpu("L40S 48GB", "l40s", 48, 46_068, "l40s"),
-    _gpu("RTX A6000 48GB", "a6000", 48, 49_140, "a6000", "rtxa6000", "rtxa600048gb"),
-    _gpu("A100 80GB", "a100", 80, 81_920),
-    _gpu("H100 80GB", "h100", 80, 81_559, "h100"),
-    _gpu("H200 141GB", "h200", 141, 143_771, "h200"),
+    _gpu("RTX 3060 12GB", "rtx3060", 12, 12_288, (8, 6), "3060"),
+    _gpu("T4 16GB", "t4", 16, 15_360, (7, 5)),
+    _gpu("V100 16GB", "v100", 16, 16_160, (7, 0)),
+    _gpu("P100 16GB", "p100", 16, 16_280, (6, 0), "p100"),
+    _gpu("RTX 4080 16GB", "rtx4080", 16, 16_376, (8, 9), "rtx4080", "4080"),
+    _gpu("A10 24GB", "a10", 24, 23_028, (8, 6), "a10", "a10g", "a10g24gb"),
+    _gpu("L4 24GB", "l4", 24, 23_034, (8, 9), "l4"),
+    _gpu("RTX 4090 24GB", "rtx4090", 24, 24_564, (8, 9), "rtx4090", "4090"),
+    _gpu("RTX 3090 24GB", "rtx3090", 24, 24_576, (8, 6), "rtx3090", "3090"),
+    _gpu("V100 32GB", "v100", 32, 32_768, (7, 0)),
+    _gpu("A100 40GB", "a100", 40, 40_960, (8, 0)),
+    _gpu("A40 48GB", "a40", 48, 46_068, (8, 6), "a40"),
+    _gpu("L40S 48GB", "l40s", 48, 46_068, (8, 9), "l40s"),
+    _gpu("RTX A6000 48GB", "a6000", 48, 49_140, (8, 6), "a6000", "rtxa6000", "rtxa600048gb"),
+    _gpu("A100 80GB", "a100", 80, 81_920, (8, 0)),
+    _gpu("H100 80GB", "h100", 80, 81_559, (9, 0), "h100"),
+    _gpu("H200 141GB", "h200", 141, 143_771, (9, 0), "h200"),
 )
 
 _VENDOR_WORDS = ("nvidia", "tesla", "geforce", "quadro")

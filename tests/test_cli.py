@@ -163,7 +163,7 @@ def test_targets_and_budgets():
 
 
 # -- estimate: JSON equals the API ---------------------------------------------------------------
-@pytest.mark.parametrize("device, api_device", [("cpu", "cpu"), ("t4", "cuda")])
+@pytest.mark.parametrize("device, api_device", [("cpu", "cpu"), ("t4", "cuda:t4")])  # a named GPU: its architecture
 def test_estimate_json_equals_estimate_training(capsys, factory_file, device, api_device):
     torch = pytest.importorskip("torch")
     from nnmem_callbacks import estimate_training

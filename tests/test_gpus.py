@@ -77,3 +77,25 @@ def test_non_gpu_names():
     assert not gpus.is_gpu_name("a100")
     with pytest.raises(ValueError, match="empty GPU name"):
         gpus.find_gpu("  ")
+
+
+@pytest.mark.parametrize(
+    "name, capability, arch",
+    [("h100", (9, 0), "Hopper"), ("a100-40gb", (8, 0), "Ampere"), ("t4", (7, 5), "Turing"), ("l4", (8, 9), "Ada"),
+     ("sm86", (8, 6), "Ampere"), ("9.0", (9, 0), "Hopper"), ("a100", (8, 0), "Ampere"), ("Volta", (7, 0), "Volta")],
+)
+def test_find_arch_reads_gpus_capabilities_and_names(name, capability, arch):
+    found = gpus.find_arch(name)
+    assert found.capability == capability and found.name == arch
+
+
+def test_every_gpu_has_a_known_architecture():
+    for gpu in gpus.GPUS:
+        assert gpu.arch.capability in gpus.ARCHITECTURES
+
+
+def test_unknown_architecture_names_what_is_valid():
+    with pytest.raises(ValueError, match="unknown CUDA architecture 'x9'.*sm80.*Hopper.*H100 80GB"):
+        gpus.find_arch("x9")
+    with pytest.raises(ValueError, match="unknown compute capability 4.2"):
+        gpus.cuda_arch((4, 2))

@@ -57,7 +57,8 @@ def calc_command(args: argparse.Namespace) -> int:
 def gpus_command(args: argparse.Namespace) -> int:
     """``nnmem gpus``: print the built-in GPU table."""
     if args.json:
-        print(json.dumps([{"name": g.name, "nominal_gb": g.nominal_gb, "memory_bytes": g.memory_bytes}
+        print(json.dumps([{"name": g.name, "nominal_gb": g.nominal_gb, "memory_bytes": g.memory_bytes,
+                           "capability": f"{g.capability[0]}.{g.capability[1]}", "architecture": g.arch.name}
                           for g in gpu_table.GPUS], indent=2))
         return 0
     from rich.table import Table
@@ -67,8 +68,10 @@ def gpus_command(args: argparse.Namespace) -> int:
     table.add_column("on the box", justify="right")
     table.add_column("memory", justify="right")
     table.add_column("bytes", justify="right")
+    table.add_column("architecture")
     for gpu in gpu_table.GPUS:
-        table.add_row(gpu.name, f"{gpu.nominal_gb} GB", format_bytes(gpu.memory_bytes), f"{gpu.memory_bytes:,}")
+        table.add_row(gpu.name, f"{gpu.nominal_gb} GB", format_bytes(gpu.memory_bytes), f"{gpu.memory_bytes:,}",
+                      gpu.arch.label)
     _console().print(table)
     return 0
 

@@ -41,7 +41,8 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             estimate = estimate_training(
-                model, batch, optimizer=args.optimizer, precision=precision, device=target.device
+                model, batch, optimizer=args.optimizer, precision=precision,
+                device=f"cuda:{target.gpu.name}" if target.gpu is not None else target.device,
             )
     except ValueError as error:
         raise CliError(str(error)) from None
@@ -145,6 +146,7 @@ class GpuFit:
     memory_bytes: int
     max_batch_size: int
     fits: bool
+    covered: bool = True  # False: the CUDA kernels the estimate emulated differ on this card's architecture
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,11 +210,13 @@ def fit_summary(estimate: MemoryEstimate, target: Target, budget_bytes: int | No
         plan = make_plan(estimate, budget_bytes, "warn", margin, include_reserve=include_reserve)
     rows: tuple[GpuFit, ...] = ()
     if target.is_cuda and target.gpu is None and target.capacity_bytes is None:
+        uncovered = set(estimate.extra.get("cuda_emulation", {}).get("uncovered_capabilities", ()))
         gpu_rows = []
         for gpu in sorted(gpu_table.GPUS, key=lambda g: g.memory_bytes):
             budget = resolve_budget(None, capacity_bytes=gpu.memory_bytes, margin=margin)
             gpu_plan = make_plan(estimate, budget, "warn", margin, include_reserve=True)
-            gpu_rows.append(GpuFit(gpu.name, gpu.memory_bytes, gpu_plan.max_fitting_batch_size, gpu_plan.fits))
+            covered = f"{gpu.capability[0]}.{gpu.capability[1]}" not in uncovered
+            gpu_rows.append(GpuFit(gpu.name, gpu.memory_bytes, gpu_plan.max_fitting_batch_size, gpu_plan.fits, covered))
         rows = tuple(gpu_rows)
     return FitSummary(
         target, budget_bytes, "device" if include_reserve else "peak", predicted,

@@ -105,9 +105,13 @@ def render_estimate(
         gpu_rows.add_column(f"batch {estimate.batch_size}", justify="center")
         gpu_rows.add_column("max batch", justify="right")
         for row in fit.gpus:
-            gpu_rows.add_row(row.name, format_bytes(row.memory_bytes), "yes" if row.fits else "no",
+            mark = "" if row.covered else " *"
+            gpu_rows.add_row(row.name + mark, format_bytes(row.memory_bytes), "yes" if row.fits else "no",
                              _batch_text(row.max_batch_size))
         console.print(gpu_rows)
+        if not all(row.covered for row in fit.gpus):
+            console.print("* this card's architecture runs other kernels (attention) than the one estimated; "
+                          "estimate for it with --device <that GPU>")
     for line in why:
         console.print(line)
     for note in estimate.notes:

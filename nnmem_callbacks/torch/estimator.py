@@ -32,12 +32,16 @@ Known limitations:
     * Memory held by reference cycles until the garbage collector runs, and
       memory a kernel allocates internally without a registered workspace rule,
       are not seen.
-    * Estimating for CUDA on a machine without CUDA traces CPU kernels: the
-      autocast op lists of CPU and CUDA differ slightly; the cuBLAS workspaces
-      follow PyTorch's defaults for the assumed GPU and cuDNN convolution
-      workspaces only the measured table (:mod:`nnmem_callbacks.cuda_tables`);
-      notes say so.
+    * Estimating for CUDA on a machine without CUDA traces CPU kernels made
+      to behave like CUDA's (:mod:`nnmem_callbacks.torch.emulation`: autocast
+      op lists and casts, attention backend, dropout) for the named GPU's
+      architecture (``device="cuda:a100-80gb"``; sm90 assumed otherwise);
+      ``notes`` lists the tables used and every way the result may differ
+      from an estimate made on the device.
     * A ``torch.compile``'d module is estimated as its eager step (a note says so).
+    * The cuBLAS workspaces follow PyTorch's defaults for the target GPU and
+      cuDNN convolution workspaces only the measured table
+      (:mod:`nnmem_callbacks.cuda_tables`); notes say so.
     * Lazy modules must be materialised before estimation.
 """
 
@@ -62,8 +66,9 @@ from nnmem_callbacks.probes.session import current_session, kernel_probes, probe
 from nnmem_callbacks.units import format_bytes
 from nnmem_callbacks.torch import allocator, cuda_libraries
 from nnmem_callbacks.torch.compat import eager_library_checks
+from nnmem_callbacks.gpus import DEFAULT_ARCH_CAPABILITY, cuda_arch
 from nnmem_callbacks.torch.cudnn_rnn import cudnn_rnn_emulation
-from nnmem_callbacks.torch.emulation import cuda_kernel_emulation
+from nnmem_callbacks.torch.emulation import EmulationReport, cuda_kernel_emulation
 from nnmem_callbacks.torch.fallback import estimate_closed_form
 from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
 from nnmem_callbacks.torch.inputs import optimizer_label
@@ -167,8 +172,7 @@ def estimate_training(
     if config.target_device.type != config.trace_device.type:
         notes.append(
             f"traced on {config.trace_device.type} kernels for a {config.target_device.type} target "
-            f"(no {config.target_device.type} device here): dropout and attention use CUDA-like kernels, "
-            f"but autocast op lists may differ"
+            f"(no {config.target_device.type} device here)"
         )
     with kernel_probes(config.target_device.type, enabled=probe_kernels) as probes:
         try:
@@ -241,6 +245,13 @@ class TraceSession:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.memo = OpMemo(self.fake_mode) if FAST_DISPATCH else None
         self.libraries = libraries
+        self.cuda_emulation: EmulationReport | None = None  # filled by the traces of a CUDA target without CUDA
+
+    def emulation(self, config: StepConfig) -> EmulationReport:
+        if self.cuda_emulation is None:
+            arch = config.cuda_arch or cuda_arch(DEFAULT_ARCH_CAPABILITY)
+            self.cuda_emulation = EmulationReport(arch, arch_named=config.cuda_arch is not None)
+        return self.cuda_emulation
 
 
 def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_steps: bool, session: TraceSession) -> TraceResult:
@@ -250,7 +261,7 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
     fake_mode = session.fake_mode
     tracker = StorageTracker(config.target_device.type, memo=session.memo, libraries=session.libraries)
     emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
-    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation() if emulate_cuda else contextlib.nullcontext()), \
+    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation(report=session.emulation(config)) if emulate_cuda else contextlib.nullcontext()), \
             eager_library_checks(config.example_batch), probe_batch(batch_size), \
             cudnn_rnn_emulation(model, enabled=config.target_device.type == "cuda"):
         model.train()
@@ -357,7 +368,8 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
     if config.target_device.type == "cuda":
         session_probes = current_session()
         libraries = cuda_libraries.library_model(
-            config.target_device, notes, probe_convolutions=session_probes is None or session_probes.settings.enabled
+            config.target_device, notes, config.cuda_arch.capability if config.cuda_arch is not None else None,
+            probe_convolutions=session_probes is None or session_probes.settings.enabled,
         )
     session = TraceSession(libraries)
     main = run_trace(config, batch_size, session=session)
@@ -384,6 +396,9 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
     reserved = None
     overhead = 0
     extra: dict[str, Any] = {"ops": main.op_count, "optimizer": optimizer_label(config.optimizer)}
+    if session.cuda_emulation is not None:
+        notes.extend(session.cuda_emulation.notes(torch.__version__))
+        extra["cuda_emulation"] = session.cuda_emulation.summary()
     if config.target_device.type == "cuda":
         prediction = allocator.replay(main.events)
         rounding = prediction.peak_allocated - peak_bytes

@@ -261,6 +261,9 @@ def resolve_device(device: Any, model: torch.nn.Module, batch: BatchSpec) -> tor
     Default: the model's device; a model on the meta device trains where its
     batch is, and a meta batch with a meta model means CPU.
 
+    A named GPU (``"cuda:h100"``, ``"a100-80gb"``, ``"cuda:sm86"``, see
+    :func:`named_cuda_arch`) means CUDA.
+
     Raises:
         ValueError: For a device string torch cannot parse or a type other than cpu/cuda.
     """
@@ -268,7 +271,11 @@ def resolve_device(device: Any, model: torch.nn.Module, batch: BatchSpec) -> tor
         try:
             resolved = torch.device(device)
         except (RuntimeError, TypeError) as error:
-            raise ValueError(f"invalid device {device!r}: {error}; use 'cpu', 'cuda' or 'cuda:N'") from None
+            if named_cuda_arch(device) is not None:
+                return torch.device("cuda")
+            raise ValueError(
+                f"invalid device {device!r}: {error}; use 'cpu', 'cuda', 'cuda:N' or a GPU ('cuda:h100', 'a100-80gb')"
+            ) from None
     else:
         resolved = model_device(model) or torch.device("cpu")
         if resolved.type == "meta":
@@ -277,3 +284,38 @@ def resolve_device(device: Any, model: torch.nn.Module, batch: BatchSpec) -> tor
     if resolved.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device type {resolved.type!r}; valid device types are 'cpu' and 'cuda'")
     return resolved
+
+
+def named_cuda_arch(device: Any):
+    """The :class:`~nnmem_callbacks.gpus.CudaArch` a device string names, else ``None``.
+
+    ``"cuda:h100"``, ``"cuda:a100-80gb"``, ``"a100-80gb"``, ``"cuda:sm86"``,
+    ``"cuda:8.0"`` name one; ``"cuda"``, ``"cuda:0"`` and ``"cpu"`` do not.
+
+    Raises:
+        ValueError: For ``"cuda:<text>"`` whose text is neither an index nor a
+            known GPU or architecture (the message lists the valid ones).
+
+    Example:
+        >>> named_cuda_arch("cuda:h100").capability, named_cuda_arch("cuda:0")
+        ((9, 0), None)
+        >>> named_cuda_arch("a100-80gb").label
+        'sm80 (Ampere)'
+    """
+    from nnmem_callbacks.gpus import find_arch
+
+    if not isinstance(device, str):
+        return None
+    text = device.strip()
+    lowered = text.lower()
+    if lowered in ("cpu", "cuda", "meta") or lowered.startswith("cpu:"):
+        return None
+    if lowered.startswith("cuda:"):
+        rest = text.split(":", 1)[1].strip()
+        if rest.isdigit():
+            return None
+        return find_arch(rest)
+    try:
+        return find_arch(text)
+    except ValueError:
+        return None

@@ -23,6 +23,7 @@ from nnmem_callbacks.torch.inputs import (
     PrecisionSpec,
     check_optimizer_spec,
     describe_batch,
+    named_cuda_arch,
     resolve_device,
     resolve_precision,
 )
@@ -49,6 +50,7 @@ class StepConfig:
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
     example_batch: Any = None  # the user's batch: the fallback's small real probe, compat's mask check
+    cuda_arch: Any = None  # gpus.CudaArch named by the device ("cuda:h100"), None when not named
 
 
 def make_config(model, batch, optimizer, loss_fn, precision, device, accumulate, clip_val, clip_algorithm) -> StepConfig:
@@ -71,7 +73,9 @@ def make_config(model, batch, optimizer, loss_fn, precision, device, accumulate,
     if clip_algorithm not in ("norm", "value"):
         raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {clip_algorithm!r}")
     target = resolve_device(device, model, batch_spec)
-    if target.type == "cuda" and torch.cuda.is_available():
+    arch = named_cuda_arch(device)
+    local_differs = arch is not None and torch.cuda.is_available() and torch.cuda.get_device_capability() != arch.capability
+    if target.type == "cuda" and torch.cuda.is_available() and not local_differs:
         trace_device = torch.device("cuda", target.index if target.index is not None else torch.cuda.current_device())
     else:
         trace_device = torch.device("cpu")
@@ -80,7 +84,7 @@ def make_config(model, batch, optimizer, loss_fn, precision, device, accumulate,
             raise ValueError("the model has uninitialised (lazy) parameters; run one forward pass before estimating")
     return StepConfig(
         model, batch_spec, optimizer, loss_fn or default_loss, spec, target, trace_device,
-        accumulate, clip_val, clip_algorithm, batch,
+        accumulate, clip_val, clip_algorithm, batch, arch,
     )
 
 
