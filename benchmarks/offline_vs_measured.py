@@ -12,10 +12,14 @@ change measured fresh. Rows whose recorded estimate fell back to the
 closed-form method ran real layers on the device before the truth, which
 created the user thread's cuBLAS workspace early; they are marked.
 
+Its sibling :mod:`benchmarks.offline_cuda` compares the offline estimate with
+the estimate made on the GPU (issue 14); this one compares it with what the GPU
+measured.
+
 Usage::
 
-    python -m benchmarks.cuda_offline /path/to/zoo_cuda.json
-    python -m benchmarks.cuda_offline /path/to/zoo_cuda.json --cases mlp,gpt2 --all-rows
+    python -m benchmarks.offline_vs_measured /path/to/zoo_cuda.json
+    python -m benchmarks.offline_vs_measured /path/to/zoo_cuda.json --cases mlp,gpt2 --all-rows
 """
 
 from __future__ import annotations
@@ -58,11 +62,12 @@ def _pct(predicted: float | None, measured: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.cuda_offline", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.offline_vs_measured", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", help="the JSON of a CUDA accuracy run")
     parser.add_argument("--cases", default=None, help="comma-separated subset of the cases in the file")
     parser.add_argument("--all-rows", action="store_true", help="every row, not only the fresh-process ones")
+    parser.add_argument("--device", default="cuda:h100", help="the CUDA target named to the estimator (default: cuda:h100, the recorded GPU)")
     args = parser.parse_args(argv)
     with open(args.results) as handle:
         document = json.load(handle)
@@ -71,7 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         wanted = {c.strip() for c in args.cases.split(",") if c.strip()}
         rows = [r for r in rows if r["case"] in wanted]
     meta = document.get("meta", {})
-    print(f"recorded on {meta.get('gpu', '?')}, torch {meta.get('torch', '?')}; predicted here with torch {torch.__version__}")
+    from nnmem_callbacks.probes.fingerprint import cpu_isa_extensions, cpu_model_name
+
+    print(f"recorded on {meta.get('gpu', '?')}, torch {meta.get('torch', '?')}; predicted here (no GPU) for {args.device} "
+          f"with torch {torch.__version__} on {cpu_model_name()} ({', '.join(cpu_isa_extensions()) or 'baseline ISA'})")
+    print()
     print("| case | optimizer | precision | pred MiB | workspaces MiB | meas MiB | err | pred device MiB | meas device MiB | err | note |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     warnings.simplefilter("ignore")
@@ -82,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch = case.make_batch(case.batch_size, "cpu")
         try:
             est = estimate_training(model, batch, optimizer=zoo.OPTIMIZERS[row["optimizer"]], loss_fn=case.loss_fn,
-                                    precision=row["precision"], device="cuda")
+                                    precision=row["precision"], device=args.device)
         except Exception as error:  # noqa: BLE001 - one case failing does not end the table
             print(f"| {row['case']} | {row['optimizer']} | {row['precision']} | error: {type(error).__name__} |")
             continue
