@@ -120,6 +120,14 @@ STRATEGIES: dict[str, dict[str, Any]] = {
 }
 
 
+#: The (case, strategy) pairs run by default: every strategy on one case, FSDP on uneven
+#: (padded) shards, DDP and FSDP on a transformer.
+DEFAULT_MATRIX = [("resmlp", name) for name in STRATEGIES] + [
+    ("resmlp_odd", "ddp"), ("resmlp_odd", "fsdp"), ("transformer", "ddp_bucket_view"), ("transformer", "fsdp"),
+    ("transformer", "fsdp_no_reshard"),
+]
+
+
 def build(case: str) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     return CASES[case]()
@@ -341,8 +349,8 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.distributed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
-    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated: " + ", ".join(STRATEGIES))
+    parser.add_argument("--cases", default=None, help="comma-separated: " + ", ".join(CASES) + " (default: DEFAULT_MATRIX)")
+    parser.add_argument("--strategies", default=None, help="comma-separated: " + ", ".join(STRATEGIES))
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--repeats", type=int, default=2,
                         help="runs per configuration; each rank's smallest peak is kept (a free gloo's thread makes "
@@ -353,8 +361,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.perf_counter()
     rows = []
-    for case in args.cases.split(","):
-        for strategy in args.strategies.split(","):
+    if args.cases or args.strategies:
+        matrix = [(c, s) for c in (args.cases or ",".join(CASES)).split(",") for s in (args.strategies or ",".join(STRATEGIES)).split(",")]
+    else:
+        matrix = DEFAULT_MATRIX
+    for case, strategy in matrix:
             for world_size in (int(w) for w in args.world_sizes.split(",")):
                 measured = []
                 for _ in range(args.repeats):
