@@ -296,3 +296,80 @@ def zero_model_states(
         else:
             cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
     return {"gpu": int(gpu_mem), "cpu": int(cpu_mem)}
+
+
+def shard_estimate(estimate: Any, strategy: Strategy, *, parameters: int, trainable: int | None = None,
+                   gathered_bytes: int = 0) -> Any:
+    """One rank's share of a single-device :class:`~nnmem_callbacks.estimate.MemoryEstimate`, by formula.
+
+    The parameters, gradients and optimizer state at the single-device peak
+    are replaced by :func:`model_states_per_rank` (bytes per element taken from
+    the estimate's own breakdown); ``gathered_bytes`` (FSDP / ZeRO-3: the
+    unsharded units alive at once) and DDP's buckets are added as temporaries.
+    Every phase line moves by the same amount, so the batch scaling is kept.
+    This is the napkin answer; the PyTorch trace replays the step instead
+    (:func:`nnmem_callbacks.torch.distributed.estimate_per_rank`).
+
+    Example:
+        >>> from nnmem_callbacks.estimate import MemoryEstimate
+        >>> single = MemoryEstimate(peak_bytes=1600, batch_size=8, breakdown={
+        ...     "parameters": 400, "gradients": 400, "optimizer_state": 800})
+        >>> shard_estimate(single, Strategy("fsdp", world_size=4), parameters=100).peak_bytes
+        400
+        >>> shard_estimate(single, Strategy("ddp", world_size=4), parameters=100).peak_bytes
+        2000
+    """
+    from nnmem_callbacks.estimate import Category
+
+    trainable = parameters if trainable is None else trainable
+    breakdown = dict(estimate.breakdown)
+    params_b = breakdown.get(str(Category.PARAMETERS), 0)
+    grads_b = breakdown.get(str(Category.GRADIENTS), 0)
+    optim_b = breakdown.get(str(Category.OPTIMIZER_STATE), 0)
+    per = model_states_per_rank(
+        trainable, strategy,
+        param_bytes=max(1, round(params_b / parameters)) if parameters else 0,
+        grad_bytes=round(grads_b / trainable) if trainable else 0,
+        optimizer_bytes_per_param=round(optim_b / trainable) if trainable else 0,
+    )
+    if strategy.kind == "ddp" and per["comm_buffers"] == 0 and trainable:
+        per["comm_buffers"] = round(grads_b / trainable) * trainable if grads_b else 4 * trainable
+    gathered = gathered_bytes if (strategy.kind == "fsdp" or (strategy.kind == "zero" and strategy.zero_stage == 3)) else 0
+    new = {str(Category.PARAMETERS): per["parameters"], str(Category.GRADIENTS): per["gradients"],
+           str(Category.OPTIMIZER_STATE): per["optimizer_state"]}
+    delta = sum(new.values()) + per["comm_buffers"] + gathered - (params_b + grads_b + optim_b)
+    breakdown.update(new)
+    breakdown[str(Category.TEMPORARIES)] = breakdown.get(str(Category.TEMPORARIES), 0) + per["comm_buffers"] + gathered
+    phases = tuple(dataclasses.replace(line, fixed_bytes=line.fixed_bytes + delta) for line in estimate.phases)
+    reserved = None if estimate.reserved_bytes is None else max(0, estimate.reserved_bytes + delta)
+    note = (f"per rank under {strategy.describe()} by formula: parameters, gradients and optimizer state at the "
+            f"single-device peak replaced by one rank's share" + (f", {gathered} bytes of gathered units added" if gathered else "")
+            + ("; DDP gradient buckets added" if per["comm_buffers"] else ""))
+    extra = dict(estimate.extra, strategy=strategy.to_dict(), single_device_peak_bytes=int(estimate.peak_bytes))
+    return dataclasses.replace(
+        estimate, peak_bytes=max(0, int(estimate.peak_bytes + delta)), breakdown=breakdown, phases=phases,
+        reserved_bytes=reserved, phase_breakdowns={}, notes=(*estimate.notes, note), extra=extra,
+    )
+
+
+def gpus_needed(estimate: Any, strategy: Strategy, capacity_bytes: int, *, parameters: int, gathered_bytes: int = 0,
+                margin: float = 0.05, counts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)) -> int | None:
+    """The fewest ranks (of ``counts``) at which one rank's device bytes fit ``capacity_bytes`` less ``margin``.
+
+    ``estimate`` is the single-device estimate; ``strategy`` gives the kind
+    (its world size is replaced by each count). ``None``: not even at the largest count.
+
+    Example:
+        >>> from nnmem_callbacks.estimate import MemoryEstimate
+        >>> single = MemoryEstimate(peak_bytes=1600, batch_size=8, breakdown={
+        ...     "parameters": 400, "gradients": 400, "optimizer_state": 800})
+        >>> gpus_needed(single, Strategy("fsdp"), 700, parameters=100)
+        4
+    """
+    for count in counts:
+        kind = "ddp" if strategy.kind == "single" and count > 1 else strategy.kind
+        candidate = dataclasses.replace(strategy, kind=kind, world_size=count, rank=None)
+        per_rank = shard_estimate(estimate, candidate, parameters=parameters, gathered_bytes=gathered_bytes)
+        if per_rank.device_bytes <= capacity_bytes * (1 - margin):
+            return count
+    return None

@@ -70,3 +70,41 @@ def test_zero_formulas_are_deepspeeds():
     assert zero_model_states(1000, 3, largest_layer_params=100, cpu_offload=True, cpu_offload_params=True)["gpu"] == 400
     with pytest.raises(ValueError, match="stage must be 1, 2 or 3"):
         zero_model_states(1000, 4)
+
+
+def test_shard_estimate_keeps_batch_scaling_and_counts_gpus():
+    from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
+    from nnmem_callbacks.strategy import gpus_needed, shard_estimate
+
+    single = MemoryEstimate(peak_bytes=2_000, batch_size=10, breakdown={"parameters": 400, "gradients": 400,
+                            "optimizer_state": 800, "activations": 400},
+                            phases=(PhaseLine("step2/backward", 1_600, 40),), peak_phase="step2/backward")
+    sharded = shard_estimate(single, Strategy("fsdp", world_size=4), parameters=100, gathered_bytes=50)
+    assert sharded.peak_bytes == 2_000 - 1_600 + 400 + 50
+    assert sharded.peak_bytes_at(20) - sharded.peak_bytes == single.peak_bytes_at(20) - single.peak_bytes
+    assert sum(sharded.breakdown.values()) == sharded.peak_bytes
+    # activations do not shrink with the ranks: a device smaller than them never fits
+    assert gpus_needed(single, Strategy("fsdp"), 1_000, parameters=100, margin=0.0) == 4
+    assert gpus_needed(single, Strategy("fsdp"), 300, parameters=100, margin=0.0) is None
+    assert gpus_needed(single, Strategy("single"), 1_000, parameters=100, margin=0.0) is None  # DDP never shards
+
+
+def test_cli_calc_per_rank_flags():
+    from nnmem_callbacks.cli import main
+
+    import contextlib
+    import io
+    import json
+
+    def run(*flags):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            main(["calc", "--layers", "12", "--hidden", "768", "--heads", "12", "--seq-len", "128", "--vocab", "30522",
+                  "--batch-size", "8", "--optimizer", "adamw", "--json", *flags])
+        return json.loads(out.getvalue())
+
+    single, fsdp, zero3, ddp = run(), run("--world-size", "8", "--fsdp"), run("--world-size", "8", "--zero-stage", "3"), run("--world-size", "8")
+    peak = lambda r: r["estimate"]["peak_bytes"] if "estimate" in r else r["peak_bytes"]
+    assert peak(fsdp) < peak(single) < peak(ddp)
+    assert peak(zero3) < peak(single)
+    assert main(["calc", "--params", "1M", "--activations", "10", "--fsdp", "--zero-stage", "2", "--world-size", "2"]) != 0
