@@ -67,7 +67,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate
-from nnmem_callbacks.strategy import Strategy, model_states_per_rank, shard_numel
+from nnmem_callbacks.strategy import Strategy, shard_numel
 from nnmem_callbacks.torch.tracer import StorageTracker
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -691,33 +691,14 @@ def _tagged(estimate: MemoryEstimate, strategy: Strategy, single_peak: int, note
     return dataclasses.replace(estimate, extra=extra, notes=(*estimate.notes, *notes))
 
 
-def _states_delta(single: MemoryEstimate, model: nn.Module, strategy: Strategy) -> tuple[dict[str, int], int]:
-    """Per-rank model states from formulas, and how much they change the single-device peak."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    parameters = single.breakdown[str(Category.PARAMETERS)]
-    gradients = single.breakdown[str(Category.GRADIENTS)]
-    optimizer = single.breakdown[str(Category.OPTIMIZER_STATE)]
-    total_params = sum(p.numel() for p in model.parameters()) or 1
-    per = model_states_per_rank(
-        total_params, strategy,
-        param_bytes=max(1, round(parameters / total_params)),
-        grad_bytes=max(1, round(gradients / trainable)) if gradients and trainable else 0,
-        optimizer_bytes_per_param=round(optimizer / trainable) if trainable else 0,
-    )
-    states = {str(Category.PARAMETERS): per["parameters"], str(Category.GRADIENTS): per["gradients"],
-              str(Category.OPTIMIZER_STATE): per["optimizer_state"]}
-    delta = sum(states.values()) + per["comm_buffers"] - (parameters + gradients + optimizer)
-    states[str(Category.TEMPORARIES)] = single.breakdown[str(Category.TEMPORARIES)] + per["comm_buffers"]
-    return states, delta
-
-
 def _formula_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strategy, why: str) -> MemoryEstimate:
-    states, delta = _states_delta(single, model, strategy)
-    phases = tuple(dataclasses.replace(line, fixed_bytes=line.fixed_bytes + delta) for line in single.phases)
-    breakdown = dict(single.breakdown, **states)
-    note = (f"per-rank estimate for {strategy.describe()} from closed-form model states ({why}): the states at the "
-            "single-device peak are replaced by one rank's share; gathered parameters and communication buffers are not modelled")
-    return _with_phases(single, phases, breakdown, strategy, [note], strategy.rank or 0)
+    from nnmem_callbacks.strategy import shard_estimate
+
+    parameters = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    estimate = shard_estimate(single, strategy, parameters=parameters, trainable=trainable)
+    note = f"per-rank estimate from closed-form model states ({why}); gathered parameters and communication buffers are not modelled"
+    return _tagged(dataclasses.replace(estimate, notes=(*estimate.notes, note)), strategy, single.peak_bytes, [], rank=strategy.rank or 0)
 
 
 def _zero_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strategy) -> MemoryEstimate:
