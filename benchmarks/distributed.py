@@ -17,6 +17,9 @@ own thread, where the profiler records no free. An allocation made inside a
 that op (the collective is synchronous; its work has finished). The count of
 repaired frees is reported per run.
 
+Set ``NNMEM_DIST_DUMP=/some/prefix`` to write each rank's allocation timeline
+(``prefix.<pid>``: size, running total, the ops around it) for debugging.
+
 The prediction is :func:`nnmem_callbacks.torch.distributed.estimate_per_rank`
 with the same model, one rank's batch and the rank's index, made in the parent
 process before the workers start.
