@@ -3,6 +3,7 @@
 Public face:
 
 * :func:`estimate_training` - the PyTorch estimator (imports torch on first use).
+* :func:`estimate_per_rank` - the same for one rank of DDP, FSDP2 or ZeRO, described by a :class:`Strategy`.
 * :class:`MemoryEstimate` - the framework-free result of every estimator.
 * ``nnmem_callbacks.lightning.MemoryBudgetCallback`` and
   ``nnmem_callbacks.keras.MemoryBudgetCallback`` - the adapters, loaded lazily.
@@ -22,6 +23,7 @@ from typing import Any
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine
 from nnmem_callbacks.plan import MemoryBudgetExceeded, Plan
+from nnmem_callbacks.strategy import Strategy
 from nnmem_callbacks.units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"
@@ -32,6 +34,8 @@ __all__ = [
     "MemoryEstimate",
     "PhaseLine",
     "Plan",
+    "Strategy",
+    "estimate_per_rank",
     "estimate_training",
     "format_bytes",
     "parse_bytes",
@@ -43,4 +47,8 @@ def __getattr__(name: str) -> Any:
         from nnmem_callbacks.torch import estimate_training
 
         return estimate_training
+    if name == "estimate_per_rank":
+        from nnmem_callbacks.torch.distributed import estimate_per_rank
+
+        return estimate_per_rank
     raise AttributeError(f"module 'nnmem_callbacks' has no attribute {name!r}")

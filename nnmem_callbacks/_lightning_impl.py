@@ -87,6 +87,13 @@ def _estimator() -> Callable[..., MemoryEstimate]:
     return estimate_training
 
 
+def _per_rank_estimator() -> Callable[..., MemoryEstimate]:
+    """The per-rank PyTorch estimator for DDP, FSDP and ZeRO (a seam for tests)."""
+    from nnmem_callbacks.torch.distributed import estimate_per_rank
+
+    return estimate_per_rank
+
+
 #: Number of batches per epoch whose phases (forward, backward, optimizer) are measured separately.
 PHASE_TRACKED_BATCHES = 8
 #: A measured peak above the prediction by more than this fraction triggers a warning.
@@ -294,6 +301,8 @@ class MemoryBudgetCallbackMixin:
         self._miss_warned = False
         self._fit_started = False
         self._device_kind = "cpu"
+        self._strategy_reading: Any = None
+        self._early: tuple[MemoryEstimate | None, int | None, str | None] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """The decisions taken at fit start, as plain values (saved in checkpoints)."""
@@ -320,17 +329,50 @@ class MemoryBudgetCallbackMixin:
                 self._apply_restored(trainer, trainer.lightning_module)
 
     # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Reads the strategy; a sharding strategy is estimated here, before it wraps the model."""
+        if stage != "fit":
+            return
+        from nnmem_callbacks.lightning_strategy import read_strategy
+
+        reading = self._safe(lambda: read_strategy(trainer), "reading the strategy")
+        self._early = None
+        if reading is not None and reading.strategy is not None and reading.strategy.sharded:
+            self._strategy_reading = reading
+            self._device_kind = "cuda" if devices.device_type(trainer.strategy.root_device) == "cuda" else "cpu"
+            self._early = self._estimate_from_module(trainer, pl_module)
+        self._strategy_reading = reading
+
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        restored = self._restored
+        restored, reading, early = self._restored, self._strategy_reading, self._early
         self._reset_run_state()
         self._restored = restored
+        if reading is None:
+            from nnmem_callbacks.lightning_strategy import read_strategy
+
+            reading = self._safe(lambda: read_strategy(trainer), "reading the strategy")
+        self._strategy_reading = reading
+        if reading is not None and reading.strategy is None:
+            self.failure = f"the strategy is not modelled: {reading.reason}"
+            self._warn(
+                f"MemoryBudgetCallback does not act under {reading.name}: {reading.reason}. "
+                f"It measures only; the budget is not enforced."
+            )
+            self._fit_started, self._trainer = True, trainer
+            self._device_kind = "cuda" if devices.device_type(trainer.strategy.root_device) == "cuda" else "cpu"
+            self._original_accumulate = int(trainer.accumulate_grad_batches)
+            self._restored = None
+            return
         self._fit_started = True
         self._trainer = trainer
         device = trainer.strategy.root_device
         self._device_kind = "cuda" if devices.device_type(device) == "cuda" else "cpu"
         self._original_accumulate = int(trainer.accumulate_grad_batches)
 
-        estimate, batch_size, reason = self._estimate_from_module(trainer, pl_module)
+        if early is not None:
+            estimate, batch_size, reason = early
+        else:
+            estimate, batch_size, reason = self._estimate_from_module(trainer, pl_module)
         self._resident_bytes = _model_resident_bytes(pl_module, self._device_kind)
         if self._device_kind == "cpu":
             self._baseline_rss = self._safe(devices.current_rss, "reading the process RSS at fit start")
@@ -583,22 +625,28 @@ class MemoryBudgetCallbackMixin:
         return loss_fn
 
     def _run_estimator(self, trainer: Any, pl_module: Any, batch: Any, loss_fn: Any, precision: Any) -> MemoryEstimate:
-        optimizers = list(trainer.optimizers)
+        optimizers = list(trainer.optimizers) or _configured_optimizers(pl_module)
         optimizer: Any = optimizers[0] if len(optimizers) == 1 else (optimizers or "sgd")
         training = {name: module.training for name, module in pl_module.named_modules()}
         pl_module.train()
+        reading = self._strategy_reading
+        kwargs = dict(
+            optimizer=optimizer,
+            loss_fn=loss_fn,
+            precision=precision,
+            device=str(trainer.strategy.root_device),
+            accumulate_grad_batches=int(trainer.accumulate_grad_batches),
+            gradient_clip_val=trainer.gradient_clip_val,
+            gradient_clip_algorithm=trainer.gradient_clip_algorithm or "norm",
+        )
         try:
             with self._ns.isolate_rng():
-                return _estimator()(
-                    pl_module,
-                    batch,
-                    optimizer=optimizer,
-                    loss_fn=loss_fn,
-                    precision=precision,
-                    device=str(trainer.strategy.root_device),
-                    accumulate_grad_batches=int(trainer.accumulate_grad_batches),
-                    gradient_clip_val=trainer.gradient_clip_val,
-                    gradient_clip_algorithm=trainer.gradient_clip_algorithm or "norm",
+                if reading is None or reading.strategy is None or reading.strategy.kind == "single":
+                    return _estimator()(pl_module, batch, **kwargs)
+                from nnmem_callbacks.lightning_strategy import units_for
+
+                return _per_rank_estimator()(
+                    pl_module, batch, strategy=reading.strategy, units=units_for(pl_module, reading), **kwargs
                 )
         finally:
             for name, module in pl_module.named_modules():
@@ -892,6 +940,29 @@ class MemoryBudgetCallbackMixin:
             log.debug("MemoryBudgetCallback: %s failed", what, exc_info=True)
             self._warn(f"MemoryBudgetCallback: {what} failed ({type(error).__name__}: {error}); training goes on.")
             return None
+
+
+def _configured_optimizers(pl_module: Any) -> list[Any]:
+    """The optimizers ``configure_optimizers`` returns (before the strategy has set them up).
+
+    They are only read (class and hyper-parameters) by the estimator, never stepped.
+    """
+    try:
+        configured = pl_module.configure_optimizers()
+    except Exception as error:  # noqa: BLE001 - the estimate then assumes SGD and says so
+        log.debug("configure_optimizers failed while estimating: %s", error)
+        return []
+    if isinstance(configured, Mapping):
+        configured = configured.get("optimizer")
+    if isinstance(configured, (list, tuple)):
+        if configured and isinstance(configured[0], (list, tuple)):
+            configured = configured[0]
+        configured = [c.get("optimizer") if isinstance(c, Mapping) else c for c in configured]
+    else:
+        configured = [configured]
+    import torch
+
+    return [c for c in configured if isinstance(c, torch.optim.Optimizer)]
 
 
 def _sum_outputs(out: Any) -> Any:

@@ -7,7 +7,14 @@ import json
 
 from nnmem_callbacks import gpus as gpu_table
 from nnmem_callbacks import napkin, vocabulary
-from nnmem_callbacks.cli.compute import FitSummary, fit_summary, napkin_from_args, run_estimate
+from nnmem_callbacks.cli.compute import (
+    FitSummary,
+    fit_summary,
+    gathered_unit_bytes,
+    napkin_from_args,
+    run_estimate,
+    strategy_from_args,
+)
 from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_OK, _checked
 from nnmem_callbacks.cli.render import _console, _emit
 from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
@@ -45,13 +52,39 @@ def calc_command(args: argparse.Namespace) -> int:
     target = resolve_target(args.device)
     budget = resolve_budget_bytes(args.budget, target)
     device = "cpu" if target.device == "cpu" else "cuda"
-    estimate = napkin_from_args(args, device=device)
+    single = napkin_from_args(args, device=device)
+    strategy = strategy_from_args(args)
+    estimate = single
+    if strategy.kind != "single":
+        from nnmem_callbacks.strategy import shard_estimate
+
+        params = int(single.extra.get("params") or single.extra.get("napkin", {}).get("params") or 0)
+        gathered = gathered_unit_bytes(single)
+        estimate = shard_estimate(single, strategy, parameters=params, gathered_bytes=gathered)
     fit = fit_summary(estimate, target, budget)
+    if fit.gpus and strategy.kind != "single":
+        fit = _with_gpu_counts(fit, single, strategy, args.margin if hasattr(args, "margin") else fit.margin)
     why = napkin.explain(estimate)
     title = (f"nnmem calc ({estimate.method}): batch {estimate.batch_size}, {estimate.precision}, "
              f"{estimate.extra['napkin']['optimizer']}, target {target.label}")
     _emit(estimate, fit, args, title=title, why=why)
     return _exit_status(args, fit)
+
+
+def _with_gpu_counts(fit: FitSummary, single, strategy, margin: float) -> FitSummary:
+    """Each GPU row with the fewest ranks of that GPU whose per-rank share of ``single`` fits."""
+    import dataclasses
+
+    from nnmem_callbacks.strategy import gpus_needed
+
+    params = int(single.extra.get("params") or single.extra.get("napkin", {}).get("params") or 0)
+    gathered = gathered_unit_bytes(single)
+    rows = tuple(
+        dataclasses.replace(row, gpus_needed=gpus_needed(single, strategy, row.memory_bytes, parameters=params,
+                                                         gathered_bytes=gathered, margin=margin))
+        for row in fit.gpus
+    )
+    return dataclasses.replace(fit, gpus=rows)
 
 
 def gpus_command(args: argparse.Namespace) -> int:

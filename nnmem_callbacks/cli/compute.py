@@ -16,6 +16,43 @@ from nnmem_callbacks.cli.values import parse_count, parse_input_shape, parse_mod
 from nnmem_callbacks.estimate import MemoryEstimate
 from nnmem_callbacks.plan import DEFAULT_MARGIN, Plan, make_plan, resolve_budget
 
+def strategy_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~nnmem_callbacks.strategy.Strategy` of ``--world-size``, ``--fsdp`` and ``--zero-stage``.
+
+    Example:
+        >>> import argparse
+        >>> strategy_from_args(argparse.Namespace(world_size=8, fsdp=True, zero_stage=None)).describe()
+        'fsdp x8 (reshard_after_forward=True)'
+        >>> strategy_from_args(argparse.Namespace(world_size=1, fsdp=False, zero_stage=None)).kind
+        'single'
+    """
+    from nnmem_callbacks.strategy import Strategy
+
+    world_size = int(getattr(args, "world_size", 1) or 1)
+    fsdp, stage = bool(getattr(args, "fsdp", False)), getattr(args, "zero_stage", None)
+    if fsdp and stage:
+        raise CliError("--fsdp and --zero-stage exclude each other: FSDP is PyTorch's sharding, ZeRO DeepSpeed's")
+    if fsdp:
+        return Strategy("fsdp", world_size=world_size)
+    if stage:
+        return Strategy("zero", world_size=world_size, zero_stage=int(stage))
+    return Strategy("ddp", world_size=world_size) if world_size > 1 else Strategy("single")
+
+
+def gathered_unit_bytes(estimate: MemoryEstimate) -> int:
+    """FSDP/ZeRO-3 napkin: bytes of the two largest units alive at once (the current one and its prefetch).
+
+    Transformer mode: two layers' parameters; other modes do not know their units (0, and a note says so).
+    """
+    spec = estimate.extra.get("napkin", {})
+    params = int(estimate.extra.get("params", 0) or 0)
+    layers = spec.get("layers") if spec.get("kind") == "transformer" else None
+    if not layers or not params:
+        return 0
+    per_param = max(1, round(estimate.breakdown.get("parameters", 0) / params))
+    return 2 * (params // int(layers)) * per_param
+
+
 def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     """Builds the model and batch from ``args`` and calls the estimator."""
     spec = args.model
@@ -40,10 +77,18 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            estimate = estimate_training(
-                model, batch, optimizer=args.optimizer, precision=precision,
-                device=f"cuda:{target.gpu.name}" if target.gpu is not None else target.device,
-            )
+            strategy = strategy_from_args(args)
+            device = f"cuda:{target.gpu.name}" if target.gpu is not None else target.device
+            if strategy.kind == "single":
+                estimate = estimate_training(
+                    model, batch, optimizer=args.optimizer, precision=precision, device=device
+                )
+            else:
+                from nnmem_callbacks.torch.distributed import estimate_per_rank
+
+                estimate = estimate_per_rank(
+                    model, batch, optimizer=args.optimizer, precision=precision, device=device, strategy=strategy
+                )
     except ValueError as error:
         raise CliError(str(error)) from None
     finally:
@@ -147,6 +192,7 @@ class GpuFit:
     max_batch_size: int
     fits: bool
     covered: bool = True  # False: the CUDA kernels the estimate emulated differ on this card's architecture
+    gpus_needed: int | None = None  # with a strategy: the fewest ranks whose per-rank share fits
 
 
 @dataclasses.dataclass(frozen=True)

@@ -82,6 +82,17 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
              "of the device in (0, 1] (0.9; '1.5' is an error: write 1.5GiB); default: the device's free memory "
              "(a named GPU: its memory) minus 5%%, as MemoryBudgetCallback(budget=None); e.g. --budget 10GiB",
     )
+    parser.add_argument(
+        "--world-size", type=_positive_int, default=1, metavar="N",
+        help="ranks training together (default 1); alone it means DDP (every rank holds the model plus "
+             "its gradient buckets), with --fsdp or --zero-stage the states are sharded; the estimate is per rank, "
+             "e.g. --world-size 8 --fsdp",
+    )
+    parser.add_argument("--fsdp", action="store_true",
+                        help="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over --world-size")
+    parser.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=None, metavar="K",
+                        help="DeepSpeed ZeRO stage 1, 2 or 3 over --world-size (model states by formula), "
+                             "e.g. --zero-stage 3")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of tables")
     parser.add_argument(
         "--plot", default=None, metavar="FILE.png",

@@ -104,10 +104,15 @@ def render_estimate(
         gpu_rows.add_column("memory", justify="right")
         gpu_rows.add_column(f"batch {estimate.batch_size}", justify="center")
         gpu_rows.add_column("max batch", justify="right")
+        counts = any(row.gpus_needed is not None for row in fit.gpus)
+        if counts:
+            gpu_rows.add_column(f"GPUs for batch {estimate.batch_size} per rank", justify="right")
         for row in fit.gpus:
             mark = "" if row.covered else " *"
-            gpu_rows.add_row(row.name + mark, format_bytes(row.memory_bytes), "yes" if row.fits else "no",
-                             _batch_text(row.max_batch_size))
+            cells = [row.name + mark, format_bytes(row.memory_bytes), "yes" if row.fits else "no", _batch_text(row.max_batch_size)]
+            if counts:
+                cells.append(str(row.gpus_needed) if row.gpus_needed is not None else "none (a rank alone exceeds it)")
+            gpu_rows.add_row(*cells)
         console.print(gpu_rows)
         if not all(row.covered for row in fit.gpus):
             console.print("* this card's architecture runs other kernels (attention) than the one estimated; "

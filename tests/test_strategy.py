@@ -1,0 +1,110 @@
+"""The framework-free strategy description and its closed-form model states."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnmem_callbacks.strategy import Strategy, model_states_per_rank, shard_numel, zero_model_states
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"kind": "tp"}, "strategy kind must be one of"),
+        ({"kind": "ddp", "world_size": 0}, "world_size must be a positive integer"),
+        ({"kind": "zero", "world_size": 2}, "zero_stage must be 1, 2 or 3"),
+        ({"kind": "fsdp", "world_size": 2, "zero_stage": 2}, "zero_stage is only valid with kind='zero'"),
+        ({"kind": "ddp", "world_size": 2, "backend": "mpi"}, "backend must be one of"),
+        ({"kind": "fsdp", "world_size": 2, "rank": 2}, "rank must be in 0..1"),
+        ({"kind": "single", "world_size": 2}, "kind='single' means world_size=1"),
+        ({"kind": "fsdp", "world_size": 2, "param_dtype": "int8"}, "param_dtype must be"),
+    ],
+)
+def test_invalid_strategies_name_what_is_valid(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Strategy(**kwargs)
+
+
+def test_shards_follow_torch_chunk():
+    torch = pytest.importorskip("torch")
+    for rows in (1, 3, 7, 10, 64):
+        for world_size in (1, 2, 3, 4, 8):
+            chunks = torch.empty(rows, 5).chunk(world_size, dim=0)
+            for rank in range(world_size):
+                expected = chunks[rank].numel() if rank < len(chunks) else 0
+                assert shard_numel((rows, 5), world_size, rank) == expected
+            assert shard_numel((rows, 5), world_size, padded=True) == max(c.numel() for c in chunks)
+
+
+def test_model_states_shrink_with_the_stage():
+    params = 10_000
+    per_stage = [model_states_per_rank(params, Strategy("zero", world_size=8, zero_stage=s)) for s in (1, 2, 3)]
+    ddp = model_states_per_rank(params, Strategy("ddp", world_size=8))
+    totals = [sum(s.values()) for s in per_stage]
+    assert sum(ddp.values()) > totals[0] > totals[1] > totals[2]
+    assert per_stage[2]["parameters"] == params * 4 // 8
+    offloaded = model_states_per_rank(params, Strategy("zero", world_size=8, zero_stage=3, offload_params=True, offload_optimizer=True))
+    assert offloaded["parameters"] == offloaded["optimizer_state"] == offloaded["gradients"] == 0
+
+
+@pytest.mark.parametrize("gpus", [1, 4, 16])
+def test_zero3_states_agree_with_deepspeeds_estimator(gpus):
+    """fp16 parameters and gradients, fp32 master weights, momentum and variance (12 bytes).
+
+    DeepSpeed's ``estimate_zero3_model_states_mem_needs`` counts 18 bytes per
+    parameter split over the GPUs plus 4 bytes per parameter of the largest
+    layer (gathered); ours counts the 16 bytes of the states split over the GPUs.
+    """
+    params, largest = 10**9, 10**7
+    ours = sum(model_states_per_rank(params, Strategy("zero", world_size=gpus, zero_stage=3), param_bytes=2, grad_bytes=2,
+                                     optimizer_bytes_per_param=12).values())
+    theirs = zero_model_states(params, 3, num_gpus_per_node=gpus, largest_layer_params=largest)["gpu"]
+    assert ours == -(-16 * params // gpus)
+    assert 16 / 18 * (theirs - 4 * largest) <= ours <= theirs
+
+
+def test_zero_formulas_are_deepspeeds():
+    # values of DeepSpeed's functions for these inputs (stage_1_and_2.py, stage3.py)
+    assert zero_model_states(1000, 2, num_gpus_per_node=4) == {"gpu": 4 * 1000 + 16 * 1000 // 4, "cpu": int(1000 * 4 * 4 * 1.5)}
+    assert zero_model_states(1000, 2, num_gpus_per_node=4, cpu_offload=True) == {"gpu": 2000, "cpu": int(1000 * 16 * 1.5)}
+    assert zero_model_states(1000, 3, largest_layer_params=100, cpu_offload=True, cpu_offload_params=True)["gpu"] == 400
+    with pytest.raises(ValueError, match="stage must be 1, 2 or 3"):
+        zero_model_states(1000, 4)
+
+
+def test_shard_estimate_keeps_batch_scaling_and_counts_gpus():
+    from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
+    from nnmem_callbacks.strategy import gpus_needed, shard_estimate
+
+    single = MemoryEstimate(peak_bytes=2_000, batch_size=10, breakdown={"parameters": 400, "gradients": 400,
+                            "optimizer_state": 800, "activations": 400},
+                            phases=(PhaseLine("step2/backward", 1_600, 40),), peak_phase="step2/backward")
+    sharded = shard_estimate(single, Strategy("fsdp", world_size=4), parameters=100, gathered_bytes=50)
+    assert sharded.peak_bytes == 2_000 - 1_600 + 400 + 50
+    assert sharded.peak_bytes_at(20) - sharded.peak_bytes == single.peak_bytes_at(20) - single.peak_bytes
+    assert sum(sharded.breakdown.values()) == sharded.peak_bytes
+    # activations do not shrink with the ranks: a device smaller than them never fits
+    assert gpus_needed(single, Strategy("fsdp"), 1_000, parameters=100, margin=0.0) == 4
+    assert gpus_needed(single, Strategy("fsdp"), 300, parameters=100, margin=0.0) is None
+    assert gpus_needed(single, Strategy("single"), 1_000, parameters=100, margin=0.0) is None  # DDP never shards
+
+
+def test_cli_calc_per_rank_flags():
+    from nnmem_callbacks.cli import main
+
+    import contextlib
+    import io
+    import json
+
+    def run(*flags):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            main(["calc", "--layers", "12", "--hidden", "768", "--heads", "12", "--seq-len", "128", "--vocab", "30522",
+                  "--batch-size", "8", "--optimizer", "adamw", "--json", *flags])
+        return json.loads(out.getvalue())
+
+    single, fsdp, zero3, ddp = run(), run("--world-size", "8", "--fsdp"), run("--world-size", "8", "--zero-stage", "3"), run("--world-size", "8")
+    peak = lambda r: r["estimate"]["peak_bytes"] if "estimate" in r else r["peak_bytes"]
+    assert peak(fsdp) < peak(single) < peak(ddp)
+    assert peak(zero3) < peak(single)
+    assert main(["calc", "--params", "1M", "--activations", "10", "--fsdp", "--zero-stage", "2", "--world-size", "2"]) != 0
