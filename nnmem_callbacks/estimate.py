@@ -26,9 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from nnmem_callbacks.allocation_log import AllocationLog
 from nnmem_callbacks.units import format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nnmem_callbacks.verification import Verification
 
 
 class Category(str, enum.Enum):
@@ -165,6 +169,18 @@ class MemoryEstimate:
             iterations that the executor's threads overlap in an unlucky run).
             ``None`` where the runtime does not vary (every PyTorch estimate).
             Planning budgets with :meth:`upper_bytes_at`.
+        allocation_log: The step's allocations as functions of the batch
+            (:class:`~nnmem_callbacks.allocation_log.AllocationLog`), replayed
+            through the allocator model by :meth:`reserved_bytes_at` at other
+            batch sizes. ``None`` where no allocator model applies or the
+            traces at other batch sizes could not be paired (then the reserve
+            scales as a ratio of the peak, and ``notes`` says so).
+        verifier: ``batch_size -> MemoryEstimate``: a direct estimate of the
+            same step at another batch, which :meth:`max_batch_size` and
+            :func:`nnmem_callbacks.plan.make_plan` use to check their answer
+            (:mod:`nnmem_callbacks.verification`). ``None`` where the
+            estimator offers none. Not compared, not in :meth:`to_dict`, and
+            dropped when the estimate is pickled.
     """
 
     peak_bytes: int
@@ -181,6 +197,8 @@ class MemoryEstimate:
     phase_breakdowns: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     variability: PhaseLine | None = None
+    allocation_log: AllocationLog | None = dataclasses.field(default=None, compare=False, repr=False)
+    verifier: Callable[[int], "MemoryEstimate"] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         full = {str(category): 0 for category in Category}
@@ -234,14 +252,30 @@ class MemoryEstimate:
     def reserved_bytes_at(self, batch_size: int) -> int:
         """Predicted allocator reserve at another batch size (CUDA).
 
-        The reserve is scaled with the peak; where no allocator model applies
-        this equals :meth:`peak_bytes_at`.
+        With an :attr:`allocation_log`, the step's allocations at
+        ``batch_size`` are replayed through the allocator model, so that the
+        reserve follows the allocator's rounding, segment sizes and splitting
+        at that batch (fragmentation does not grow in proportion to the peak).
+        Without one, the reserve is scaled as a ratio of the peak. Never below
+        :meth:`peak_bytes_at`; where no allocator model applies this equals
+        :meth:`peak_bytes_at`.
+
+        Example:
+            >>> est = MemoryEstimate(peak_bytes=1_000, breakdown={"parameters": 1_000}, batch_size=10,
+            ...                      phases=(PhaseLine("step", 500, 50),), reserved_bytes=1_100)
+            >>> est.reserved_bytes_at(10), est.reserved_bytes_at(20)  # no log: the ratio 1.1
+            (1100, 1650)
         """
         peak = self.peak_bytes_at(batch_size)
         if self.reserved_bytes is None or self.peak_bytes <= 0:
             return peak
         if batch_size == self.batch_size:
             return self.reserved_bytes
+        log = self.allocation_log
+        if log is not None:
+            # what the estimator added to the replayed reserve (if anything) is kept as it is
+            offset = self.reserved_bytes - log.replay_at(self.batch_size).peak_reserved
+            return max(peak, log.replay_at(batch_size).peak_reserved + offset)
         return int(round(peak * self.reserved_bytes / self.peak_bytes))
 
     def upper_bytes_at(self, batch_size: int) -> int:
@@ -270,7 +304,14 @@ class MemoryEstimate:
         """What the device will show at ``batch_size``: reserve plus overhead."""
         return self.device_bytes_at(self.batch_size)
 
-    def max_batch_size(self, budget_bytes: int, *, include_reserve: bool = False, limit: int = MAX_BATCH_SEARCH_LIMIT) -> int:
+    def max_batch_size(
+        self,
+        budget_bytes: int,
+        *,
+        include_reserve: bool = False,
+        limit: int = MAX_BATCH_SEARCH_LIMIT,
+        verify: bool = True,
+    ) -> int:
         """The largest batch size whose predicted peak fits ``budget_bytes``.
 
         The peak compared is :meth:`upper_bytes_at`: where the runtime varies
@@ -283,6 +324,9 @@ class MemoryEstimate:
                 plus context overhead) instead of the tensor peak.
             limit: Upper bound of the search (for models whose peak does not
                 grow with the batch).
+            verify: Where the estimate has a :attr:`verifier`, check the answer
+                with a direct estimate at that batch and step down until one
+                fits (:meth:`verify_max_batch_size` returns the record).
 
         Returns:
             The batch size, or 0 when not even one sample fits.
@@ -292,14 +336,53 @@ class MemoryEstimate:
             ...                batch_size=1).max_batch_size(50)
             0
         """
+        if verify and self.verifier is not None:
+            return self.verify_max_batch_size(budget_bytes, include_reserve=include_reserve, limit=limit).batch_size
+        return self._predicted_max_batch_size(budget_bytes, include_reserve, limit)
+
+    def verify_max_batch_size(
+        self, budget_bytes: int, *, include_reserve: bool = False, limit: int = MAX_BATCH_SEARCH_LIMIT
+    ) -> "Verification":
+        """:meth:`max_batch_size` with the record of its checks by direct estimate.
+
+        Raises:
+            ValueError: If the estimate has no :attr:`verifier`.
+        """
+        from nnmem_callbacks.verification import verify_batch_size
+
+        if self.verifier is None:
+            raise ValueError("this estimate has no verifier (the estimator that made it offers no direct estimate)")
+        candidate = self._predicted_max_batch_size(budget_bytes, include_reserve, limit)
+        return verify_batch_size(self, budget_bytes, verifier=self.verifier, candidate=candidate, include_reserve=include_reserve)
+
+    def _predicted_max_batch_size(self, budget_bytes: int, include_reserve: bool, limit: int) -> int:
         measure = self.device_bytes_at if include_reserve else self.upper_bytes_at
         if measure(1) > budget_bytes:
             return 0
+        if include_reserve and self.allocation_log is not None:
+            # replaying the allocator log costs a pass over the step's events: bound the answer by
+            # the tensor peak first (the reserve is never below it), then gallop down from that bound
+            bound = self._search(lambda n: self.peak_bytes_at(n) + self.overhead_bytes, budget_bytes, limit)
+            if measure(bound) <= budget_bytes:
+                return bound
+            high, step = bound, 1
+            while bound - step > 1 and measure(bound - step) > budget_bytes:
+                high, step = bound - step, step * 2
+            return self._bisect(measure, budget_bytes, max(bound - step, 1), high)
+        return self._search(measure, budget_bytes, limit)
+
+    @classmethod
+    def _search(cls, measure: Callable[[int], int], budget_bytes: int, limit: int) -> int:
+        """The largest ``n <= limit`` with ``measure(n) <= budget_bytes``, given that ``measure(1)`` fits."""
         low, high = 1, 2
         while high <= limit and measure(high) <= budget_bytes:
             low, high = high, high * 2
         if high > limit:
             return limit
+        return cls._bisect(measure, budget_bytes, low, high)
+
+    @staticmethod
+    def _bisect(measure: Callable[[int], int], budget_bytes: int, low: int, high: int) -> int:
         while high - low > 1:  # invariant: measure(low) fits, measure(high) does not
             middle = (low + high) // 2
             if measure(middle) <= budget_bytes:
@@ -335,7 +418,17 @@ class MemoryEstimate:
             "notes": list(self.notes),
             "phase_breakdowns": {k: dict(v) for k, v in self.phase_breakdowns.items()},
             "extra": dict(self.extra),
+            "allocation_log": self.allocation_log.summary() if self.allocation_log is not None else None,
         }
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the verifier holds the model and the step's configuration: never pickled
+        state = dict(self.__dict__)
+        state["verifier"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def _phase_dicts(self) -> list[dict[str, Any]]:
         """The phase lines for :meth:`to_dict`, each with the batch sizes where it is the peak.

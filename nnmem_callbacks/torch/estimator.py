@@ -73,6 +73,7 @@ from nnmem_callbacks.torch.step import (
     optimizer_state_tensors,
     parameter_dtype,
 )
+from nnmem_callbacks.torch.scaled_log import build_allocation_log
 from nnmem_callbacks.torch.tracer import OpMemo, StorageTracker, TraceResult
 
 #: CUDA context bytes assumed when no CUDA device can be asked (typical for
@@ -154,6 +155,13 @@ def estimate_training(
         model, batch, optimizer, loss_fn, precision, device,
         accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm,
     )
+    estimate = _estimate_config(config, check_scaling, probe_kernels)
+    return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels))
+
+
+def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: bool) -> MemoryEstimate:
+    """:func:`estimate_training` for a checked step configuration (without a verifier)."""
+    model = config.model
     started = time.perf_counter()
     notes: list[str] = []
     if config.target_device.type != config.trace_device.type:
@@ -179,6 +187,45 @@ def estimate_training(
     extra["kernel_probes"] = {"probed": probes.probed, "from_cache": probes.from_cache, "kernel_runs": probes.kernel_runs, "seconds": round(probes.seconds, 4)}
     extra["seconds"] = round(time.perf_counter() - started, 4)
     return dataclasses.replace(estimate, extra=extra)
+
+
+class TraceVerifier:
+    """A direct estimate of the same step at another batch size (``MemoryEstimate.verifier``).
+
+    Calling it with a batch size traces the step once at that batch (no traces
+    at other sizes), with the model, optimizer, loss, precision and device of
+    the original estimate; nothing real is allocated and the model is not
+    changed. It holds the step's configuration (the model, the example batch),
+    so it is dropped when an estimate is pickled or deep-copied.
+
+    Example:
+        >>> import torch
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(100, 10))
+        >>> est = estimate_training(mlp, torch.empty(8, 100), optimizer="sgd")
+        >>> est.verifier(32).batch_size, est.verifier(32).peak_bytes == est.peak_bytes_at(32)
+        (32, True)
+    """
+
+    def __init__(self, config: StepConfig, probe_kernels: bool) -> None:
+        self._config = config
+        self._probe_kernels = probe_kernels
+
+    def __call__(self, batch_size: int) -> MemoryEstimate:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        config = dataclasses.replace(self._config, batch=dataclasses.replace(self._config.batch, batch_size=batch_size))
+        estimate = _estimate_config(config, check_scaling=False, probe_kernels=self._probe_kernels)
+        return dataclasses.replace(estimate, verifier=self)
+
+    def __deepcopy__(self, memo: dict) -> "TraceVerifier":
+        return self
+
+    def __reduce__(self):
+        return (_no_verifier, ())
+
+
+def _no_verifier() -> None:
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -353,8 +400,9 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
             "kernel workspaces modelled for: " + ", ".join(f"{op} x{n}" for op, n in sorted(main.workspace_ops.items()))
         )
     lines: list[PhaseLine] = []
+    scaling_traces: dict[str, tuple[int, TraceResult]] = {}
     if check_scaling:
-        lines = _scaling_lines(config, main, notes, session)
+        lines = _scaling_lines(config, main, notes, session, scaling_traces)
     else:
         notes.append("batch scaling not traced (check_scaling=False); per-sample bytes assumed from the batch-dependent categories")
     if not lines:
@@ -365,6 +413,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
     breakdown = dict(main.phase_breakdowns[peak_phase])
     reserved = None
     overhead = 0
+    allocation_log = None
     extra: dict[str, Any] = {"ops": main.op_count, "optimizer": optimizer_label(config.optimizer)}
     if config.target_device.type == "cuda":
         prediction = allocator.replay(main.events)
@@ -378,6 +427,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         peak_bytes = max(prediction.peak_allocated, peak_bytes)
         reserved = prediction.peak_reserved
         overhead = cuda_overhead_bytes(config.target_device)
+        allocation_log = _allocation_log(main, batch_size, scaling_traces, notes)
     return MemoryEstimate(
         peak_bytes=int(peak_bytes),
         breakdown=breakdown,
@@ -392,7 +442,24 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         notes=tuple(notes),
         phase_breakdowns=main.phase_breakdowns,
         extra=extra,
+        allocation_log=allocation_log,
     )
+
+
+def _allocation_log(main: TraceResult, batch_size: int, traces: dict[str, tuple[int, TraceResult]], notes: list[str]):
+    """The main trace's allocations as functions of the batch (see :mod:`nnmem_callbacks.torch.scaled_log`)."""
+    if "fit" not in traces:
+        notes.append("allocator reserve at other batch sizes scaled as a ratio of the peak (no traces at other batch sizes)")
+        return None
+    fit_size, fit = traces["fit"]
+    check_size, check = traces.get("check", (None, None))
+    log, unpaired = build_allocation_log(main, batch_size, fit, fit_size, check, check_size)
+    if log is None:
+        notes.append(
+            "allocator reserve at other batch sizes scaled as a ratio of the peak: the allocations of "
+            + ", ".join(unpaired) + f" differ at batch {fit_size}, so the log cannot be replayed at other batch sizes"
+        )
+    return log
 
 
 def _base_phase(phase: str) -> str:
@@ -488,7 +555,10 @@ def _paired_lines(
     return lines, unaligned
 
 
-def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], session: TraceSession) -> list[PhaseLine]:
+def _scaling_lines(
+    config: StepConfig, main: TraceResult, notes: list[str], session: TraceSession,
+    traces: "dict[str, tuple[int, TraceResult]] | None" = None,
+) -> list[PhaseLine]:
     """Lines of live bytes against the batch size, from traces at two more sizes.
 
     Every moment of the step holds ``a + b * n`` bytes at batch ``n`` as long as
@@ -515,6 +585,8 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], sess
             f"per-sample bytes assumed from the batch-dependent categories at the peak"
         )
         return []
+    if traces is not None:  # for the allocator log (nnmem_callbacks.torch.scaled_log)
+        traces["fit"], traces["check"] = (fit_size, fit), (check_size, check)
     above, unaligned = _paired_lines(main, fit, batch_size, fit_size, 1, None)
     if unaligned:
         notes.append(
