@@ -6,9 +6,10 @@ batch, or an allocator that fragments differently there, can make the largest
 batch they predict too large. A *verifier* (``batch_size -> MemoryEstimate``,
 a direct estimate of the same step at that batch; the PyTorch estimator
 attaches one as ``MemoryEstimate.verifier``) checks the answer. When the direct
-estimate does not fit, the miss is taken as growing with the batch, the
-search is repeated with it added, and the smaller answer is checked again, a
-bounded number of times (:data:`MAX_VERIFY_STEPS`).
+estimate does not fit, the search is repeated with the miss added (as a
+constant after one check, as a line in the batch through the last two after
+more), and the smaller answer is checked again, a bounded number of times
+(:data:`MAX_VERIFY_STEPS`).
 
 Example:
     >>> from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
@@ -19,7 +20,7 @@ Example:
     >>> truth = lambda n: line_estimate(n, 120)    # a direct trace finds 120
     >>> check = verify_batch_size(estimate, 5_000, verifier=truth, candidate=estimate.max_batch_size(5_000, verify=False))
     >>> check.predicted_batch_size, check.batch_size, check.verified, [c.batch_size for c in check.checks]
-    (40, 33, True, [40, 33])
+    (40, 33, True, [40, 32, 33])
 """
 
 from __future__ import annotations
@@ -128,6 +129,19 @@ def _largest_fitting(measure: Callable[[int], int], budget_bytes: int, below: in
     return low
 
 
+def _miss_at(misses: list[tuple[int, int]], batch_size: int) -> int:
+    """How far the direct estimate at ``batch_size`` is taken to exceed the lines' prediction.
+
+    One check: its miss, taken as constant (a smaller batch is not assumed to
+    miss by less, which keeps the step down safe). Two or more: the line
+    through the last two misses, never below 0.
+    """
+    if len(misses) == 1:
+        return max(misses[0][1], 0)
+    (n1, m1), (n2, m2) = misses[-2], misses[-1]
+    return max(0, m2 + (m1 - m2) * (batch_size - n2) // (n1 - n2))
+
+
 def verify_batch_size(
     estimate: "MemoryEstimate",
     budget_bytes: int,
@@ -162,10 +176,11 @@ def verify_batch_size(
     predicted = _measure(estimate, include_reserve)
     started = time.perf_counter()
     checks: list[VerificationCheck] = []
-    largest = candidate
-    batch = choose(largest) if largest >= 1 else 0
+    misses: list[tuple[int, int]] = []
+    best: int | None = None  # the largest batch a direct estimate fits
+    over: int | None = None  # the smallest batch a direct estimate does not fit
+    batch = choose(candidate) if candidate >= 1 else 0
     first = batch
-    verified = False
     while batch >= 1 and len(checks) < max_steps:
         expected = predicted(batch)
         try:
@@ -176,21 +191,25 @@ def verify_batch_size(
         traced = _measure(direct, include_reserve)(batch)
         fits = traced <= budget_bytes
         checks.append(VerificationCheck(batch, expected, traced, fits, method=direct.method))
+        misses.append((batch, traced - expected))
         if fits:
-            verified = True
-            break
-        # the miss is taken to grow with the batch: search again with it added per sample
-        miss = max(traced - expected, 0)
-        largest = _largest_fitting(lambda n: predicted(n) + (miss * n + batch - 1) // batch, budget_bytes, below=batch)
-        if miss == 0:  # the lines already said it does not fit: scale by the overshoot
-            largest = min(largest, batch * budget_bytes // max(traced, 1))
-        batch = min(choose(largest), batch - 1) if largest >= 1 else 0
+            best = batch if best is None else max(best, batch)
+            if over is None:  # the lines' own answer fits: never go above it
+                break
+        else:
+            over = batch if over is None else min(over, batch)
+        # the largest batch below the smallest failing one once the misses are added to the lines
+        largest = _largest_fitting(lambda n: predicted(n) + _miss_at(misses, n), budget_bytes, below=over)
+        following = min(choose(largest), over - 1) if largest >= 1 else 0
+        if best is not None and following <= best:
+            break  # nothing between the largest that fits and the smallest that does not is left to try
+        batch = following
     return Verification(
         budget_bytes=int(budget_bytes),
         measure="device" if include_reserve else "peak",
         predicted_batch_size=first,
-        batch_size=max(batch, 0),
+        batch_size=best if best is not None else max(batch, 0),
         checks=tuple(checks),
-        verified=verified,
+        verified=best is not None,
         seconds=round(time.perf_counter() - started, 4),
     )
