@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m benchmarks.largest_batch [--models resnet50,hf_bert,gpt2,unet] [--batch-size 256] [--cap-gib 12]
+    python -m benchmarks.largest_batch [--models resnet50_224,hf_bert,gpt2,unet] [--batch-size 256] [--cap-gib 12]
                                        [--optimizer sgd_momentum] [--precision 32-true] [--no-finder] [--dry-run]
 
 For each zoo model, on a card capped to ``--cap-gib`` with
@@ -53,7 +53,12 @@ import torch
 from benchmarks import zoo
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-DEFAULT_MODELS = ("resnet50", "hf_bert", "gpt2", "unet")
+#: Cases of this benchmark beside the zoo's: the zoo keeps images small for CPU runs; a card-sized
+#: question needs the usual 224x224 ImageNet input (the issue's reference figures are for it).
+CASES = {
+    "resnet50_224": zoo.ZooCase("resnet50_224", zoo.make_resnet50, zoo._image_batch(3, 224, 1000), 256, zoo._xent_loss),
+}
+DEFAULT_MODELS = ("resnet50_224", "hf_bert", "gpt2", "unet")
 #: The batch above the predicted largest that should no longer fit (a tight answer).
 TIGHT_FACTOR = 1.10
 GiB = 2**30
@@ -62,6 +67,15 @@ MiB = 2**20
 
 class NoGPUError(RuntimeError):
     """The benchmark's GPU part was asked for on a machine without CUDA."""
+
+
+def get_case(name: str) -> zoo.ZooCase:
+    """A case of :data:`CASES` or of the zoo."""
+    return CASES[name] if name in CASES else zoo.get_case(name)
+
+
+def case_names() -> list[str]:
+    return [*CASES, *zoo.case_names()]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -121,7 +135,7 @@ def _cap(cap_bytes: int) -> int:
 def train_steps(case_name: str, batch_size: int, cap_bytes: int | None, optimizer: str, precision: str,
                 steps: int = 2, device: str = "cuda") -> dict[str, Any]:
     """``steps`` real training steps at ``batch_size`` (under the cap on CUDA): OOM or the allocator's peaks."""
-    case = zoo.get_case(case_name)
+    case = get_case(case_name)
     if device == "cuda" and cap_bytes is not None:
         _cap(cap_bytes)
     torch.manual_seed(0)
@@ -155,7 +169,7 @@ def batch_size_finder(case_name: str, cap_bytes: int, optimizer: str, precision:
     from torch.utils.data import DataLoader, Dataset
     from torch.utils._pytree import tree_map
 
-    case = zoo.get_case(case_name)
+    case = get_case(case_name)
     _cap(cap_bytes)
     sample = tree_map(lambda t: t[0], case.make_batch(1, "cpu"))
 
@@ -221,7 +235,7 @@ def _worker(kind: str, payload: dict[str, Any]) -> int:
 
 def run_model(name: str, args: argparse.Namespace, cap_bytes: int) -> dict[str, Any]:
     """Estimation, verification and (unless a dry run) the GPU runs of one model."""
-    row = estimate_largest(zoo.get_case(name), args.batch_size, cap_bytes, args.optimizer, args.precision)
+    row = estimate_largest(get_case(name), args.batch_size, cap_bytes, args.optimizer, args.precision)
     if args.dry_run:
         row["gpu"] = "dry run"
         return row
@@ -328,9 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         return _worker(args.worker, json.loads(args.payload))
     names = [name.strip() for name in args.models.split(",") if name.strip()]
-    unknown = [name for name in names if name not in zoo.case_names()]
+    unknown = [name for name in names if name not in case_names()]
     if unknown or not names:
-        print(f"unknown model(s) {unknown}; valid: {', '.join(zoo.case_names())}", file=sys.stderr)
+        print(f"unknown model(s) {unknown}; valid: {', '.join(case_names())}", file=sys.stderr)
         return 2
     if args.batch_size < 1 or args.cap_gib <= 0:
         print("--batch-size must be a positive integer and --cap-gib a positive number", file=sys.stderr)

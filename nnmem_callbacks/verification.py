@@ -133,8 +133,10 @@ def _miss_at(misses: list[tuple[int, int]], batch_size: int) -> int:
     """How far the direct estimate at ``batch_size`` is taken to exceed the lines' prediction.
 
     One check: its miss, taken as constant (a smaller batch is not assumed to
-    miss by less, which keeps the step down safe). Two or more: the line
-    through the last two misses, never below 0.
+    miss by less, which keeps the step down safe; where that leaves no batch,
+    :func:`verify_batch_size` tries a miss in proportion to the batch before
+    giving up). Two or more: the line through the last two misses, never
+    below 0.
     """
     if len(misses) == 1:
         return max(misses[0][1], 0)
@@ -200,6 +202,11 @@ def verify_batch_size(
             over = batch if over is None else min(over, batch)
         # the largest batch below the smallest failing one once the misses are added to the lines
         largest = _largest_fitting(lambda n: predicted(n) + _miss_at(misses, n), budget_bytes, below=over)
+        if largest < 1 and len(misses) == 1 and misses[0][1] > 0:
+            # a constant miss leaves nothing (the lines are flat below, e.g. an optimizer phase): before
+            # concluding that nothing fits, check the batch a miss growing with the batch would allow
+            miss, at = misses[0][1], misses[0][0]
+            largest = _largest_fitting(lambda n: predicted(n) + -(-miss * n // at), budget_bytes, below=over)
         following = min(choose(largest), over - 1) if largest >= 1 else 0
         if best is not None and following <= best:
             break  # nothing between the largest that fits and the smallest that does not is left to try

@@ -163,3 +163,20 @@ def test_an_explicit_verifier_replaces_the_estimates_own():
     plan = make_plan(est, 1000 * KiB, "shrink", margin=0.0, verifier=explicit)
     assert own.calls == [] and explicit.calls
     assert plan.batch_size == truth_max(explicit, 1000 * KiB)
+
+
+def test_a_flat_phase_below_does_not_end_the_search_at_zero():
+    # lines: backward 100 KiB + 2 KiB/sample, an optimizer phase flat at 180 KiB; truth: 2.5 KiB/sample
+    def estimate(n, per_sample, verifier=None):
+        phases = (PhaseLine("step1/backward", 100 * KiB, per_sample), PhaseLine("step2/optimizer", 180 * KiB, 0))
+        peak = max(line.at(n) for line in phases)
+        return MemoryEstimate(peak_bytes=peak, breakdown={"parameters": peak}, batch_size=n, phases=phases,
+                              verifier=verifier)
+
+    truth = []
+    est = estimate(64, 2 * KiB, verifier=lambda n: truth.append(n) or estimate(n, 2 * KiB + KiB // 2))
+    check = est.verify_max_batch_size(200 * KiB)
+    # a constant miss of 25 KiB (at 50) would leave nothing above the flat 180 KiB; the miss in proportion
+    # to the batch gives 40, which the direct estimate confirms (exactly 200 KiB)
+    assert check.predicted_batch_size == 50 and truth == [50, 40]
+    assert check.verified and check.batch_size == 40
