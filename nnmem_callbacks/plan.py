@@ -260,9 +260,9 @@ def make_plan(
         include_reserve: Compare device bytes (allocator reserve and context)
             instead of the tensor peak.
         verify: ``None`` (default): verify the batch the plan changes to;
-            ``True``: also verify :attr:`Plan.max_fitting_batch_size` when the
-            plan reports it without changing the batch (``warn``, ``raise``);
-            ``False``: never.
+            ``True``: also verify :attr:`Plan.max_fitting_batch_size` where
+            the plan only reports it (``warn``, ``raise``, or a run that
+            fits); ``False``: never.
         verifier: ``batch_size -> MemoryEstimate`` (default: the estimate's own).
 
     Returns:
@@ -299,7 +299,7 @@ def make_plan(
     batch_size, accumulate = original, accumulate_grad_batches
     verification = None
     verifier = verifier or estimate.verifier
-    if verifier is not None and verify is not False and not fits and max_fit >= 1 and (changes or verify):
+    if verifier is not None and max_fit >= 1 and (changes if verify is None else verify):
         verification = verify_batch_size(
             estimate, usable, verifier=verifier, candidate=max_fit, include_reserve=include_reserve,
             choose=choose if changes else None,

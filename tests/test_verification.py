@@ -180,3 +180,11 @@ def test_a_flat_phase_below_does_not_end_the_search_at_zero():
     # to the batch gives 40, which the direct estimate confirms (exactly 200 KiB)
     assert check.predicted_batch_size == 50 and truth == [50, 40]
     assert check.verified and check.batch_size == 40
+
+
+def test_verify_true_checks_the_reported_largest_batch_even_when_the_run_fits():
+    tracer = FakeTracer()
+    est = line_estimate(16, verifier=tracer)
+    plan = make_plan(est, 1000 * KiB, "warn", margin=0.0, verify=True)
+    assert plan.fits and plan.batch_size == 16
+    assert plan.verification.verified and plan.max_fitting_batch_size == truth_max(tracer, 1000 * KiB)
