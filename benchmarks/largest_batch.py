@@ -44,6 +44,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -162,15 +163,21 @@ def train_steps(case_name: str, batch_size: int, cap_bytes: int | None, optimize
     return record
 
 
-def batch_size_finder(case_name: str, cap_bytes: int, optimizer: str, precision: str) -> dict[str, Any]:
-    """Lightning's BatchSizeFinder (``Tuner.scale_batch_size``, binsearch) on the capped card, timed."""
+def batch_size_finder(case_name: str, cap_bytes: int | None, optimizer: str, precision: str, device: str = "cuda",
+                      max_val: int = 8192) -> dict[str, Any]:
+    """Lightning's BatchSizeFinder (``Tuner.scale_batch_size``, binsearch) on the capped card, timed.
+
+    ``device="cpu"`` (no cap, nothing runs out of memory: the search ends at
+    ``max_val``) only checks the wiring.
+    """
     import lightning.pytorch as pl
     from lightning.pytorch.tuner import Tuner
     from torch.utils.data import DataLoader, Dataset
     from torch.utils._pytree import tree_map
 
     case = get_case(case_name)
-    _cap(cap_bytes)
+    if device == "cuda" and cap_bytes is not None:
+        _cap(cap_bytes)
     sample = tree_map(lambda t: t[0], case.make_batch(1, "cpu"))
 
     class Repeated(Dataset):
@@ -199,11 +206,15 @@ def batch_size_finder(case_name: str, cap_bytes: int, optimizer: str, precision:
 
     torch.manual_seed(0)
     module = Module()
-    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=1, precision=precision, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    started = time.perf_counter()
-    chosen = Tuner(trainer).scale_batch_size(module, mode="binsearch")
-    return {"chosen": int(chosen) if chosen else 0, "seconds": round(time.perf_counter() - started, 2)}
+    with tempfile.TemporaryDirectory() as root:  # the finder saves and restores a checkpoint there
+        trainer = pl.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, max_epochs=1, precision=precision, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=root)
+        started = time.perf_counter()
+        # Lightning's defaults otherwise: steps_per_trial=3, init_val=2, margin=0.05 (binsearch), max_val=8192
+        chosen = Tuner(trainer).scale_batch_size(module, mode="binsearch", max_val=max_val)
+        seconds = time.perf_counter() - started
+    return {"chosen": int(chosen) if chosen else 0, "seconds": round(seconds, 2), "lightning": pl.__version__}
 
 
 def _run_worker(kind: str, payload: dict[str, Any], timeout: int = 900) -> dict[str, Any]:

@@ -180,7 +180,8 @@ class MemoryEstimate:
             :func:`nnmem_callbacks.plan.make_plan` use to check their answer
             (:mod:`nnmem_callbacks.verification`). ``None`` where the
             estimator offers none. Not compared, not in :meth:`to_dict`, and
-            dropped when the estimate is pickled.
+            dropped when the estimate is pickled or deep-copied (it holds the
+            model and the step's configuration).
     """
 
     peak_bytes: int

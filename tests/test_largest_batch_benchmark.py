@@ -63,3 +63,10 @@ def test_table_counts_safe_and_tight_runs():
     table = largest_batch.to_markdown([row("a", False, True), row("b", False, False), row("c", True, True)], meta)
     assert "Safe: 2 of 3 models" in table and "ran out of memory for 2 of 3" in table
     assert "ok, 95.0% of cap" in table and "ok, 99.7% of cap" in table and "| OOM |" in table
+
+
+def test_batch_size_finder_wiring_on_cpu():
+    pytest.importorskip("lightning")
+    # nothing runs out of memory on CPU: binsearch doubles up to max_val, then Lightning's 5% margin applies
+    record = largest_batch.batch_size_finder("mlp", None, "sgd_momentum", "32-true", device="cpu", max_val=16)
+    assert record["chosen"] == int(16 * 0.95) and record["seconds"] > 0 and record["lightning"]

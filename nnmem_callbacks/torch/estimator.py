@@ -277,6 +277,8 @@ class TraceSession:
     def __init__(self) -> None:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.memo = OpMemo(self.fake_mode) if FAST_DISPATCH else None
+        #: The traces at other batch sizes, by role (``"fit"``, ``"check"``): ``(batch_size, trace)``.
+        self.scaling_traces: dict[str, tuple[int, TraceResult]] = {}
 
 
 def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_steps: bool, session: TraceSession) -> TraceResult:
@@ -400,9 +402,8 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
             "kernel workspaces modelled for: " + ", ".join(f"{op} x{n}" for op, n in sorted(main.workspace_ops.items()))
         )
     lines: list[PhaseLine] = []
-    scaling_traces: dict[str, tuple[int, TraceResult]] = {}
     if check_scaling:
-        lines = _scaling_lines(config, main, notes, session, scaling_traces)
+        lines = _scaling_lines(config, main, notes, session)
     else:
         notes.append("batch scaling not traced (check_scaling=False); per-sample bytes assumed from the batch-dependent categories")
     if not lines:
@@ -427,7 +428,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         peak_bytes = max(prediction.peak_allocated, peak_bytes)
         reserved = prediction.peak_reserved
         overhead = cuda_overhead_bytes(config.target_device)
-        allocation_log = _allocation_log(main, batch_size, scaling_traces, notes)
+        allocation_log = _allocation_log(main, batch_size, session.scaling_traces, notes)
     return MemoryEstimate(
         peak_bytes=int(peak_bytes),
         breakdown=breakdown,
@@ -555,10 +556,7 @@ def _paired_lines(
     return lines, unaligned
 
 
-def _scaling_lines(
-    config: StepConfig, main: TraceResult, notes: list[str], session: TraceSession,
-    traces: "dict[str, tuple[int, TraceResult]] | None" = None,
-) -> list[PhaseLine]:
+def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], session: TraceSession) -> list[PhaseLine]:
     """Lines of live bytes against the batch size, from traces at two more sizes.
 
     Every moment of the step holds ``a + b * n`` bytes at batch ``n`` as long as
@@ -585,8 +583,8 @@ def _scaling_lines(
             f"per-sample bytes assumed from the batch-dependent categories at the peak"
         )
         return []
-    if traces is not None:  # for the allocator log (nnmem_callbacks.torch.scaled_log)
-        traces["fit"], traces["check"] = (fit_size, fit), (check_size, check)
+    # kept for the allocator log (nnmem_callbacks.torch.scaled_log)
+    session.scaling_traces.update(fit=(fit_size, fit), check=(check_size, check))
     above, unaligned = _paired_lines(main, fit, batch_size, fit_size, 1, None)
     if unaligned:
         notes.append(
