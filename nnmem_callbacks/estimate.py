@@ -361,15 +361,17 @@ class MemoryEstimate:
         if measure(1) > budget_bytes:
             return 0
         if include_reserve and self.allocation_log is not None:
-            # replaying the allocator log costs a pass over the step's events: bound the answer by
-            # the tensor peak first (the reserve is never below it), then gallop down from that bound
+            # replaying the allocator log costs a pass over the step's events: bound the answer by the
+            # tensor peak (the reserve is never below it; at large batches it is often within a segment of
+            # it), else start from the answer of the reserve scaled as a ratio of the peak (cheap, usually
+            # within a few percent) and gallop from there
             bound = self._search(lambda n: self.peak_bytes_at(n) + self.overhead_bytes, budget_bytes, limit)
-            if measure(bound) <= budget_bytes:
+            if bound <= 1 or measure(bound) <= budget_bytes:
                 return bound
-            high, step = bound, 1
-            while bound - step > 1 and measure(bound - step) > budget_bytes:
-                high, step = bound - step, step * 2
-            return self._bisect(measure, budget_bytes, max(bound - step, 1), high)
+            peak, reserve = max(self.peak_bytes, 1), self.reserved_bytes or self.peak_bytes
+            ratio = lambda n: self.peak_bytes_at(n) * reserve // peak + self.overhead_bytes  # noqa: E731
+            guess = self._search(ratio, budget_bytes, bound - 1) if ratio(1) <= budget_bytes else 1
+            return self._gallop(measure, budget_bytes, min(max(guess, 1), bound - 1), bound - 1)
         return self._search(measure, budget_bytes, limit)
 
     @classmethod
@@ -381,6 +383,22 @@ class MemoryEstimate:
         if high > limit:
             return limit
         return cls._bisect(measure, budget_bytes, low, high)
+
+    @classmethod
+    def _gallop(cls, measure: Callable[[int], int], budget_bytes: int, start: int, bound: int) -> int:
+        """The largest ``n <= bound`` with ``measure(n) <= budget_bytes``, searched outward from ``start``.
+
+        ``measure(1)`` must fit; steps double away from ``start`` until the answer is bracketed, then bisect.
+        """
+        if measure(start) <= budget_bytes:
+            low, step = start, 1
+            while low + step <= bound and measure(low + step) <= budget_bytes:
+                low, step = low + step, step * 2
+            return cls._bisect(measure, budget_bytes, low, min(low + step, bound + 1))
+        high, step = start, 1
+        while high - step > 1 and measure(high - step) > budget_bytes:
+            high, step = high - step, step * 2
+        return cls._bisect(measure, budget_bytes, max(high - step, 1), high)
 
     @staticmethod
     def _bisect(measure: Callable[[int], int], budget_bytes: int, low: int, high: int) -> int:

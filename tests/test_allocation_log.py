@@ -228,3 +228,27 @@ def test_without_scaling_traces_the_reserve_scales_by_ratio_and_says_so():
     assert est.allocation_log is None
     assert any("ratio of the peak" in note for note in est.notes)
     assert est.reserved_bytes_at(128) == round(est.peak_bytes_at(128) * est.reserved_bytes / est.peak_bytes)
+
+
+@pytest.mark.parametrize("budget_mib", range(10, 200, 7))
+def test_the_search_over_replays_ends_on_a_fitting_batch_whose_next_does_not(budget_mib):
+    # the reserve of this log is not monotone in the batch (40 MiB at 3, 32 MiB at 4): whatever the
+    # search visits, its answer fits and one more sample does not
+    est = two_activation_estimate()
+    budget = budget_mib * MiB
+    answer = est.max_batch_size(budget, include_reserve=True)
+    if answer == 0:
+        assert est.device_bytes_at(1) > budget
+    else:
+        assert est.device_bytes_at(answer) <= budget < est.device_bytes_at(answer + 1)
+
+
+def test_the_search_replays_the_log_at_few_batch_sizes():
+    events = [(1, 8 * MiB, 0)] + [(k, 0, 3 * MiB + 4096 * k) for k in range(2, 40)] + [(k, 0, -1) for k in range(2, 40)]
+    log = line_log(4, 8, events)
+    est = MemoryEstimate(peak_bytes=log.replay_at(4).peak_allocated, breakdown={"activations": 1}, batch_size=4,
+                         phases=(PhaseLine("step", 8 * MiB, sum(3 * MiB + 4096 * k for k in range(2, 40))),),
+                         reserved_bytes=log.replay_at(4).peak_reserved, allocation_log=log)
+    answer = est.max_batch_size(64 * 2**30, include_reserve=True)
+    assert est.device_bytes_at(answer) <= 64 * 2**30 < est.device_bytes_at(answer + 1)
+    assert len(log._cache) <= 8  # a bisection from batch 1 would replay about 2 * log2(answer) = 16 times
