@@ -658,4 +658,5 @@ def _first_line(error: BaseException) -> str:
 def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        # _warn_once <- _estimate_config <- estimate_training (or TraceVerifier.__call__) <- the caller
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
