@@ -252,3 +252,25 @@ def test_the_search_replays_the_log_at_few_batch_sizes():
     answer = est.max_batch_size(64 * 2**30, include_reserve=True)
     assert est.device_bytes_at(answer) <= 64 * 2**30 < est.device_bytes_at(answer + 1)
     assert len(log._cache) <= 8  # a bisection from batch 1 would replay about 2 * log2(answer) = 16 times
+
+
+def _two_step_trace(n, reorder=False, extra=False):
+    setup = [(1, 4096), (2, 64 * n)]
+    forward1 = [(3, 1000 * n), (4, 4096), (4, -1), (5, 1000 * n)]
+    # step 2 frees the temporary after the second activation (another order) or allocates another size
+    forward2 = [(6, 1000 * n), (7, 4096), (8, 1000 * n), (7, -1)] if reorder else [(6, 1000 * n), (7, 4096), (7, -1), (8, 1000 * n)]
+    if extra:
+        forward2 = forward2 + [(9, 123)]
+    events = setup + forward1 + forward2
+    ranges = {"step1/forward": (2, 6), "step2/forward": (6, len(events))}
+    return _trace(events, ranges)
+
+
+def test_step_two_in_another_order_pairs_by_size_and_rank():
+    from nnmem_callbacks.torch.scaled_log import build_allocation_log
+
+    fit = _trace(_two_step_trace(16).events[:6], {"step1/forward": (2, 6)})
+    log, unpaired = build_allocation_log(_two_step_trace(8, reorder=True), 8, fit, 16)
+    assert unpaired == [] and log.sizes_at(24) == [size for _, size in _two_step_trace(24, reorder=True).events]
+    log, unpaired = build_allocation_log(_two_step_trace(8, extra=True), 8, fit, 16)
+    assert log is None and unpaired == ["step2/forward (against step 1)"]

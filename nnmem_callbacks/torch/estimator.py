@@ -458,7 +458,8 @@ def _allocation_log(main: TraceResult, batch_size: int, traces: dict[str, tuple[
     if log is None:
         notes.append(
             "allocator reserve at other batch sizes scaled as a ratio of the peak: the allocations of "
-            + ", ".join(unpaired) + f" differ at batch {fit_size}, so the log cannot be replayed at other batch sizes"
+            + ", ".join(unpaired) + f" do not pair one to one with the trace at batch {fit_size}, so the log "
+            "cannot be replayed at other batch sizes"
         )
     return log
 

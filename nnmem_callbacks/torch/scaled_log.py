@@ -11,7 +11,8 @@ give its size at any batch
   traces share with the main one (they build no optimizer);
 * step 1's phases pair with the same phases of the other traces;
 * step 2's phases take the growth of the same event in step 1 when the two
-  phases run the same sequence;
+  phases run the same sequence, else (same sizes allocated, in another
+  order) the growth of the allocation of the same size and rank in step 1;
 * the optimizer phases, which no other trace runs, keep their sizes (the
   optimizer's tensors do not depend on the batch).
 
@@ -70,11 +71,50 @@ def _other_sizes(main: TraceResult, other: TraceResult) -> tuple[list[int] | Non
         if phase.startswith("step1/") or base not in growth:
             continue
         reference = main.phase_ranges["step1/" + base]
-        if not pair_phase_sizes(sizes[start:end], _sizes(main, *reference)):
-            unpaired.append(phase)
-            continue
-        paired[start:end] = [a if a < 0 else max(0, a + delta) for a, delta in zip(sizes[start:end], growth[base])]
+        if pair_phase_sizes(sizes[start:end], _sizes(main, *reference)):
+            deltas = growth[base]
+        else:
+            deltas = _growth_by_size(_sizes(main, *reference), growth[base], sizes[start:end])
+            if deltas is None:
+                unpaired.append(f"{phase} (against step 1)")
+                continue
+        paired[start:end] = [a if a < 0 else max(0, a + delta) for a, delta in zip(sizes[start:end], deltas)]
     return (None if unpaired else paired), unpaired
+
+
+def _growth_by_size(reference: list[int], growth: list[int], sizes: list[int]) -> list[int] | None:
+    """Growth for a step-2 phase whose events are ordered differently from step 1's.
+
+    Step 2 can order its allocations and frees differently from step 1
+    (FakeTensorMode's first, uncached call of an op may alias two outputs that
+    later calls return separately; an LSTM's backward frees in another order).
+    When both allocate the same sizes, the k-th allocation of a size in step 2
+    takes the growth of the k-th allocation of that size in step 1; ``None``
+    when the sizes allocated differ.
+
+    Example:
+        >>> _growth_by_size([10, 20, -1, 10], [0, 5, 0, 7], [10, -1, 20, 10])
+        [0, 0, 5, 7]
+    """
+    queues: dict[int, list[int]] = {}
+    for size, delta in zip(reference, growth):
+        if size >= 0:
+            queues.setdefault(size, []).append(delta)
+    positions: dict[int, int] = {}
+    deltas = []
+    for size in sizes:
+        if size < 0:
+            deltas.append(0)
+            continue
+        index = positions.get(size, 0)
+        queue = queues.get(size, [])
+        if index >= len(queue):
+            return None
+        positions[size] = index + 1
+        deltas.append(queue[index])
+    if any(positions.get(size, 0) != len(queue) for size, queue in queues.items()):
+        return None
+    return deltas
 
 
 def build_allocation_log(
@@ -99,7 +139,7 @@ def build_allocation_log(
     Returns:
         The :class:`AllocationLog` replayed through
         :func:`nnmem_callbacks.torch.allocator.replay`, or ``None`` with the
-        phases of ``fit`` that do not pair with ``main``.
+        phases that do not pair (with ``fit``, or step 2 with step 1).
     """
     fit_sizes, unpaired = _other_sizes(main, fit)
     if fit_sizes is None:
