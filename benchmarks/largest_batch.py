@@ -87,17 +87,16 @@ def case_names() -> list[str]:
 def estimate_largest(case: zoo.ZooCase, batch_size: int, cap_bytes: int, optimizer: str, precision: str) -> dict[str, Any]:
     """nnmem's largest batch under ``cap_bytes`` of allocator reserve, verified by a direct estimate, timed."""
     from nnmem_callbacks import estimate_training
-    from nnmem_callbacks.torch.estimator import cublas_workspace_bytes
 
     model = case.make_model()
     batch = case.make_batch(batch_size, "cpu")
-    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
     started = time.perf_counter()
     estimate = estimate_training(model, batch, optimizer=zoo.OPTIMIZERS[optimizer], loss_fn=case.loss_fn,
                                  precision=precision, device="cuda")
     estimated = time.perf_counter() - started
-    # the cap limits what the allocator reserves; the CUDA context is outside it, the cuBLAS workspace inside
-    context = max(estimate.overhead_bytes - cublas_workspace_bytes(capability), 0)
+    # the cap limits what the allocator reserves; the estimate's overhead (CUDA context and libraries) is outside
+    # it, the cuBLAS/cuDNN workspaces are inside (allocations of the trace, in the replayed reserve)
+    context = estimate.overhead_bytes
     # what make_plan(policy="shrink", include_reserve=True, margin=0) checks when the requested batch does not fit,
     # without capping the answer at the requested batch
     verification = estimate.verify_max_batch_size(cap_bytes + context, include_reserve=True)

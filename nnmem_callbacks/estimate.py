@@ -50,6 +50,9 @@ class Category(str, enum.Enum):
     INPUTS = "inputs"
     ACTIVATIONS = "activations"
     TEMPORARIES = "temporaries"
+    #: Library workspaces the allocator holds for the rest of the process once
+    #: created (cuBLAS/cuBLASLt: one per thread and stream, at the first GEMM).
+    WORKSPACES = "workspaces"
 
     def __hash__(self) -> int:  # pragma: no cover - trivial
         return str.__hash__(self.value)
@@ -67,6 +70,7 @@ STATIC_CATEGORIES = (
     Category.BUFFERS,
     Category.GRADIENTS,
     Category.OPTIMIZER_STATE,
+    Category.WORKSPACES,
 )
 
 
@@ -155,7 +159,9 @@ class MemoryEstimate:
         reserved_bytes: Predicted allocator reserve (CUDA caching allocator:
             ``max_memory_reserved``). ``None`` where no caching allocator applies.
         overhead_bytes: Bytes the device shows beyond the allocator: the CUDA
-            context and the cuBLAS workspace. 0 on CPU.
+            context and the loaded libraries (cuBLAS, cuDNN kernels). 0 on CPU.
+            The cuBLAS workspaces come from the allocator and are in
+            ``breakdown["workspaces"]`` instead.
         device: Where training runs, e.g. ``"cpu"`` or ``"cuda:0"``.
         precision: The precision the step was estimated under.
         method: ``"trace"`` when the real step was simulated, otherwise the

@@ -50,7 +50,7 @@ def format_summary(estimate: MemoryEstimate) -> str:
     if estimate.reserved_bytes is not None:
         lines.append(f"allocator reserve: {format_bytes(estimate.reserved_bytes)}")
     if estimate.overhead_bytes:
-        lines.append(f"context + workspace overhead: {format_bytes(estimate.overhead_bytes)}")
+        lines.append(f"CUDA context + libraries: {format_bytes(estimate.overhead_bytes)}")
     if estimate.reserved_bytes is not None or estimate.overhead_bytes:
         lines.append(f"device total: {format_bytes(estimate.device_bytes)}")
     for note in estimate.notes:

@@ -130,3 +130,96 @@ def test_outside_cases_are_marked_and_not_in_the_default_run():
     assert "gpt2" in zoo.DEFAULT_CASES and not zoo.ZOO["gpt2"].outside
     batch = zoo.get_case("hf_bert").make_batch(4, "cpu")
     assert (batch["attention_mask"] == 0).any(), "the BERT case must carry padding"
+
+
+class _FakeCudaAllocator:
+    """Just enough of torch.cuda for measure_cuda_peak: counters the fake steps move."""
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+        self.allocated = 0
+        self.peak = 0
+        self.reserved = 0
+        self.set_device_calls = []
+
+    def set_device(self, device):
+        # torch 2.11 raises for an unindexed device
+        if isinstance(device, torch.device) and device.index is None:
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        self.set_device_calls.append(device)
+
+    def alloc(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.peak = max(self.peak, self.allocated)
+        self.reserved = max(self.reserved, self.allocated)
+
+    def install(self, monkeypatch, groundtruth) -> None:
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "set_device", self.set_device)
+        monkeypatch.setattr(cuda, "current_device", lambda: self.index)
+        monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+        monkeypatch.setattr(cuda, "memory_allocated", lambda device=None: self.allocated)
+        monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: self.reserved)
+        monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: self.peak)
+        monkeypatch.setattr(cuda, "max_memory_reserved", lambda device=None: self.reserved)
+        monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda device=None: setattr(self, "peak", self.allocated))
+        monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (80 * 2**30 - self.reserved - 500 * 2**20, 80 * 2**30))
+        monkeypatch.setattr(groundtruth, "_fresh", lambda model, batch, device, seed: (model, batch))
+
+        def steps(model, batch, optimizer, loss_fn, precision, device_type, phase, n_steps):
+            for step in range(1, n_steps + 1):
+                with phase(f"step{step}/forward"):
+                    self.alloc(100)
+                    if step == 1:
+                        self.alloc(32 * 2**20)  # the first GEMM's cuBLAS workspace, kept
+                    self.alloc(-100)
+            return [0.0] * n_steps
+
+        monkeypatch.setattr(groundtruth, "_steps", steps)
+
+
+@pytest.mark.parametrize("device,index", [("cuda", 3), ("cuda:1", 1)])
+def test_measure_cuda_peak_passes_an_indexed_device_to_set_device(monkeypatch, device, index):
+    from benchmarks import groundtruth
+
+    fake = _FakeCudaAllocator(index=3)
+    fake.install(monkeypatch, groundtruth)
+    model, batch, _ = _two_layer()
+    result = groundtruth.measure_cuda_peak(model, batch, lambda p: torch.optim.SGD(p, lr=0.1), _xent, device=device)
+    assert fake.set_device_calls == [torch.device("cuda", index)]
+    # a fresh process: nothing left over, and the workspace of the first GEMM is inside the peak
+    assert result["leftover_bytes"] == 0
+    assert result["peak_bytes"] == 32 * 2**20 + 100
+    assert result["overhead_bytes"] == 500 * 2**20
+
+
+def test_accuracy_runs_every_cuda_combination_in_its_own_process(monkeypatch):
+    from benchmarks import accuracy
+
+    calls = []
+    original = accuracy.run_case_isolated
+
+    def spy(name, optimizers, precisions, device, with_memtracker=True, timeout_s=600.0):
+        calls.append((tuple(optimizers), tuple(precisions)))
+        if len(optimizers) * len(precisions) > 1:
+            return original(name, optimizers, precisions, device, with_memtracker, timeout_s)
+        return [{"case": name, "optimizer": optimizers[0], "precision": precisions[0]}]
+
+    monkeypatch.setattr(accuracy, "run_case_isolated", spy)
+    rows = accuracy.run_case_isolated("mlp", ["adam", "sgd_momentum"], ["32-true", "bf16-mixed"], "cuda")
+    assert len(rows) == 4
+    assert sorted(calls[1:]) == sorted((( o,), (p,)) for o in ("adam", "sgd_momentum") for p in ("32-true", "bf16-mixed"))
+
+
+def test_accuracy_measures_the_cuda_truth_before_the_estimate(monkeypatch):
+    from benchmarks import accuracy
+
+    order = []
+    monkeypatch.setattr(accuracy, "_estimate_stage", lambda row, *a: order.append("estimate"))
+    monkeypatch.setattr(accuracy, "_truth_stage", lambda row, *a: order.append("truth"))
+    monkeypatch.setattr(accuracy, "_baselines", lambda row, *a: None)
+    case = zoo.get_case("mlp")
+    for device in ("cuda", "cpu"):
+        accuracy.run_combo(case, None, None, "adam", "32-true", device, {}, with_memtracker=False)
+    assert order == ["truth", "estimate", "estimate", "truth"]

@@ -222,7 +222,9 @@ def test_estimate_table_and_gpu_fit_table(capsys, factory_file):
 
 def test_estimate_json_gpu_rows_match_the_estimate(capsys, factory_file):
     pytest.importorskip("torch")
-    code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--json")
+    # wide enough that no GPU's largest batch reaches the search limit (2**24 samples)
+    code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--model-arg", "hidden=2048",
+                           "--json")
     assert code == 0
     document = json.loads(out)
     rows = {row["name"]: row for row in document["fit"]["gpus"]}

@@ -553,31 +553,6 @@ def test_fast_dispatch_gives_the_same_peaks_as_fake_tensor_mode_alone(monkeypatc
     assert results[True] == results[False]
 
 
-def test_cuda_overhead_reads_the_context_from_the_driver(monkeypatch):
-    from nnmem_callbacks.torch import estimator
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=None: (70 * 2**30, 80 * 2**30))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index=None: 9 * 2**30)
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    context = 80 * 2**30 - 70 * 2**30 - 9 * 2**30
-    assert estimator.cuda_overhead_bytes(torch.device("cuda", 0)) == context + (4096 * 2 + 16 * 8) * 1024
-    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
-    assert estimator.cuda_overhead_bytes(torch.device("cuda", 0)) == context + 16 * 1024 * 8
-
-
-def test_cuda_overhead_without_a_device_uses_the_default(monkeypatch):
-    from nnmem_callbacks.torch import estimator
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    expected = estimator.DEFAULT_CUDA_CONTEXT_BYTES + estimator.cublas_workspace_bytes((9, 0))
-    assert estimator.cuda_overhead_bytes(torch.device("cuda")) == expected
-
-
 def test_foreach_and_fused_optimizers_are_simulated_as_they_run():
     model = nn.Sequential(*[nn.Linear(128, 128) for _ in range(8)])  # many parameters of equal size
     batch = torch.randn(16, 128)

@@ -80,7 +80,7 @@ def render_estimate(
     if estimate.reserved_bytes is not None:
         table.add_row("allocator reserve", format_bytes(estimate.reserved_bytes), f"{estimate.reserved_bytes:,}", "")
     if estimate.overhead_bytes:
-        table.add_row("CUDA context + cuBLAS", format_bytes(estimate.overhead_bytes), f"{estimate.overhead_bytes:,}", "")
+        table.add_row("CUDA context + libraries", format_bytes(estimate.overhead_bytes), f"{estimate.overhead_bytes:,}", "")
     if estimate.reserved_bytes is not None or estimate.overhead_bytes:
         table.add_row("[bold]device total[/bold]", f"[bold]{format_bytes(estimate.device_bytes)}[/bold]",
                       f"{estimate.device_bytes:,}", "")

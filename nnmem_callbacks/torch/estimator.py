@@ -33,8 +33,11 @@ Known limitations:
       memory a kernel allocates internally without a registered workspace rule,
       are not seen.
     * Estimating for CUDA on a machine without CUDA traces CPU kernels: the
-      autocast op lists of CPU and CUDA differ slightly and cuDNN/cuBLAS
-      workspaces are not modelled; a note says so.
+      autocast op lists of CPU and CUDA differ slightly; the cuBLAS workspaces
+      follow PyTorch's defaults for the assumed GPU and cuDNN convolution
+      workspaces only the measured table (:mod:`nnmem_callbacks.cuda_tables`);
+      notes say so.
+    * A ``torch.compile``'d module is estimated as its eager step (a note says so).
     * Lazy modules must be materialised before estimation.
 """
 
@@ -52,12 +55,14 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from nnmem_callbacks import cuda_tables
 from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
 from nnmem_callbacks.probes.runner import UnsupportedKernelError
-from nnmem_callbacks.probes.session import kernel_probes, probe_batch
+from nnmem_callbacks.probes.session import current_session, kernel_probes, probe_batch
 from nnmem_callbacks.units import format_bytes
-from nnmem_callbacks.torch import allocator
+from nnmem_callbacks.torch import allocator, cuda_libraries
 from nnmem_callbacks.torch.compat import eager_library_checks
+from nnmem_callbacks.torch.cudnn_rnn import cudnn_rnn_emulation
 from nnmem_callbacks.torch.emulation import cuda_kernel_emulation
 from nnmem_callbacks.torch.fallback import estimate_closed_form
 from nnmem_callbacks.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
@@ -76,9 +81,9 @@ from nnmem_callbacks.torch.step import (
 from nnmem_callbacks.torch.scaled_log import build_allocation_log
 from nnmem_callbacks.torch.tracer import OpMemo, StorageTracker, TraceResult
 
-#: CUDA context bytes assumed when no CUDA device can be asked (typical for
-#: recent drivers with lazy module loading).
-DEFAULT_CUDA_CONTEXT_BYTES = 512 * 2**20
+#: CUDA context and library bytes assumed when no CUDA device can be asked and
+#: the table has nothing closer (:data:`nnmem_callbacks.cuda_tables.CONTEXT_TABLE`, H100 / CUDA 13).
+DEFAULT_CUDA_CONTEXT_BYTES = cuda_tables.CONTEXT_TABLE[(9, 13)].gemm_and_cudnn
 
 #: Replay fake ops from a cheap metadata key instead of FakeTensorMode's own
 #: cache (same outputs, about a third less time); off only for debugging.
@@ -151,24 +156,29 @@ def estimate_training(
         >>> est.peak_bytes_at(512) > est.peak_bytes
         True
     """
+    compiled_note = cuda_libraries.compiled_module_note(model)
+    if compiled_note is not None:
+        model = model._orig_mod
     config = make_config(
         model, batch, optimizer, loss_fn, precision, device,
         accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm,
     )
-    estimate = _estimate_config(config, check_scaling, probe_kernels)
-    return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels))
+    estimate = _estimate_config(config, check_scaling, probe_kernels, compiled_note)
+    return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels, compiled_note))
 
 
-def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: bool) -> MemoryEstimate:
+def _estimate_config(
+    config: StepConfig, check_scaling: bool, probe_kernels: bool, compiled_note: str | None = None
+) -> MemoryEstimate:
     """:func:`estimate_training` for a checked step configuration (without a verifier)."""
     model = config.model
     started = time.perf_counter()
-    notes: list[str] = []
+    notes: list[str] = [compiled_note] if compiled_note is not None else []
     if config.target_device.type != config.trace_device.type:
         notes.append(
             f"traced on {config.trace_device.type} kernels for a {config.target_device.type} target "
             f"(no {config.target_device.type} device here): dropout and attention use CUDA-like kernels, "
-            f"but autocast op lists and cuDNN/cuBLAS workspaces may differ"
+            f"but autocast op lists may differ"
         )
     with kernel_probes(config.target_device.type, enabled=probe_kernels) as probes:
         try:
@@ -182,6 +192,8 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: boo
                 f"using the closed-form layer-by-layer estimate instead"
             )
             estimate = estimate_closed_form(config, reason, notes)
+            if config.target_device.type == "cuda":
+                estimate = cuda_libraries.complete_closed_form(estimate, config.model, config.target_device, _reduced_dtype(config))
     estimate = dataclasses.replace(estimate, notes=(*estimate.notes, *probes.notes()))
     extra = dict(estimate.extra)
     extra["kernel_probes"] = {"probed": probes.probed, "from_cache": probes.from_cache, "kernel_runs": probes.kernel_runs, "seconds": round(probes.seconds, 4)}
@@ -206,15 +218,16 @@ class TraceVerifier:
         (32, True)
     """
 
-    def __init__(self, config: StepConfig, probe_kernels: bool) -> None:
+    def __init__(self, config: StepConfig, probe_kernels: bool, compiled_note: str | None = None) -> None:
         self._config = config
         self._probe_kernels = probe_kernels
+        self._compiled_note = compiled_note
 
     def __call__(self, batch_size: int) -> MemoryEstimate:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         config = dataclasses.replace(self._config, batch=dataclasses.replace(self._config.batch, batch_size=batch_size))
-        estimate = _estimate_config(config, check_scaling=False, probe_kernels=self._probe_kernels)
+        estimate = _estimate_config(config, False, self._probe_kernels, self._compiled_note)
         return dataclasses.replace(estimate, verifier=self)
 
     def __deepcopy__(self, memo: dict) -> "TraceVerifier":
@@ -274,9 +287,10 @@ class TraceSession:
     depend on the batch (weight casts, the optimizer) from the first trace.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, libraries: "cuda_libraries.LibraryModel | None" = None) -> None:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.memo = OpMemo(self.fake_mode) if FAST_DISPATCH else None
+        self.libraries = libraries
         #: The traces at other batch sizes, by role (``"fit"``, ``"check"``): ``(batch_size, trace)``.
         self.scaling_traces: dict[str, tuple[int, TraceResult]] = {}
 
@@ -286,10 +300,11 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
     precision = config.precision
     device = config.trace_device
     fake_mode = session.fake_mode
-    tracker = StorageTracker(config.target_device.type, memo=session.memo)
+    tracker = StorageTracker(config.target_device.type, memo=session.memo, libraries=session.libraries)
     emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
     with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation() if emulate_cuda else contextlib.nullcontext()), \
-            eager_library_checks(config.example_batch), probe_batch(batch_size):
+            eager_library_checks(config.example_batch), probe_batch(batch_size), \
+            cudnn_rnn_emulation(model, enabled=config.target_device.type == "cuda"):
         model.train()
         with fake_mode, tracker:
 
@@ -390,7 +405,13 @@ def _scaling_sizes(batch_size: int) -> tuple[int, int]:
 
 def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool) -> MemoryEstimate:
     batch_size = config.batch.batch_size
-    session = TraceSession()
+    libraries = None
+    if config.target_device.type == "cuda":
+        session_probes = current_session()
+        libraries = cuda_libraries.library_model(
+            config.target_device, notes, probe_convolutions=session_probes is None or session_probes.settings.enabled
+        )
+    session = TraceSession(libraries)
     main = run_trace(config, batch_size, session=session)
     if main.placeholders:
         notes.append(
@@ -427,7 +448,13 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
             )
         peak_bytes = max(prediction.peak_allocated, peak_bytes)
         reserved = prediction.peak_reserved
-        overhead = cuda_overhead_bytes(config.target_device)
+        notes.extend(libraries.notes(main.workspace_ops))
+        extra["cuda_libraries"] = libraries.record(main.workspace_ops)
+        overhead = cuda_libraries.device_overhead(
+            config.target_device, notes, reduced_dtype=_reduced_dtype(config),
+            gemm=any(str(op).startswith("cuBLAS") for op in main.workspace_ops),
+            cudnn=cuda_libraries.uses_cudnn(config.model), capability=libraries.capability,
+        )
         allocation_log = _allocation_log(main, batch_size, session.scaling_traces, notes)
     return MemoryEstimate(
         peak_bytes=int(peak_bytes),
@@ -614,41 +641,21 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], sess
     return below + [dataclasses.replace(line, min_batch=batch_size) for line in above]
 
 
-def cuda_overhead_bytes(device: torch.device) -> int:
-    """CUDA context plus cuBLAS workspace for ``device``.
+def _reduced_dtype(config: StepConfig) -> torch.dtype | None:
+    dtype = config.precision.autocast_dtype or config.precision.param_dtype
+    return dtype if dtype in (torch.float16, torch.bfloat16) else None
 
-    With a CUDA device present, the context is read from the driver
-    (device memory in use that the caching allocator did not reserve).
-    Without one, :data:`DEFAULT_CUDA_CONTEXT_BYTES` is assumed.
+
+def cuda_overhead_bytes(device: torch.device, notes: list[str] | None = None) -> int:
+    """CUDA context and loaded libraries for ``device`` (no cuBLAS workspace: that is an allocation).
+
+    See :func:`nnmem_callbacks.torch.cuda_libraries.device_overhead`.
     """
-    context = DEFAULT_CUDA_CONTEXT_BYTES
-    capability = (9, 0)
-    if torch.cuda.is_available():
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        capability = torch.cuda.get_device_capability(index)
-        if torch.cuda.is_initialized():
-            free, total = torch.cuda.mem_get_info(index)
-            measured = total - free - torch.cuda.memory_reserved(index)
-            if measured > 0:
-                context = measured
-    return context + cublas_workspace_bytes(capability)
+    return cuda_libraries.device_overhead(device, [] if notes is None else notes)
 
 
-def cublas_workspace_bytes(capability: tuple[int, int] = (9, 0)) -> int:
-    """The cuBLAS workspace PyTorch allocates per handle and stream.
-
-    Honours ``CUBLAS_WORKSPACE_CONFIG`` (``":SIZE_KiB:COUNT"`` pairs); the default
-    is ``:4096:8`` (32 MiB) on Hopper and newer and ``:4096:2:16:8`` before.
-
-    Example:
-        >>> cublas_workspace_bytes((8, 0)) == (4096 * 2 + 16 * 8) * 1024
-        True
-    """
-    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-    if not config:
-        config = ":4096:8" if capability[0] >= 9 else ":4096:2:16:8"
-    numbers = [int(n) for n in config.split(":") if n.strip().isdigit()]
-    return sum(size * 1024 * count for size, count in zip(numbers[::2], numbers[1::2]))
+#: The cuBLAS workspace per thread and stream (see :func:`nnmem_callbacks.cuda_tables.cublas_workspace_bytes`).
+cublas_workspace_bytes = cuda_tables.cublas_workspace_bytes
 
 
 def _first_line(error: BaseException) -> str:

@@ -5,6 +5,7 @@ precisions, optimizers, batches and devices.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import torch
@@ -150,6 +151,10 @@ class BatchSpec:
     leaves: tuple[Any, ...]
     treespec: Any
     batch_size: int
+    #: Rebuilds the user's own mapping type (a transformers ``BatchEncoding``, any
+    #: ``UserDict``) from the plain dict the tree was flattened as; ``None`` for
+    #: batches that ``torch.utils._pytree`` flattens itself.
+    mapping_type: type | None = None
 
     def tensor_specs(self) -> list[TensorSpec]:
         return [leaf for leaf in self.leaves if isinstance(leaf, TensorSpec)]
@@ -165,7 +170,18 @@ class BatchSpec:
                 tensors.append(tensor)
             else:
                 leaves.append(leaf)
-        return tree_unflatten(leaves, self.treespec), tensors
+        batch = tree_unflatten(leaves, self.treespec)
+        if self.mapping_type is not None:
+            batch = _rebuild_mapping(self.mapping_type, batch)
+        return batch, tensors
+
+
+def _rebuild_mapping(mapping_type: type, items: dict) -> Any:
+    """``mapping_type(items)``, or the plain dict where that type cannot be built from one."""
+    try:
+        return mapping_type(items)
+    except Exception:  # noqa: BLE001 - any constructor failure: the model still gets the same keys
+        return items
 
 
 def describe_batch(batch: Any) -> BatchSpec:
@@ -175,6 +191,10 @@ def describe_batch(batch: Any) -> BatchSpec:
     ``extract_batch_size`` does); every tensor whose leading dimension equals it
     scales with the batch.
 
+    A mapping that ``torch.utils._pytree`` does not know (a transformers
+    ``BatchEncoding``, any ``collections.UserDict``) is read as a dict and
+    rebuilt as its own type for the traced step.
+
     Raises:
         ValueError: If the batch holds no tensor, or its first tensor is a scalar.
 
@@ -182,11 +202,18 @@ def describe_batch(batch: Any) -> BatchSpec:
         >>> spec = describe_batch({"x": torch.empty(8, 3), "y": torch.empty(8, dtype=torch.long)})
         >>> spec.batch_size, [s.shape for s in spec.tensor_specs()]
         (8, [(8, 3), (8,)])
+        >>> from collections import UserDict
+        >>> describe_batch(UserDict(x=torch.empty(4, 3))).mapping_type.__name__
+        'UserDict'
     """
+    mapping_type = None
     if isinstance(batch, torch.Tensor):
         leaves, treespec = [batch], None
     else:
         leaves, treespec = tree_flatten(batch)
+        if treespec.num_leaves == 1 and leaves and leaves[0] is batch and isinstance(batch, Mapping):
+            mapping_type = type(batch)
+            leaves, treespec = tree_flatten(dict(batch))
     tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
     if not tensors:
         raise ValueError(
@@ -211,7 +238,7 @@ def describe_batch(batch: Any) -> BatchSpec:
         from torch.utils._pytree import tree_flatten as _tf
 
         treespec = _tf(batch)[1]
-    return BatchSpec(tuple(specs), treespec, batch_size)
+    return BatchSpec(tuple(specs), treespec, batch_size, mapping_type)
 
 
 # ---------------------------------------------------------------------------

@@ -213,6 +213,10 @@ class StorageTracker(TorchDispatchMode):
         size_fn: Maps a storage's ``nbytes`` to the bytes it really occupies
             (identity on CPU; 512-byte rounding on CUDA is done by the
             allocator model instead, so this stays identity there too).
+        libraries: A :class:`~nnmem_callbacks.torch.cuda_libraries.LibraryModel`
+            for CUDA targets: the cuBLAS workspaces each thread's first GEMM
+            allocates for good (logged by :meth:`_persistent`) and the cuDNN
+            convolution workspaces (logged as transient workspaces).
     """
 
     def __init__(
@@ -221,6 +225,7 @@ class StorageTracker(TorchDispatchMode):
         size_fn: Callable[[int], int] | None = None,
         fake_mode: FakeTensorMode | None = None,
         memo: "OpMemo | None" = None,
+        libraries: Any = None,
     ) -> None:
         super().__init__()
         self._memo = memo if memo is not None else (OpMemo(fake_mode) if fake_mode is not None else None)
@@ -249,6 +254,8 @@ class StorageTracker(TorchDispatchMode):
         self.workspace_ops: Counter = Counter()
         self._rules = _rules.workspace_rules(device_type)
         self._output_rules = _rules.output_rules(device_type)
+        self._libraries = libraries
+        self._library_seen: set = set()
 
     # -- phases ----------------------------------------------------------------
     def set_phase(self, phase: str) -> None:
@@ -339,6 +346,21 @@ class StorageTracker(TorchDispatchMode):
         self.trajectory.append(self.current)
         self.workspace_ops[op_name] += 1
 
+    def _persistent(self, nbytes: int, label: str) -> None:
+        """Logs a library allocation that stays for the rest of the process (never freed)."""
+        key = self._next_key
+        self._next_key += 1
+        self.sizes[key] = nbytes
+        self.alloc_phase[key] = self.phase
+        self.fixed_category[key] = Category.WORKSPACES
+        self.events.append((key, nbytes))
+        self.current += nbytes
+        self.trajectory.append(self.current)
+        if self.current > self._peak:
+            self._peak = self.current
+            self._peak_event = len(self.events)
+        self.workspace_ops[label] += 1
+
     # -- dispatch ------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -372,12 +394,20 @@ class StorageTracker(TorchDispatchMode):
             nbytes = rule(func, args, kwargs, out)
             if nbytes:
                 self._workspace(int(nbytes), str(func.overloadpacket))
+        libraries = self._libraries
         if isinstance(out, torch.Tensor):
             self._storage_key(out)
         elif isinstance(out, (tuple, list)):
             for item in tree_flatten(out)[0]:
                 if isinstance(item, torch.Tensor):
                     self._storage_key(item)
+        if libraries is not None:
+            # cuDNN's workspace lives while the kernel writes its outputs
+            nbytes = libraries.transient(packet, args, out)
+            if nbytes:
+                self._workspace(int(nbytes), f"cuDNN {packet}")
+            for label, nbytes in libraries.persistent(packet, self.phase, self._library_seen):
+                self._persistent(int(nbytes), label)
         return out
 
     # -- results --------------------------------------------------------------------
