@@ -18,7 +18,7 @@ from benchmarks import largest_batch  # noqa: E402
 
 
 def test_dry_run_estimates_verifies_and_writes_the_table(tmp_path):
-    code = largest_batch.main(["--models", "mlp", "--batch-size", "512", "--cap-gib", "0.0625", "--dry-run",
+    code = largest_batch.main(["--models", "mlp", "--batch-size", "512", "--cap-gib", "0.25", "--dry-run",
                                "--out-dir", str(tmp_path), "--stem", "lb"])
     assert code == 0
     document = json.loads((tmp_path / "lb.json").read_text())

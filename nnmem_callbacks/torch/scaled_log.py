@@ -11,8 +11,9 @@ give its size at any batch
   traces share with the main one (they build no optimizer);
 * step 1's phases pair with the same phases of the other traces;
 * step 2's phases take the growth of the same event in step 1 when the two
-  phases run the same sequence, else (same sizes allocated, in another
-  order) the growth of the allocation of the same size and rank in step 1;
+  phases run the same sequence, else (another order, or without step 1's
+  one-time workspaces) the growth of the allocation of the same size and
+  rank in step 1;
 * the optimizer phases, which no other trace runs, keep their sizes (the
   optimizer's tensors do not depend on the batch).
 
@@ -88,13 +89,16 @@ def _growth_by_size(reference: list[int], growth: list[int], sizes: list[int]) -
     Step 2 can order its allocations and frees differently from step 1
     (FakeTensorMode's first, uncached call of an op may alias two outputs that
     later calls return separately; an LSTM's backward frees in another order).
-    When both allocate the same sizes, the k-th allocation of a size in step 2
-    takes the growth of the k-th allocation of that size in step 1; ``None``
-    when the sizes allocated differ.
+    Step 1 also makes the one-time allocations of a process (the cuBLAS
+    workspace at the first GEMM of each thread). The k-th allocation of a size
+    in step 2 takes the growth of the k-th allocation of that size in step 1;
+    ``None`` when step 2 allocates a size, or more of a size, than step 1.
 
     Example:
         >>> _growth_by_size([10, 20, -1, 10], [0, 5, 0, 7], [10, -1, 20, 10])
         [0, 0, 5, 7]
+        >>> _growth_by_size([99, 10, 20], [0, 1, 2], [10, 20]), _growth_by_size([10], [1], [10, 10])
+        ([1, 2], None)
     """
     queues: dict[int, list[int]] = {}
     for size, delta in zip(reference, growth):
@@ -112,8 +116,6 @@ def _growth_by_size(reference: list[int], growth: list[int], sizes: list[int]) -
             return None
         positions[size] = index + 1
         deltas.append(queue[index])
-    if any(positions.get(size, 0) != len(queue) for size, queue in queues.items()):
-        return None
     return deltas
 
 
