@@ -26,9 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from nnmem_callbacks.allocation_log import AllocationLog
 from nnmem_callbacks.units import format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nnmem_callbacks.verification import Verification
 
 
 class Category(str, enum.Enum):
@@ -171,6 +175,19 @@ class MemoryEstimate:
             iterations that the executor's threads overlap in an unlucky run).
             ``None`` where the runtime does not vary (every PyTorch estimate).
             Planning budgets with :meth:`upper_bytes_at`.
+        allocation_log: The step's allocations as functions of the batch
+            (:class:`~nnmem_callbacks.allocation_log.AllocationLog`), replayed
+            through the allocator model by :meth:`reserved_bytes_at` at other
+            batch sizes. ``None`` where no allocator model applies or the
+            traces at other batch sizes could not be paired (then the reserve
+            scales as a ratio of the peak, and ``notes`` says so).
+        verifier: ``batch_size -> MemoryEstimate``: a direct estimate of the
+            same step at another batch, which :meth:`max_batch_size` and
+            :func:`nnmem_callbacks.plan.make_plan` use to check their answer
+            (:mod:`nnmem_callbacks.verification`). ``None`` where the
+            estimator offers none. Not compared, not in :meth:`to_dict`, and
+            dropped when the estimate is pickled or deep-copied (it holds the
+            model and the step's configuration).
     """
 
     peak_bytes: int
@@ -187,6 +204,8 @@ class MemoryEstimate:
     phase_breakdowns: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     variability: PhaseLine | None = None
+    allocation_log: AllocationLog | None = dataclasses.field(default=None, compare=False, repr=False)
+    verifier: Callable[[int], "MemoryEstimate"] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         full = {str(category): 0 for category in Category}
@@ -240,14 +259,30 @@ class MemoryEstimate:
     def reserved_bytes_at(self, batch_size: int) -> int:
         """Predicted allocator reserve at another batch size (CUDA).
 
-        The reserve is scaled with the peak; where no allocator model applies
-        this equals :meth:`peak_bytes_at`.
+        With an :attr:`allocation_log`, the step's allocations at
+        ``batch_size`` are replayed through the allocator model, so that the
+        reserve follows the allocator's rounding, segment sizes and splitting
+        at that batch (fragmentation does not grow in proportion to the peak).
+        Without one, the reserve is scaled as a ratio of the peak. Never below
+        :meth:`peak_bytes_at`; where no allocator model applies this equals
+        :meth:`peak_bytes_at`.
+
+        Example:
+            >>> est = MemoryEstimate(peak_bytes=1_000, breakdown={"parameters": 1_000}, batch_size=10,
+            ...                      phases=(PhaseLine("step", 500, 50),), reserved_bytes=1_100)
+            >>> est.reserved_bytes_at(10), est.reserved_bytes_at(20)  # no log: the ratio 1.1
+            (1100, 1650)
         """
         peak = self.peak_bytes_at(batch_size)
         if self.reserved_bytes is None or self.peak_bytes <= 0:
             return peak
         if batch_size == self.batch_size:
             return self.reserved_bytes
+        log = self.allocation_log
+        if log is not None:
+            # what the estimator added to the replayed reserve (if anything) is kept as it is
+            offset = self.reserved_bytes - log.replay_at(self.batch_size).peak_reserved
+            return max(peak, log.replay_at(batch_size).peak_reserved + offset)
         return int(round(peak * self.reserved_bytes / self.peak_bytes))
 
     def upper_bytes_at(self, batch_size: int) -> int:
@@ -276,7 +311,14 @@ class MemoryEstimate:
         """What the device will show at ``batch_size``: reserve plus overhead."""
         return self.device_bytes_at(self.batch_size)
 
-    def max_batch_size(self, budget_bytes: int, *, include_reserve: bool = False, limit: int = MAX_BATCH_SEARCH_LIMIT) -> int:
+    def max_batch_size(
+        self,
+        budget_bytes: int,
+        *,
+        include_reserve: bool = False,
+        limit: int = MAX_BATCH_SEARCH_LIMIT,
+        verify: bool = True,
+    ) -> int:
         """The largest batch size whose predicted peak fits ``budget_bytes``.
 
         The peak compared is :meth:`upper_bytes_at`: where the runtime varies
@@ -289,6 +331,9 @@ class MemoryEstimate:
                 plus context overhead) instead of the tensor peak.
             limit: Upper bound of the search (for models whose peak does not
                 grow with the batch).
+            verify: Where the estimate has a :attr:`verifier`, check the answer
+                with a direct estimate at that batch and step down until one
+                fits (:meth:`verify_max_batch_size` returns the record).
 
         Returns:
             The batch size, or 0 when not even one sample fits.
@@ -298,14 +343,71 @@ class MemoryEstimate:
             ...                batch_size=1).max_batch_size(50)
             0
         """
+        if verify and self.verifier is not None:
+            return self.verify_max_batch_size(budget_bytes, include_reserve=include_reserve, limit=limit).batch_size
+        return self._predicted_max_batch_size(budget_bytes, include_reserve, limit)
+
+    def verify_max_batch_size(
+        self, budget_bytes: int, *, include_reserve: bool = False, limit: int = MAX_BATCH_SEARCH_LIMIT
+    ) -> "Verification":
+        """:meth:`max_batch_size` with the record of its checks by direct estimate.
+
+        Raises:
+            ValueError: If the estimate has no :attr:`verifier`.
+        """
+        from nnmem_callbacks.verification import verify_batch_size
+
+        if self.verifier is None:
+            raise ValueError("this estimate has no verifier (the estimator that made it offers no direct estimate)")
+        candidate = self._predicted_max_batch_size(budget_bytes, include_reserve, limit)
+        return verify_batch_size(self, budget_bytes, verifier=self.verifier, candidate=candidate, include_reserve=include_reserve)
+
+    def _predicted_max_batch_size(self, budget_bytes: int, include_reserve: bool, limit: int) -> int:
         measure = self.device_bytes_at if include_reserve else self.upper_bytes_at
         if measure(1) > budget_bytes:
             return 0
+        if include_reserve and self.allocation_log is not None:
+            # replaying the allocator log costs a pass over the step's events: bound the answer by the
+            # tensor peak (the reserve is never below it; at large batches it is often within a segment of
+            # it), else start from the answer of the reserve scaled as a ratio of the peak (cheap, usually
+            # within a few percent) and gallop from there
+            bound = self._search(lambda n: self.peak_bytes_at(n) + self.overhead_bytes, budget_bytes, limit)
+            if bound <= 1 or measure(bound) <= budget_bytes:
+                return bound
+            peak, reserve = max(self.peak_bytes, 1), self.reserved_bytes or self.peak_bytes
+            ratio = lambda n: self.peak_bytes_at(n) * reserve // peak + self.overhead_bytes  # noqa: E731
+            guess = self._search(ratio, budget_bytes, bound - 1) if ratio(1) <= budget_bytes else 1
+            return self._gallop(measure, budget_bytes, min(max(guess, 1), bound - 1), bound - 1)
+        return self._search(measure, budget_bytes, limit)
+
+    @classmethod
+    def _search(cls, measure: Callable[[int], int], budget_bytes: int, limit: int) -> int:
+        """The largest ``n <= limit`` with ``measure(n) <= budget_bytes``, given that ``measure(1)`` fits."""
         low, high = 1, 2
         while high <= limit and measure(high) <= budget_bytes:
             low, high = high, high * 2
         if high > limit:
             return limit
+        return cls._bisect(measure, budget_bytes, low, high)
+
+    @classmethod
+    def _gallop(cls, measure: Callable[[int], int], budget_bytes: int, start: int, bound: int) -> int:
+        """The largest ``n <= bound`` with ``measure(n) <= budget_bytes``, searched outward from ``start``.
+
+        ``measure(1)`` must fit; steps double away from ``start`` until the answer is bracketed, then bisect.
+        """
+        if measure(start) <= budget_bytes:
+            low, step = start, 1
+            while low + step <= bound and measure(low + step) <= budget_bytes:
+                low, step = low + step, step * 2
+            return cls._bisect(measure, budget_bytes, low, min(low + step, bound + 1))
+        high, step = start, 1
+        while high - step > 1 and measure(high - step) > budget_bytes:
+            high, step = high - step, step * 2
+        return cls._bisect(measure, budget_bytes, max(high - step, 1), high)
+
+    @staticmethod
+    def _bisect(measure: Callable[[int], int], budget_bytes: int, low: int, high: int) -> int:
         while high - low > 1:  # invariant: measure(low) fits, measure(high) does not
             middle = (low + high) // 2
             if measure(middle) <= budget_bytes:
@@ -341,7 +443,17 @@ class MemoryEstimate:
             "notes": list(self.notes),
             "phase_breakdowns": {k: dict(v) for k, v in self.phase_breakdowns.items()},
             "extra": dict(self.extra),
+            "allocation_log": self.allocation_log.summary() if self.allocation_log is not None else None,
         }
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the verifier holds the model and the step's configuration: never pickled
+        state = dict(self.__dict__)
+        state["verifier"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def _phase_dicts(self) -> list[dict[str, Any]]:
         """The phase lines for :meth:`to_dict`, each with the batch sizes where it is the peak.

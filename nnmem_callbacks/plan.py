@@ -21,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate
 from nnmem_callbacks.units import format_bytes, parse_bytes
+from nnmem_callbacks.verification import Verification, verify_batch_size
 
 #: Policies every MemoryBudgetCallback accepts.
 POLICIES = ("warn", "raise", "shrink", "accumulate")
@@ -189,6 +190,9 @@ class Plan:
         max_fitting_batch_size: Largest batch predicted to fit (0: none fits).
         fits: Whether the original configuration fits the budget.
         suggestions: Ways to fit, each with its predicted saving.
+        verification: How the chosen batch was checked by a direct estimate
+            at that batch (:class:`~nnmem_callbacks.verification.Verification`),
+            or ``None`` when it was not (nothing changed, or no verifier).
     """
 
     policy: str
@@ -200,6 +204,7 @@ class Plan:
     max_fitting_batch_size: int
     fits: bool
     suggestions: tuple[Suggestion, ...] = ()
+    verification: Verification | None = None
 
     @property
     def changed(self) -> bool:
@@ -230,11 +235,18 @@ def make_plan(
     accumulate_grad_batches: int = 1,
     alternatives: Mapping[str, MemoryEstimate] | None = None,
     include_reserve: bool = False,
+    verify: bool | None = None,
+    verifier: Callable[[int], MemoryEstimate] | None = None,
 ) -> Plan:
     """Compares an estimate with a budget and decides what to do.
 
     The batch size is chosen so that its predicted peak stays below
-    ``budget_bytes * (1 - margin)``.
+    ``budget_bytes * (1 - margin)``. A batch the plan changes to is then
+    checked by a direct estimate at that batch (the estimate's
+    :attr:`~nnmem_callbacks.estimate.MemoryEstimate.verifier`, or
+    ``verifier``), stepping down until one fits
+    (:func:`nnmem_callbacks.verification.verify_batch_size`); the plan records
+    the checks in :attr:`Plan.verification`.
 
     Args:
         estimate: The estimate at the configured batch size.
@@ -247,9 +259,24 @@ def make_plan(
             suggestion with its measured saving.
         include_reserve: Compare device bytes (allocator reserve and context)
             instead of the tensor peak.
+        verify: ``None`` (default): verify the batch the plan changes to;
+            ``True``: also verify :attr:`Plan.max_fitting_batch_size` where
+            the plan only reports it (``warn``, ``raise``, or a run that
+            fits); ``False``: never.
+        verifier: ``batch_size -> MemoryEstimate`` (default: the estimate's own).
 
     Returns:
         The :class:`Plan`.
+
+    Example:
+        >>> from nnmem_callbacks.estimate import PhaseLine
+        >>> def at(n, per_sample):
+        ...     return MemoryEstimate(peak_bytes=1_000 + per_sample * n, breakdown={"parameters": 1_000},
+        ...                           batch_size=n, phases=(PhaseLine("step", 1_000, per_sample),))
+        >>> lines_say_100 = at(64, 100)
+        >>> plan = make_plan(lines_say_100, 5_000, "shrink", margin=0.0, verifier=lambda n: at(n, 125))
+        >>> plan.batch_size, plan.verification.predicted_batch_size, plan.verification.verified
+        (32, 40, True)
     """
     check_policy(policy)
     check_margin(margin)
@@ -258,16 +285,31 @@ def make_plan(
     predicted = measure(estimate.batch_size)
     fits = predicted <= budget_bytes
     usable = int(budget_bytes * (1 - margin))
-    max_fit = estimate.max_batch_size(usable, include_reserve=include_reserve)
+    max_fit = estimate.max_batch_size(usable, include_reserve=include_reserve, verify=False)
     original = estimate.batch_size
+
+    def choose(largest: int) -> int:
+        """The batch the policy trains with when ``largest`` is the largest that fits."""
+        if policy == "accumulate":
+            # the fewest accumulation steps that fit, then the smallest batch that keeps the effective batch
+            return math.ceil(original / math.ceil(original / largest))
+        return min(largest, original)
+
+    changes = not fits and max_fit >= 1 and policy in ("shrink", "accumulate")
     batch_size, accumulate = original, accumulate_grad_batches
-    if not fits and max_fit >= 1 and policy == "shrink":
-        batch_size = min(max_fit, original)
-    elif not fits and max_fit >= 1 and policy == "accumulate":
-        # the fewest accumulation steps that fit, then the smallest batch that keeps the effective batch
-        steps = math.ceil(original / max_fit)
-        batch_size = math.ceil(original / steps)
-        accumulate = accumulate_grad_batches * steps
+    verification = None
+    verifier = verifier or estimate.verifier
+    if verifier is not None and max_fit >= 1 and (changes if verify is None else verify):
+        verification = verify_batch_size(
+            estimate, usable, verifier=verifier, candidate=max_fit, include_reserve=include_reserve,
+            choose=choose if changes else None,
+        )
+        if verification.stepped_down:
+            max_fit = verification.batch_size
+    if changes and max_fit >= 1:
+        batch_size = verification.batch_size if verification is not None else choose(max_fit)
+        if policy == "accumulate":
+            accumulate = accumulate_grad_batches * math.ceil(original / batch_size)
     suggestions = suggest(estimate, budget_bytes, max_fit, alternatives or {}, include_reserve=include_reserve)
     return Plan(
         policy=policy,
@@ -279,6 +321,7 @@ def make_plan(
         max_fitting_batch_size=max_fit,
         fits=fits,
         suggestions=tuple(suggestions),
+        verification=verification,
     )
 
 
@@ -352,6 +395,8 @@ def describe_plan(plan: Plan, estimate: MemoryEstimate, suggestions: Sequence[Su
     ]
     if plan.max_fitting_batch_size:
         lines.append(f"Largest batch size that fits (with margin): {plan.max_fitting_batch_size}.")
+    if plan.verification is not None:
+        lines.append(f"Checked: {plan.verification.text}.")
     for suggestion in suggestions if suggestions is not None else plan.suggestions:
         lines.append(f"- {suggestion.text}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import pytest
 
 from nnmem_callbacks import cli, gpus, napkin
 from nnmem_callbacks.cli import demo as cli_demo
+from nnmem_callbacks.estimate import MAX_BATCH_SEARCH_LIMIT
 from nnmem_callbacks.plan import DEFAULT_MARGIN, make_plan, resolve_budget
 
 FACTORIES = textwrap.dedent(
@@ -232,7 +233,10 @@ def test_estimate_json_gpu_rows_match_the_estimate(capsys, factory_file):
     # the device total (reserve + overhead) at the max batch fits, one more does not
     est_line = max(document["phases"], key=lambda p: p["per_sample_bytes"])
     assert t4["max_batch_size"] > 16 and est_line["per_sample_bytes"] > 0
-    assert rows["H200 141GB"]["max_batch_size"] > rows["T4 16GB"]["max_batch_size"]
+    # a larger card fits a larger batch, unless even the small one reaches the search limit (this MLP's step
+    # is a few hundred bytes per sample: its replayed reserve at 2**24 samples fits 16 GB)
+    small, large = rows["T4 16GB"]["max_batch_size"], rows["H200 141GB"]["max_batch_size"]
+    assert large > small or small == large == MAX_BATCH_SEARCH_LIMIT
 
 
 def test_estimate_with_budget(capsys, factory_file):

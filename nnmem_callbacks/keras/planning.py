@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate
 from nnmem_callbacks.plan import DEFAULT_MARGIN, Plan, Suggestion, check_margin, make_plan, resolve_budget
 from nnmem_callbacks.units import format_bytes
+from nnmem_callbacks.verification import Verification
 
 
 def keras_suggestions(
@@ -32,11 +33,16 @@ def keras_suggestions(
     margin: float = DEFAULT_MARGIN,
     optimizer_name: str = "Adam",
     mixed: bool = False,
+    max_batch_size: int | None = None,
 ) -> list[Suggestion]:
-    """Ways to fit ``budget_bytes``, each as Keras code with its predicted saving."""
+    """Ways to fit ``budget_bytes``, each as Keras code with its predicted saving.
+
+    ``max_batch_size`` is the largest batch known to fit (:func:`fit_plan` passes
+    the one its plan verified); default: the estimate's prediction, unverified.
+    """
     current = estimate.upper_bytes  # the peak an unlucky run may reach: what planning budgets with
     usable = int(budget_bytes * (1 - margin))
-    max_fit = estimate.max_batch_size(usable)
+    max_fit = estimate.max_batch_size(usable, verify=False) if max_batch_size is None else max_batch_size
     suggestions: list[Suggestion] = []
     if 1 <= max_fit < estimate.batch_size:
         saving = current - estimate.upper_bytes_at(max_fit)
@@ -104,6 +110,8 @@ class FitPlan:
         budget_bytes: The budget compared against.
         estimate: The estimate at the requested batch size.
         suggestions: Other ways to fit, as Keras code.
+        verification: How ``batch_size`` was checked by a direct estimate at
+            that batch (``None`` when the requested batch fits as it is).
     """
 
     batch_size: int
@@ -113,6 +121,7 @@ class FitPlan:
     budget_bytes: int
     estimate: MemoryEstimate
     suggestions: tuple[Suggestion, ...] = ()
+    verification: Verification | None = None
 
     @property
     def code(self) -> str:
@@ -167,7 +176,7 @@ def fit_plan(
     estimate = estimate_training(model, batch_size, x, y)
     capacity, free = devices.device_capacity(device)
     budget_bytes = resolve_budget(budget, capacity_bytes=capacity, free_bytes=free, margin=margin)
-    plan = make_plan(estimate, budget_bytes, policy="accumulate", margin=margin)
+    plan = make_plan(estimate, budget_bytes, policy="accumulate", margin=margin, verifier=keras_verifier(model, x, y))
     estimate = dataclasses.replace(estimate, extra={**dict(estimate.extra), "optimizer": optimizer_name(model)})
     return FitPlan(
         batch_size=plan.batch_size,
@@ -177,6 +186,22 @@ def fit_plan(
         budget_bytes=plan.budget_bytes,
         estimate=estimate,
         suggestions=tuple(
-            keras_suggestions(estimate, budget_bytes, margin=margin, optimizer_name=optimizer_name(model))
+            keras_suggestions(estimate, budget_bytes, margin=margin, optimizer_name=optimizer_name(model),
+                              max_batch_size=plan.max_fitting_batch_size)
         ),
+        verification=plan.verification,
     )
+
+
+def keras_verifier(model: Any, x: Any = None, y: Any = None) -> Callable[[int], MemoryEstimate]:
+    """``batch_size -> MemoryEstimate``: a direct estimate of ``model``'s step at that batch.
+
+    :func:`~nnmem_callbacks.plan.make_plan` calls it to check the batch it
+    chooses (one estimate per check, without the traces at other batch sizes).
+    """
+    from nnmem_callbacks.keras.estimator import estimate_training
+
+    def verify(batch_size: int) -> MemoryEstimate:
+        return estimate_training(model, batch_size, x, y, check_scaling=False)
+
+    return verify

@@ -22,7 +22,16 @@ The rules modelled (defaults, no ``PYTORCH_CUDA_ALLOC_CONF``):
 Known limitations:
     Single stream only; ``expandable_segments``, ``max_split_size_mb`` and
     garbage-collection thresholds are not modelled; OOM-triggered cache flushes
-    are not modelled.
+    are not modelled. Such a flush is what makes a batch whose peak reserve is
+    above a cap still run: when ``cudaMalloc`` fails, or a new segment would
+    pass the ``set_per_process_memory_fraction`` cap, the allocator frees
+    every cached segment that is wholly free and retries (``malloc``:
+    ``alloc_block || release_available_cached_blocks && alloc_block ||
+    release_cached_blocks && alloc_block`` in ``CUDACachingAllocator.cpp``;
+    the middle step does nothing unless ``max_split_size_mb`` is set). A
+    largest batch chosen by the peak reserve of this model is therefore one
+    that trains without such flushes: safe, and at most a few segments short
+    of the largest that runs at all.
 
 Example:
     >>> sim = CachingAllocatorModel()

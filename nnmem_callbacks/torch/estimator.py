@@ -83,6 +83,7 @@ from nnmem_callbacks.torch.step import (
     optimizer_state_tensors,
     parameter_dtype,
 )
+from nnmem_callbacks.torch.scaled_log import build_allocation_log
 from nnmem_callbacks.torch.tracer import OpMemo, StorageTracker, TraceResult
 
 #: CUDA context and library bytes assumed when no CUDA device can be asked and
@@ -167,6 +168,15 @@ def estimate_training(
         model, batch, optimizer, loss_fn, precision, device,
         accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm,
     )
+    estimate = _estimate_config(config, check_scaling, probe_kernels, compiled_note)
+    return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels, compiled_note))
+
+
+def _estimate_config(
+    config: StepConfig, check_scaling: bool, probe_kernels: bool, compiled_note: str | None = None
+) -> MemoryEstimate:
+    """:func:`estimate_training` for a checked step configuration (without a verifier)."""
+    model = config.model
     started = time.perf_counter()
     notes: list[str] = [compiled_note] if compiled_note is not None else []
     if config.target_device.type != config.trace_device.type:
@@ -193,6 +203,46 @@ def estimate_training(
     extra["kernel_probes"] = {"probed": probes.probed, "from_cache": probes.from_cache, "kernel_runs": probes.kernel_runs, "seconds": round(probes.seconds, 4)}
     extra["seconds"] = round(time.perf_counter() - started, 4)
     return dataclasses.replace(estimate, extra=extra)
+
+
+class TraceVerifier:
+    """A direct estimate of the same step at another batch size (``MemoryEstimate.verifier``).
+
+    Calling it with a batch size traces the step once at that batch (no traces
+    at other sizes), with the model, optimizer, loss, precision and device of
+    the original estimate; nothing real is allocated and the model is not
+    changed. It holds the step's configuration (the model, the example batch),
+    so it is dropped when an estimate is pickled or deep-copied.
+
+    Example:
+        >>> import torch
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(100, 10))
+        >>> est = estimate_training(mlp, torch.empty(8, 100), optimizer="sgd")
+        >>> est.verifier(32).batch_size, est.verifier(32).peak_bytes == est.peak_bytes_at(32)
+        (32, True)
+    """
+
+    def __init__(self, config: StepConfig, probe_kernels: bool, compiled_note: str | None = None) -> None:
+        self._config = config
+        self._probe_kernels = probe_kernels
+        self._compiled_note = compiled_note
+
+    def __call__(self, batch_size: int) -> MemoryEstimate:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        config = dataclasses.replace(self._config, batch=dataclasses.replace(self._config.batch, batch_size=batch_size))
+        estimate = _estimate_config(config, False, self._probe_kernels, self._compiled_note)
+        return dataclasses.replace(estimate, verifier=self)
+
+    def __deepcopy__(self, memo: dict) -> "TraceVerifier":
+        return self
+
+    def __reduce__(self):
+        return (_no_verifier, ())
+
+
+def _no_verifier() -> None:
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -246,6 +296,8 @@ class TraceSession:
         self.memo = OpMemo(self.fake_mode) if FAST_DISPATCH else None
         self.libraries = libraries
         self.cuda_emulation: EmulationReport | None = None  # filled by the traces of a CUDA target without CUDA
+        #: The traces at other batch sizes, by role (``"fit"``, ``"check"``): ``(batch_size, trace)``.
+        self.scaling_traces: dict[str, tuple[int, TraceResult]] = {}
 
     def emulation(self, config: StepConfig) -> EmulationReport:
         if self.cuda_emulation is None:
@@ -395,6 +447,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
     breakdown = dict(main.phase_breakdowns[peak_phase])
     reserved = None
     overhead = 0
+    allocation_log = None
     extra: dict[str, Any] = {"ops": main.op_count, "optimizer": optimizer_label(config.optimizer)}
     if session.cuda_emulation is not None:
         notes.extend(session.cuda_emulation.notes(torch.__version__))
@@ -417,6 +470,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
             gemm=any(str(op).startswith("cuBLAS") for op in main.workspace_ops),
             cudnn=cuda_libraries.uses_cudnn(config.model), capability=libraries.capability,
         )
+        allocation_log = _allocation_log(main, batch_size, session.scaling_traces, notes)
     return MemoryEstimate(
         peak_bytes=int(peak_bytes),
         breakdown=breakdown,
@@ -431,7 +485,25 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         notes=tuple(notes),
         phase_breakdowns=main.phase_breakdowns,
         extra=extra,
+        allocation_log=allocation_log,
     )
+
+
+def _allocation_log(main: TraceResult, batch_size: int, traces: dict[str, tuple[int, TraceResult]], notes: list[str]):
+    """The main trace's allocations as functions of the batch (see :mod:`nnmem_callbacks.torch.scaled_log`)."""
+    if "fit" not in traces:
+        notes.append("allocator reserve at other batch sizes scaled as a ratio of the peak (no traces at other batch sizes)")
+        return None
+    fit_size, fit = traces["fit"]
+    check_size, check = traces.get("check", (None, None))
+    log, unpaired = build_allocation_log(main, batch_size, fit, fit_size, check, check_size)
+    if log is None:
+        notes.append(
+            "allocator reserve at other batch sizes scaled as a ratio of the peak: the allocations of "
+            + ", ".join(unpaired) + f" do not pair one to one with the trace at batch {fit_size}, so the log "
+            "cannot be replayed at other batch sizes"
+        )
+    return log
 
 
 def _base_phase(phase: str) -> str:
@@ -554,6 +626,8 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], sess
             f"per-sample bytes assumed from the batch-dependent categories at the peak"
         )
         return []
+    # kept for the allocator log (nnmem_callbacks.torch.scaled_log)
+    session.scaling_traces.update(fit=(fit_size, fit), check=(check_size, check))
     above, unaligned = _paired_lines(main, fit, batch_size, fit_size, 1, None)
     if unaligned:
         notes.append(
@@ -607,4 +681,5 @@ def _first_line(error: BaseException) -> str:
 def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        # _warn_once <- _estimate_config <- estimate_training (or TraceVerifier.__call__) <- the caller
+        warnings.warn(message, RuntimeWarning, stacklevel=4)

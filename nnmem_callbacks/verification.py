@@ -1,0 +1,222 @@
+"""Checking a chosen batch size with a direct estimate at that batch, and stepping down when it does not fit.
+
+The lines of a :class:`~nnmem_callbacks.estimate.MemoryEstimate` come from
+traces at a few batch sizes; a kernel that changes its behaviour at another
+batch, or an allocator that fragments differently there, can make the largest
+batch they predict too large. A *verifier* (``batch_size -> MemoryEstimate``,
+a direct estimate of the same step at that batch; the PyTorch estimator
+attaches one as ``MemoryEstimate.verifier``) checks the answer. When the direct
+estimate does not fit, the search is repeated with the miss added (as a
+constant after one check, as a line in the batch through the last two after
+more), and the smaller answer is checked again, a bounded number of times
+(:data:`MAX_VERIFY_STEPS`).
+
+Example:
+    >>> from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
+    >>> def line_estimate(batch_size, per_sample):
+    ...     return MemoryEstimate(peak_bytes=1_000 + per_sample * batch_size, breakdown={"parameters": 1_000},
+    ...                           batch_size=batch_size, phases=(PhaseLine("step", 1_000, per_sample),))
+    >>> estimate = line_estimate(10, 100)          # the lines say 100 bytes per sample
+    >>> truth = lambda n: line_estimate(n, 120)    # a direct trace finds 120
+    >>> check = verify_batch_size(estimate, 5_000, verifier=truth, candidate=estimate.max_batch_size(5_000, verify=False))
+    >>> check.predicted_batch_size, check.batch_size, check.verified, [c.batch_size for c in check.checks]
+    (40, 33, True, [40, 32, 33])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from nnmem_callbacks.units import format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nnmem_callbacks.estimate import MemoryEstimate
+
+#: How many direct estimates one verification may run before giving up.
+MAX_VERIFY_STEPS = 4
+
+Verifier = Callable[[int], "MemoryEstimate"]
+
+
+@dataclasses.dataclass(frozen=True)
+class VerificationCheck:
+    """One direct estimate at one batch size.
+
+    Attributes:
+        batch_size: The batch estimated directly.
+        predicted_bytes: What the original estimate's lines predict there.
+        traced_bytes: What the direct estimate gives (``None``: it failed).
+        fits: Whether ``traced_bytes`` is within the budget.
+        method: The direct estimate's method (``"trace"``, or a fallback).
+        error: Why the direct estimate failed, if it did.
+    """
+
+    batch_size: int
+    predicted_bytes: int
+    traced_bytes: int | None
+    fits: bool
+    method: str = ""
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Verification:
+    """The record of checking a batch size by direct estimates.
+
+    Attributes:
+        budget_bytes: The budget the checks compared against.
+        measure: ``"device"`` (allocator reserve plus context) or ``"peak"``
+            (tensor peak, with run-to-run variability).
+        predicted_batch_size: The batch the estimate's lines chose.
+        batch_size: The batch after verification (``0``: none fits).
+        checks: The direct estimates run, in order.
+        verified: Whether a direct estimate at ``batch_size`` fits.
+        seconds: Time spent in direct estimates.
+    """
+
+    budget_bytes: int
+    measure: str
+    predicted_batch_size: int
+    batch_size: int
+    checks: tuple[VerificationCheck, ...]
+    verified: bool
+    seconds: float = 0.0
+
+    @property
+    def stepped_down(self) -> bool:
+        """Whether verification chose a smaller batch than the lines."""
+        return self.batch_size < self.predicted_batch_size
+
+    @property
+    def text(self) -> str:
+        """One line for warnings and reports."""
+        if not self.checks:
+            return "not verified"
+        parts = []
+        for check in self.checks:
+            if check.traced_bytes is None:
+                parts.append(f"batch {check.batch_size}: direct estimate failed ({check.error})")
+            else:
+                parts.append(
+                    f"batch {check.batch_size}: predicted {format_bytes(check.predicted_bytes)}, direct "
+                    f"{format_bytes(check.traced_bytes)} ({'fits' if check.fits else 'over'} {format_bytes(self.budget_bytes)})"
+                )
+        verdict = f"verified batch {self.batch_size}" if self.verified else f"batch {self.batch_size} not verified"
+        return f"{verdict} by direct estimate ({self.measure} bytes): " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready)."""
+        document = dataclasses.asdict(self)
+        document["stepped_down"] = self.stepped_down
+        return document
+
+
+def _measure(estimate: "MemoryEstimate", include_reserve: bool) -> Callable[[int], int]:
+    return estimate.device_bytes_at if include_reserve else estimate.upper_bytes_at
+
+
+def _largest_fitting(measure: Callable[[int], int], budget_bytes: int, below: int) -> int:
+    """The largest ``n < below`` with ``measure(n) <= budget_bytes`` (0 if none), by bisection."""
+    low, high = 0, below  # measure(low) fits (or low == 0), measure(high) is taken not to
+    while high - low > 1:
+        middle = (low + high) // 2
+        if measure(middle) <= budget_bytes:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _miss_at(misses: list[tuple[int, int]], batch_size: int) -> int:
+    """How far the direct estimate at ``batch_size`` is taken to exceed the lines' prediction.
+
+    One check: its miss, taken as constant (a smaller batch is not assumed to
+    miss by less, which keeps the step down safe; where that leaves no batch,
+    :func:`verify_batch_size` tries a miss in proportion to the batch before
+    giving up). Two or more: the line through the last two misses, never
+    below 0.
+    """
+    if len(misses) == 1:
+        return max(misses[0][1], 0)
+    (n1, m1), (n2, m2) = misses[-2], misses[-1]
+    return max(0, m2 + (m1 - m2) * (batch_size - n2) // (n1 - n2))
+
+
+def verify_batch_size(
+    estimate: "MemoryEstimate",
+    budget_bytes: int,
+    *,
+    verifier: Verifier,
+    candidate: int,
+    include_reserve: bool = False,
+    choose: Callable[[int], int] | None = None,
+    max_steps: int = MAX_VERIFY_STEPS,
+) -> Verification:
+    """Checks ``choose(candidate)`` by a direct estimate, stepping down until one fits.
+
+    Args:
+        estimate: The estimate whose lines chose ``candidate``.
+        budget_bytes: The budget the batch must fit.
+        verifier: ``batch_size -> MemoryEstimate`` at that batch.
+        candidate: The largest batch the lines say fits.
+        include_reserve: Compare device bytes (reserve and context) instead of
+            the tensor peak.
+        choose: Maps a largest fitting batch to the batch actually used (for
+            gradient accumulation, the smallest batch that keeps the effective
+            batch); default: the largest fitting batch itself.
+        max_steps: Most direct estimates to run.
+
+    Returns:
+        The :class:`Verification`. When a direct estimate fails (raises), the
+        last choice is kept unverified.
+    """
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be at least 1, got {max_steps!r}")
+    choose = choose or (lambda largest: largest)
+    predicted = _measure(estimate, include_reserve)
+    started = time.perf_counter()
+    checks: list[VerificationCheck] = []
+    misses: list[tuple[int, int]] = []
+    best: int | None = None  # the largest batch a direct estimate fits
+    over: int | None = None  # the smallest batch a direct estimate does not fit
+    batch = choose(candidate) if candidate >= 1 else 0
+    first = batch
+    while batch >= 1 and len(checks) < max_steps:
+        expected = predicted(batch)
+        try:
+            direct = verifier(batch)
+        except Exception as error:  # noqa: BLE001 - a failed check keeps the answer, unverified
+            checks.append(VerificationCheck(batch, expected, None, False, error=f"{type(error).__name__}: {error}"[:300]))
+            break
+        traced = _measure(direct, include_reserve)(batch)
+        fits = traced <= budget_bytes
+        checks.append(VerificationCheck(batch, expected, traced, fits, method=direct.method))
+        misses.append((batch, traced - expected))
+        if fits:
+            best = batch if best is None else max(best, batch)
+            if over is None:  # the lines' own answer fits: never go above it
+                break
+        else:
+            over = batch if over is None else min(over, batch)
+        # the largest batch below the smallest failing one once the misses are added to the lines
+        largest = _largest_fitting(lambda n: predicted(n) + _miss_at(misses, n), budget_bytes, below=over)
+        if largest < 1 and len(misses) == 1 and misses[0][1] > 0:
+            # a constant miss leaves nothing (the lines are flat below, e.g. an optimizer phase): before
+            # concluding that nothing fits, check the batch a miss growing with the batch would allow
+            miss, at = misses[0][1], misses[0][0]
+            largest = _largest_fitting(lambda n: predicted(n) + -(-miss * n // at), budget_bytes, below=over)
+        following = min(choose(largest), over - 1) if largest >= 1 else 0
+        if best is not None and following <= best:
+            break  # nothing between the largest that fits and the smallest that does not is left to try
+        batch = following
+    return Verification(
+        budget_bytes=int(budget_bytes),
+        measure="device" if include_reserve else "peak",
+        predicted_batch_size=first,
+        batch_size=best if best is not None else max(batch, 0),
+        checks=tuple(checks),
+        verified=best is not None,
+        seconds=round(time.perf_counter() - started, 4),
+    )
