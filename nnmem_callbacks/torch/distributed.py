@@ -66,7 +66,7 @@ from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten
 
-from nnmem_callbacks.estimate import Category, MemoryEstimate
+from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine
 from nnmem_callbacks.strategy import Strategy, shard_numel
 from nnmem_callbacks.torch.tracer import StorageTracker
 
@@ -601,8 +601,6 @@ def estimate_per_rank(
         ValueError: If the model is already wrapped by ``fully_shard`` (estimate
             before wrapping), or for an argument ``estimate_training`` rejects.
     """
-    from nnmem_callbacks.torch.estimator import estimate_training
-
     if not isinstance(strategy, Strategy):
         raise ValueError(f"strategy must be a nnmem_callbacks.strategy.Strategy, got {type(strategy).__name__}")
     if isinstance(model, nn.Module) and fsdp_modules(model):
@@ -610,6 +608,83 @@ def estimate_per_rank(
             "the model is already wrapped by fully_shard (its parameters are DTensor shards); "
             "estimate with the unwrapped model and Strategy('fsdp', world_size=N)"
         )
+    estimate = _estimate_per_rank(model, batch, optimizer, loss_fn, precision, device, strategy, units, kwargs)
+    if strategy.kind == "single":
+        return estimate
+    # the single-device step's allocation log and direct estimate do not describe one rank: the reserve at
+    # another batch scales by the ratio, and a plan's check traces the rank again
+    verifier = _RankVerifier(model, batch, optimizer, loss_fn, precision, device or estimate.device, strategy, units, kwargs)
+    estimate = dataclasses.replace(estimate, allocation_log=None, verifier=verifier)
+    if estimate.method == "trace" and kwargs.get("check_scaling", True):
+        batch = estimate.batch_size
+        points = {1: verifier(1) if batch > 1 else estimate, batch: estimate, 2 * batch: verifier(2 * batch)}
+        estimate = _rank_scaling(estimate, points)
+    return estimate
+
+
+def _rank_scaling(estimate: MemoryEstimate, points: dict[int, MemoryEstimate]) -> MemoryEstimate:
+    """Peak lines through the rank's own peaks at 1, the batch and twice the batch.
+
+    The single-device lines shifted by the rank's difference at one batch do not
+    hold at others: a rank's peak moment is not the single device's (gathered
+    units and shards move it; +35% at a third of the batch in a test), so the
+    lines are drawn through the rank's own replays. The peak is the largest of
+    the step's moments, each linear in the batch, so it is convex in the batch:
+    the chord between two replays lies above it, and the lines are safe between
+    1 and the batch; above the batch they extend the chord through the batch
+    and its double.
+    """
+    sizes = sorted(points)
+    lines = []
+    for low, high in zip(sizes, sizes[1:]):
+        low_peak, high_peak = points[low].peak_bytes, points[high].peak_bytes
+        per_sample = max(0, -(-(high_peak - low_peak) // (high - low)))  # rounded up: stays on or above the chord
+        fixed = max(low_peak - per_sample * low, high_peak - per_sample * high)
+        last = high == sizes[-1]
+        lines.append(PhaseLine(points[high].peak_phase, int(fixed), int(per_sample), min_batch=low,
+                               max_batch=None if last else high))
+    note = ("per-rank growth with the batch through the rank's own replays at batch " + ", ".join(map(str, sizes))
+            + " (safe between them: the peak is convex in the batch)")
+    return dataclasses.replace(estimate, phases=tuple(lines), notes=(*estimate.notes, note))
+
+
+class _RankVerifier:
+    """A direct per-rank estimate at another batch size (``MemoryEstimate.verifier`` of a per-rank estimate).
+
+    The batch is rebuilt on the meta device at the new size, so nothing real is allocated.
+    """
+
+    def __init__(self, model, batch, optimizer, loss_fn, precision, device, strategy, units, kwargs) -> None:
+        from nnmem_callbacks.torch.inputs import describe_batch
+
+        self._spec = describe_batch(batch)
+        self._arguments = (model, optimizer, loss_fn, precision, device)
+        self._strategy, self._units = strategy, None if units is None else list(units)
+        self._kwargs = dict(kwargs, check_scaling=False)
+
+    def __call__(self, batch_size: int) -> MemoryEstimate:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        model, optimizer, loss_fn, precision, device = self._arguments
+        batch, _ = self._spec.build(batch_size, torch.device("meta"), lambda dtype: dtype)
+        return estimate_per_rank(model, batch, optimizer, loss_fn, precision, device, strategy=self._strategy,
+                                 units=self._units, **self._kwargs)
+
+    def __deepcopy__(self, memo: dict) -> "_RankVerifier":
+        return self
+
+    def __reduce__(self):
+        return (_no_verifier, ())
+
+
+def _no_verifier() -> None:
+    return None
+
+
+def _estimate_per_rank(model, batch, optimizer, loss_fn, precision, device, strategy: Strategy,
+                       units: Sequence[nn.Module] | None, kwargs: dict[str, Any]) -> MemoryEstimate:
+    from nnmem_callbacks.torch.estimator import estimate_training
+
     if strategy.kind in ("single", "zero"):
         single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
         if strategy.kind == "single":
