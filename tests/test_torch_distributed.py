@@ -120,7 +120,7 @@ def test_a_per_rank_plan_is_checked_by_a_per_rank_trace_not_a_single_device_one(
     assert per_rank.allocation_log is None  # the single-device log does not describe one rank
     direct = per_rank.verifier(24)
     assert direct.extra["strategy"]["kind"] == strategy.kind and direct.batch_size == 24
-    # the rank's lines come from its own replays at 1, 64 and 128 (shifting the single-device lines by the
+    # the rank's lines come from its own replays at 16, 64 and 128 (shifting the single-device lines by the
     # rank's difference at 64 gave +35% at 24 under Adam)
     assert abs(per_rank.peak_bytes_at(24) - direct.peak_bytes) <= 0.05 * direct.peak_bytes
     # a budget that fits batch 32 on one rank: the shrink is checked by per-rank traces and kept near 32

@@ -617,13 +617,21 @@ def estimate_per_rank(
     estimate = dataclasses.replace(estimate, allocation_log=None, verifier=verifier)
     if estimate.method == "trace" and kwargs.get("check_scaling", True):
         batch = estimate.batch_size
-        points = {1: verifier(1) if batch > 1 else estimate, batch: estimate, 2 * batch: verifier(2 * batch)}
-        estimate = _rank_scaling(estimate, points)
+        points = {batch: estimate}
+        for size in sorted({max(2, batch // 4), 2 * batch} - {batch}):
+            try:
+                points[size] = verifier(size)
+            except Exception as error:  # noqa: BLE001 - e.g. batch norm refuses tiny batches: fewer points, said in notes
+                estimate = dataclasses.replace(estimate, notes=(
+                    *estimate.notes, f"the rank's replay at batch {size} failed ({type(error).__name__}); "
+                    "its lines use the other batch sizes"))
+        if len(points) > 1:
+            estimate = _rank_scaling(estimate, points)
     return estimate
 
 
 def _rank_scaling(estimate: MemoryEstimate, points: dict[int, MemoryEstimate]) -> MemoryEstimate:
-    """Peak lines through the rank's own peaks at 1, the batch and twice the batch.
+    """Peak lines through the rank's own peaks at a quarter of the batch, the batch and twice the batch.
 
     The single-device lines shifted by the rank's difference at one batch do not
     hold at others: a rank's peak moment is not the single device's (gathered
@@ -631,8 +639,8 @@ def _rank_scaling(estimate: MemoryEstimate, points: dict[int, MemoryEstimate]) -
     lines are drawn through the rank's own replays. The peak is the largest of
     the step's moments, each linear in the batch, so it is convex in the batch:
     the chord between two replays lies above it, and the lines are safe between
-    1 and the batch; above the batch they extend the chord through the batch
-    and its double.
+    a quarter of the batch and the batch; below and above they extend the
+    nearest chord (a plan's choice is checked by a direct per-rank trace).
     """
     sizes = sorted(points)
     lines = []
@@ -641,7 +649,8 @@ def _rank_scaling(estimate: MemoryEstimate, points: dict[int, MemoryEstimate]) -
         per_sample = max(0, -(-(high_peak - low_peak) // (high - low)))  # rounded up: stays on or above the chord
         fixed = max(low_peak - per_sample * low, high_peak - per_sample * high)
         last = high == sizes[-1]
-        lines.append(PhaseLine(points[high].peak_phase, int(fixed), int(per_sample), min_batch=low,
+        first = low == sizes[0]
+        lines.append(PhaseLine(points[high].peak_phase, int(fixed), int(per_sample), min_batch=1 if first else low,
                                max_batch=None if last else high))
     note = ("per-rank growth with the batch through the rank's own replays at batch " + ", ".join(map(str, sizes))
             + " (safe between them: the peak is convex in the batch)")
