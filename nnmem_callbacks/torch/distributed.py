@@ -66,7 +66,7 @@ from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten
 
-from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine
+from nnmem_callbacks.estimate import Category, MemoryEstimate
 from nnmem_callbacks.strategy import Strategy, shard_numel
 from nnmem_callbacks.torch.tracer import StorageTracker
 
@@ -614,47 +614,7 @@ def estimate_per_rank(
     # the single-device step's allocation log and direct estimate do not describe one rank: the reserve at
     # another batch scales by the ratio, and a plan's check traces the rank again
     verifier = _RankVerifier(model, batch, optimizer, loss_fn, precision, device or estimate.device, strategy, units, kwargs)
-    estimate = dataclasses.replace(estimate, allocation_log=None, verifier=verifier)
-    if estimate.method == "trace" and kwargs.get("check_scaling", True):
-        batch = estimate.batch_size
-        points = {batch: estimate}
-        for size in sorted({max(2, batch // 4), 2 * batch} - {batch}):
-            try:
-                points[size] = verifier(size)
-            except Exception as error:  # noqa: BLE001 - e.g. batch norm refuses tiny batches: fewer points, said in notes
-                estimate = dataclasses.replace(estimate, notes=(
-                    *estimate.notes, f"the rank's replay at batch {size} failed ({type(error).__name__}); "
-                    "its lines use the other batch sizes"))
-        if len(points) > 1:
-            estimate = _rank_scaling(estimate, points)
-    return estimate
-
-
-def _rank_scaling(estimate: MemoryEstimate, points: dict[int, MemoryEstimate]) -> MemoryEstimate:
-    """Peak lines through the rank's own peaks at a quarter of the batch, the batch and twice the batch.
-
-    The single-device lines shifted by the rank's difference at one batch do not
-    hold at others: a rank's peak moment is not the single device's (gathered
-    units and shards move it; +35% at a third of the batch in a test), so the
-    lines are drawn through the rank's own replays. The peak is the largest of
-    the step's moments, each linear in the batch, so it is convex in the batch:
-    the chord between two replays lies above it, and the lines are safe between
-    a quarter of the batch and the batch; below and above they extend the
-    nearest chord (a plan's choice is checked by a direct per-rank trace).
-    """
-    sizes = sorted(points)
-    lines = []
-    for low, high in zip(sizes, sizes[1:]):
-        low_peak, high_peak = points[low].peak_bytes, points[high].peak_bytes
-        per_sample = max(0, -(-(high_peak - low_peak) // (high - low)))  # rounded up: stays on or above the chord
-        fixed = max(low_peak - per_sample * low, high_peak - per_sample * high)
-        last = high == sizes[-1]
-        first = low == sizes[0]
-        lines.append(PhaseLine(points[high].peak_phase, int(fixed), int(per_sample), min_batch=1 if first else low,
-                               max_batch=None if last else high))
-    note = ("per-rank growth with the batch through the rank's own replays at batch " + ", ".join(map(str, sizes))
-            + " (safe between them: the peak is convex in the batch)")
-    return dataclasses.replace(estimate, phases=tuple(lines), notes=(*estimate.notes, note))
+    return dataclasses.replace(estimate, allocation_log=None, verifier=verifier)
 
 
 class _RankVerifier:
