@@ -32,6 +32,7 @@ from nnmem_callbacks.plan import (
     check_policy,
     describe_plan,
     make_plan,
+    planning_margin,
     resolve_budget,
 )
 from nnmem_callbacks.report import format_markdown_breakdown, format_summary
@@ -673,8 +674,9 @@ class MemoryBudgetCallbackMixin:
     def _make_plan(self, trainer: Any, pl_module: Any, estimate: MemoryEstimate) -> Plan:
         budget, include_reserve = self._budget_bytes(trainer, pl_module, estimate)
         accumulate = int(trainer.accumulate_grad_batches)
+        margin = planning_margin(self.budget, self.margin)
         plan = make_plan(
-            estimate, budget, self.policy, self.margin, accumulate_grad_batches=accumulate, include_reserve=include_reserve
+            estimate, budget, self.policy, margin, accumulate_grad_batches=accumulate, include_reserve=include_reserve
         )
         if not plan.fits and str(trainer.precision) in {str(p) for p in _FP32}:
             alternative = self._bf16_alternative(trainer, pl_module)
@@ -683,7 +685,7 @@ class MemoryBudgetCallbackMixin:
                     estimate,
                     budget,
                     self.policy,
-                    self.margin,
+                    margin,
                     accumulate_grad_batches=accumulate,
                     alternatives={"bf16-mixed": alternative},
                     include_reserve=include_reserve,

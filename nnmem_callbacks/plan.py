@@ -56,6 +56,19 @@ def check_margin(margin: float) -> float:
     return float(margin)
 
 
+def planning_margin(budget: int | float | str | None, margin: float) -> float:
+    """The margin :func:`make_plan` should keep below a budget resolved from ``budget``.
+
+    With no budget, :func:`resolve_budget` already keeps ``margin`` of the free
+    memory out, so the plan must not take it a second time.
+
+    Example:
+        >>> planning_margin(None, 0.1), planning_margin("10GiB", 0.1)
+        (0.0, 0.1)
+    """
+    return 0.0 if budget is None else check_margin(margin)
+
+
 def check_budget(budget: int | float | str | None) -> int | float | str | None:
     """Validates a budget spelling without resolving it.
 

@@ -120,3 +120,19 @@ def test_describe_plan_has_breakdown_and_advice():
     assert "Predicted peak 228.00 KiB at batch size 64 vs budget 180.00 KiB" in text
     assert "activations" in text and f"Largest batch size that fits (with margin): {plan.max_fitting_batch_size}" in text
     assert text.count("\n- ") == len(plan.suggestions)
+
+
+def test_no_budget_keeps_the_margin_once():
+    from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
+    from nnmem_callbacks.plan import make_plan, planning_margin, resolve_budget
+
+    estimate = MemoryEstimate(peak_bytes=1000 + 10 * 64, breakdown={"parameters": 1640}, batch_size=64,
+                              phases=(PhaseLine("step1/forward", 1000, 10),))
+    budget = resolve_budget(None, capacity_bytes=2000, free_bytes=2000, margin=0.1)  # 1800: the margin is out
+    plan = make_plan(estimate, budget, "shrink", planning_margin(None, 0.1))
+    assert plan.max_fitting_batch_size == estimate.max_batch_size(budget) == 80
+    twice = make_plan(estimate, budget, "shrink", 0.1)  # the old behaviour took 10% of 1800 again
+    assert twice.max_fitting_batch_size == 62 < plan.max_fitting_batch_size
+    assert planning_margin("1GiB", 0.1) == 0.1
+    with pytest.raises(ValueError, match="margin"):
+        planning_margin("1GiB", 1.5)

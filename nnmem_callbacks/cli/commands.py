@@ -38,7 +38,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     target = resolve_target(args.device)
     budget = resolve_budget_bytes(args.budget, target)
     estimate = run_estimate(args, target)
-    fit = fit_summary(estimate, target, budget)
+    fit = fit_summary(estimate, target, budget, budget_named=args.budget is not None)
     title = (f"nnmem estimate {args.model}: batch {estimate.batch_size}, {estimate.precision}, "
              f"{args.optimizer}, target {target.label}")
     _emit(estimate, fit, args, title=title, model=args.model, inputs=list(args.input_shape or []),
@@ -61,7 +61,7 @@ def calc_command(args: argparse.Namespace) -> int:
         params = int(single.extra.get("params") or single.extra.get("napkin", {}).get("params") or 0)
         gathered = gathered_unit_bytes(single)
         estimate = shard_estimate(single, strategy, parameters=params, gathered_bytes=gathered)
-    fit = fit_summary(estimate, target, budget)
+    fit = fit_summary(estimate, target, budget, budget_named=args.budget is not None)
     if fit.gpus and strategy.kind != "single":
         fit = _with_gpu_counts(fit, single, strategy, args.margin if hasattr(args, "margin") else fit.margin)
     why = napkin.explain(estimate)

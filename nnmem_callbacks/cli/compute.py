@@ -14,7 +14,7 @@ from nnmem_callbacks.cli.models import _check_forward, build_model, load_factory
 from nnmem_callbacks.cli.targets import Target
 from nnmem_callbacks.cli.values import parse_count, parse_input_shape, parse_model_args
 from nnmem_callbacks.estimate import MemoryEstimate
-from nnmem_callbacks.plan import DEFAULT_MARGIN, Plan, make_plan, resolve_budget
+from nnmem_callbacks.plan import DEFAULT_MARGIN, Plan, make_plan, planning_margin, resolve_budget
 
 def strategy_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~nnmem_callbacks.strategy.Strategy` of ``--world-size``, ``--fsdp`` and ``--zero-stage``.
@@ -234,12 +234,15 @@ class FitSummary:
 
 
 def fit_summary(estimate: MemoryEstimate, target: Target, budget_bytes: int | None,
-                margin: float = DEFAULT_MARGIN) -> FitSummary:
+                margin: float = DEFAULT_MARGIN, *, budget_named: bool = True) -> FitSummary:
     """Compares ``estimate`` with the budget and, without a known device memory, with every GPU.
 
     On CUDA the device bytes (allocator reserve plus context) are compared,
     on CPU the tensor peak. Each comparison is :func:`~nnmem_callbacks.plan.make_plan`;
     a GPU row's budget is :func:`~nnmem_callbacks.plan.resolve_budget` with no budget.
+    ``budget_named=False`` says that ``budget_bytes`` was resolved from no
+    ``--budget`` and so already keeps ``margin`` free; the plan then does not
+    take it again (:func:`~nnmem_callbacks.plan.planning_margin`).
 
     Example:
         >>> from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
@@ -253,14 +256,16 @@ def fit_summary(estimate: MemoryEstimate, target: Target, budget_bytes: int | No
     predicted = estimate.device_bytes if include_reserve else estimate.peak_bytes
     plan = None
     if budget_bytes is not None:
-        plan = make_plan(estimate, budget_bytes, "warn", margin, include_reserve=include_reserve)
+        # a budget resolved from no --budget already keeps the margin free (plan.planning_margin)
+        plan = make_plan(estimate, budget_bytes, "warn", margin if budget_named else planning_margin(None, margin),
+                         include_reserve=include_reserve)
     rows: tuple[GpuFit, ...] = ()
     if target.is_cuda and target.gpu is None and target.capacity_bytes is None:
         uncovered = set(estimate.extra.get("cuda_emulation", {}).get("uncovered_capabilities", ()))
         gpu_rows = []
         for gpu in sorted(gpu_table.GPUS, key=lambda g: g.memory_bytes):
             budget = resolve_budget(None, capacity_bytes=gpu.memory_bytes, margin=margin)
-            gpu_plan = make_plan(estimate, budget, "warn", margin, include_reserve=True)
+            gpu_plan = make_plan(estimate, budget, "warn", planning_margin(None, margin), include_reserve=True)
             covered = f"{gpu.capability[0]}.{gpu.capability[1]}" not in uncovered
             gpu_rows.append(GpuFit(gpu.name, gpu.memory_bytes, gpu_plan.max_fitting_batch_size, gpu_plan.fits, covered))
         rows = tuple(gpu_rows)

@@ -24,6 +24,7 @@ from nnmem_callbacks.plan import (
     check_budget,
     check_margin,
     make_plan,
+    planning_margin,
     resolve_budget,
 )
 from nnmem_callbacks.units import MiB
@@ -190,7 +191,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         assert estimate is not None
         capacity, free = self._safe(self._meter.capacity, "reading the device capacity") or devices.cpu_capacity()
         budget_bytes = resolve_budget(self.budget, capacity_bytes=capacity, free_bytes=free, margin=self.margin)
-        self.plan = make_plan(estimate, budget_bytes, policy="warn", margin=self.margin)
+        self.plan = make_plan(estimate, budget_bytes, policy="warn", margin=planning_margin(self.budget, self.margin))
         suggestions = keras_suggestions(
             estimate,
             budget_bytes,

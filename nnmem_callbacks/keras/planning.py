@@ -21,7 +21,15 @@ import math
 from typing import Any, Callable
 
 from nnmem_callbacks.estimate import Category, MemoryEstimate
-from nnmem_callbacks.plan import DEFAULT_MARGIN, Plan, Suggestion, check_margin, make_plan, resolve_budget
+from nnmem_callbacks.plan import (
+    DEFAULT_MARGIN,
+    Plan,
+    Suggestion,
+    check_margin,
+    make_plan,
+    planning_margin,
+    resolve_budget,
+)
 from nnmem_callbacks.units import format_bytes
 from nnmem_callbacks.verification import Verification
 
@@ -176,7 +184,8 @@ def fit_plan(
     estimate = estimate_training(model, batch_size, x, y)
     capacity, free = devices.device_capacity(device)
     budget_bytes = resolve_budget(budget, capacity_bytes=capacity, free_bytes=free, margin=margin)
-    plan = make_plan(estimate, budget_bytes, policy="accumulate", margin=margin, verifier=keras_verifier(model, x, y))
+    plan = make_plan(estimate, budget_bytes, policy="accumulate", margin=planning_margin(budget, margin),
+                     verifier=keras_verifier(model, x, y))
     estimate = dataclasses.replace(estimate, extra={**dict(estimate.extra), "optimizer": optimizer_name(model)})
     return FitPlan(
         batch_size=plan.batch_size,
