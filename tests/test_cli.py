@@ -249,6 +249,22 @@ def test_estimate_with_budget(capsys, factory_file):
     assert code == (cli.EXIT_OK if document["fit"]["fits"] else cli.EXIT_DOES_NOT_FIT)
 
 
+def test_estimate_checks_its_largest_batch_by_a_direct_trace(capsys, factory_file):
+    pytest.importorskip("torch")
+    code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--device", "cpu",
+                           "--budget", "1MiB", "--json")
+    fit = json.loads(out)["fit"]
+    verification = fit["verification"]
+    assert verification is not None and verification["checks"]
+    assert verification["batch_size"] == fit["max_batch_size"] >= 1
+    # the reported batch was traced directly and fits the budget (kept free of the margin) there
+    last = [c for c in verification["checks"] if c["batch_size"] == fit["max_batch_size"]]
+    assert last and last[-1]["fits"] and last[-1]["traced_bytes"] <= 1024 * 1024
+    code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--device", "cpu",
+                           "--budget", "1MiB")
+    assert "by direct estimate" in out
+
+
 # -- calc -----------------------------------------------------------------------------------------
 def test_calc_json_equals_napkin_functions(capsys):
     code, out, err = run_cli(capsys, "calc", "--layers", "12", "--hidden", "768", "--heads", "12", "--vocab", "30522",

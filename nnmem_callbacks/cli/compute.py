@@ -229,6 +229,7 @@ class FitSummary:
             "max_batch_size": self.max_batch_size,
             "fits": self.fits,
             "suggestions": [dataclasses.asdict(s) for s in self.plan.suggestions] if self.plan else [],
+            "verification": self.plan.verification.to_dict() if self.plan and self.plan.verification else None,
             "gpus": [dataclasses.asdict(row) for row in self.gpus],
         }
 
@@ -257,8 +258,9 @@ def fit_summary(estimate: MemoryEstimate, target: Target, budget_bytes: int | No
     plan = None
     if budget_bytes is not None:
         # a budget resolved from no --budget already keeps the margin free (plan.planning_margin)
+        # the largest batch the command reports is checked by a direct estimate there, as the callbacks' are
         plan = make_plan(estimate, budget_bytes, "warn", margin if budget_named else planning_margin(None, margin),
-                         include_reserve=include_reserve)
+                         include_reserve=include_reserve, verify=True if estimate.verifier is not None else None)
     rows: tuple[GpuFit, ...] = ()
     if target.is_cuda and target.gpu is None and target.capacity_bytes is None:
         uncovered = set(estimate.extra.get("cuda_emulation", {}).get("uncovered_capabilities", ()))

@@ -98,6 +98,8 @@ def render_estimate(
             f"({what} {format_bytes(fit.predicted_bytes)}); largest batch that fits "
             f"(keeping {fit.margin:.0%} free): [bold]{_batch_text(fit.max_batch_size)}[/bold]"
         )
+        if fit.plan is not None and fit.plan.verification is not None:
+            console.print(fit.plan.verification.text, markup=False)
     if fit.gpus:
         gpu_rows = Table(title=f"Which GPU fits (device total vs memory minus {fit.margin:.0%})", title_justify="left")
         gpu_rows.add_column("GPU")
