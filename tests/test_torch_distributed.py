@@ -101,14 +101,22 @@ def test_fsdp_per_rank_estimate_matches_gloo_processes():
 
     import tempfile
 
-    best = None
-    for _ in range(3):  # a free made late on gloo's thread can only add to a run's measured peak
+    # a free that gloo makes on its own thread is not recorded by the profiler and can only add to a run's
+    # measured peak (benchmarks.distributed repairs most, not all): each rank's truth is its smallest peak over
+    # up to 8 runs (about 40% of runs miss a free on one rank here), and runs stop once every rank is within 3%
+    predicted = {rank: predict("resmlp", "fsdp", 2, rank)["predicted_bytes"] for rank in (0, 1)}
+    best: dict[int, dict] = {}
+    for _ in range(8):
         with tempfile.TemporaryDirectory() as tmp:
             runs = measure("resmlp", "fsdp", 2, tmp, timeout=240)
-        best = runs if best is None else [min(a, b, key=lambda r: r["peak_bytes"]) for a, b in zip(best, runs)]
-    for run in best:
-        predicted = predict("resmlp", "fsdp", 2, run["rank"])["predicted_bytes"]
-        assert abs(predicted - run["peak_bytes"]) / run["peak_bytes"] < 0.03, (predicted, run)
+        for run in runs:
+            if run["rank"] not in best or run["peak_bytes"] < best[run["rank"]]["peak_bytes"]:
+                best[run["rank"]] = run
+        if all(abs(predicted[r] - run["peak_bytes"]) / run["peak_bytes"] < 0.03 for r, run in best.items()):
+            break
+    assert set(best) == {0, 1}
+    for rank, run in best.items():
+        assert abs(predicted[rank] - run["peak_bytes"]) / run["peak_bytes"] < 0.03, (predicted[rank], run)
 
 
 @pytest.mark.parametrize("strategy", [Strategy("fsdp", world_size=4, backend="nccl"), Strategy("ddp", world_size=2, backend="gloo")])
