@@ -388,7 +388,7 @@ class MemoryEstimate:
             low, high = high, high * 2
         if high > limit:
             return limit
-        return cls._bisect(measure, budget_bytes, low, high)
+        return largest_fitting(measure, budget_bytes, low, high)
 
     @classmethod
     def _gallop(cls, measure: Callable[[int], int], budget_bytes: int, start: int, bound: int) -> int:
@@ -400,21 +400,11 @@ class MemoryEstimate:
             low, step = start, 1
             while low + step <= bound and measure(low + step) <= budget_bytes:
                 low, step = low + step, step * 2
-            return cls._bisect(measure, budget_bytes, low, min(low + step, bound + 1))
+            return largest_fitting(measure, budget_bytes, low, min(low + step, bound + 1))
         high, step = start, 1
         while high - step > 1 and measure(high - step) > budget_bytes:
             high, step = high - step, step * 2
-        return cls._bisect(measure, budget_bytes, max(high - step, 1), high)
-
-    @staticmethod
-    def _bisect(measure: Callable[[int], int], budget_bytes: int, low: int, high: int) -> int:
-        while high - low > 1:  # invariant: measure(low) fits, measure(high) does not
-            middle = (low + high) // 2
-            if measure(middle) <= budget_bytes:
-                low = middle
-            else:
-                high = middle
-        return low
+        return largest_fitting(measure, budget_bytes, max(high - step, 1), high)
 
     # -- views -------------------------------------------------------------
     @property
@@ -504,6 +494,24 @@ class MemoryEstimate:
             f"MemoryEstimate(peak={format_bytes(self.peak_bytes)} at batch {self.batch_size} "
             f"[{self.peak_phase}], method={self.method}, {parts})"
         )
+
+
+def largest_fitting(measure: Callable[[int], int], budget_bytes: int, low: int, high: int) -> int:
+    """The largest ``n`` in ``[low, high)`` with ``measure(n) <= budget_bytes``, by bisection.
+
+    ``measure(low)`` is taken to fit (or ``low`` is 0) and ``measure(high)`` not to.
+
+    Example:
+        >>> largest_fitting(lambda n: 10 * n, 55, 0, 100)
+        5
+    """
+    while high - low > 1:
+        middle = (low + high) // 2
+        if measure(middle) <= budget_bytes:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def _check_batch_size(batch_size: int) -> None:

@@ -29,6 +29,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from nnmem_callbacks.estimate import largest_fitting
 from nnmem_callbacks.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,18 +118,6 @@ def _measure(estimate: "MemoryEstimate", include_reserve: bool) -> Callable[[int
     return estimate.device_bytes_at if include_reserve else estimate.upper_bytes_at
 
 
-def _largest_fitting(measure: Callable[[int], int], budget_bytes: int, below: int) -> int:
-    """The largest ``n < below`` with ``measure(n) <= budget_bytes`` (0 if none), by bisection."""
-    low, high = 0, below  # measure(low) fits (or low == 0), measure(high) is taken not to
-    while high - low > 1:
-        middle = (low + high) // 2
-        if measure(middle) <= budget_bytes:
-            low = middle
-        else:
-            high = middle
-    return low
-
-
 def _miss_at(misses: list[tuple[int, int]], batch_size: int) -> int:
     """How far the direct estimate at ``batch_size`` is taken to exceed the lines' prediction.
 
@@ -201,12 +190,12 @@ def verify_batch_size(
         else:
             over = batch if over is None else min(over, batch)
         # the largest batch below the smallest failing one once the misses are added to the lines
-        largest = _largest_fitting(lambda n: predicted(n) + _miss_at(misses, n), budget_bytes, below=over)
+        largest = largest_fitting(lambda n: predicted(n) + _miss_at(misses, n), budget_bytes, 0, over)
         if largest < 1 and len(misses) == 1 and misses[0][1] > 0:
             # a constant miss leaves nothing (the lines are flat below, e.g. an optimizer phase): before
             # concluding that nothing fits, check the batch a miss growing with the batch would allow
             miss, at = misses[0][1], misses[0][0]
-            largest = _largest_fitting(lambda n: predicted(n) + -(-miss * n // at), budget_bytes, below=over)
+            largest = largest_fitting(lambda n: predicted(n) + -(-miss * n // at), budget_bytes, 0, over)
         following = min(choose(largest), over - 1) if largest >= 1 else 0
         if best is not None and following <= best:
             break  # nothing between the largest that fits and the smallest that does not is left to try
