@@ -26,7 +26,13 @@ measurement beside the prediction. This module holds what they share:
 * **Choosing a meter** for Keras: the backend's allocator when it keeps
   statistics, else process RSS with a warning that says how to get the precise
   figure (:func:`keras_meter`).
-* **Out-of-memory diagnosis**: :func:`is_out_of_memory`.
+* **Out-of-memory diagnosis**: :func:`is_out_of_memory` classifies an error,
+  :func:`diagnose_out_of_memory` says where it struck, what was predicted and
+  measured, and what to do.
+
+Beside this module, :mod:`nnmem_callbacks.phase_tracking` books peaks per phase
+of the step and :mod:`nnmem_callbacks.epoch_report` puts each epoch's
+measurement beside its prediction (row, metrics, miss warning).
 
 Example:
     >>> meter = RssMeter()
@@ -45,6 +51,7 @@ import dataclasses
 from typing import Any
 
 from nnmem_callbacks import devices
+from nnmem_callbacks.units import format_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,6 +308,12 @@ class MetricNames:
         predicted: The prediction of that same quantity.
         relative_error: ``(measured - predicted) / predicted``.
         budget: The budget the plan used.
+        predicted_tensor_peak: The estimate's tensor peak under its own name
+            (beside an RSS rise it is not the compared prediction).
+        measured_reserved, predicted_reserved: CUDA: the caching allocator's
+            reserve (``max_memory_reserved``), measured and predicted.
+        measured_device, predicted_device: CUDA: the device's used memory
+            (``total - free``, with the context), measured and predicted.
     """
 
     predicted_peak: str
@@ -308,6 +321,11 @@ class MetricNames:
     predicted: str
     relative_error: str
     budget: str = "memory_budget_mib"
+    predicted_tensor_peak: str = "memory_predicted_tensor_peak_mib"
+    measured_reserved: str = "memory_measured_reserved_mib"
+    predicted_reserved: str = "memory_predicted_reserved_mib"
+    measured_device: str = "memory_measured_device_used_mib"
+    predicted_device: str = "memory_predicted_device_mib"
 
     def for_lightning(self) -> "MetricNames":
         """The same names as Lightning logs them (``memory/...``)."""
@@ -445,3 +463,77 @@ def is_out_of_memory(exception: BaseException) -> str | None:
         return "cuda" if "cuda" in lowered or "hip" in lowered or "gpu" in lowered else "cpu"
     return None
 
+
+
+#: What :func:`diagnose_out_of_memory` advises when there is no plan.
+NO_PLAN_ADVICE = "Lower the batch size, or enable gradient accumulation, activation checkpointing or mixed precision."
+
+
+def diagnose_out_of_memory(
+    kind: str,
+    *,
+    phase: str,
+    plan: Any = None,
+    estimate: Any = None,
+    predicted_bytes: int | None = None,
+    batch_size: int | None = None,
+    failure: str | None = None,
+    measured_peak_bytes: int | None = None,
+    phase_peaks: dict[str, int] | None = None,
+    advice: tuple[str, ...] = (),
+    no_plan_advice: str = NO_PLAN_ADVICE,
+) -> str:
+    """The diagnosis of an out-of-memory error: where it struck, what was predicted and measured, what to do.
+
+    Args:
+        kind: ``"cuda"`` or ``"cpu"``, as :func:`is_out_of_memory` says.
+        phase: The phase of the step the error struck in.
+        plan: The :class:`~nnmem_callbacks.plan.Plan` decided at fit start
+            (its budget, largest fitting batch and suggestions), if any.
+        estimate: The :class:`~nnmem_callbacks.estimate.MemoryEstimate` (its
+            predicted peak phase), if any.
+        predicted_bytes: The prediction comparable to the measured figure.
+        batch_size: The batch size trained with.
+        failure: Why there is no prediction, when there is none.
+        measured_peak_bytes: The meter's peak before the failure.
+        phase_peaks: The measured peaks per phase.
+        advice: Lines said after the largest fitting batch (the adapter's own
+            remedies, such as a policy that acts).
+        no_plan_advice: What to advise without a plan.
+
+    Returns:
+        The diagnosis, one statement per line.
+
+    Example:
+        >>> print(diagnose_out_of_memory("cpu", phase="backward", failure="no batch", measured_peak_bytes=3 * 2**30))
+        MemoryBudgetCallback: CPU out of memory during the 'backward' phase.
+        No prediction was available (no batch).
+        Measured peak before the failure: 3.00 GiB.
+        Lower the batch size, or enable gradient accumulation, activation checkpointing or mixed precision.
+    """
+    lines = [f"MemoryBudgetCallback: {kind.upper()} out of memory during the '{phase}' phase."]
+    if predicted_bytes is not None and plan is not None and estimate is not None:
+        lines.append(
+            f"Predicted peak {format_bytes(predicted_bytes)} at batch size {batch_size} "
+            f"(phase '{estimate.peak_phase}'), budget {format_bytes(plan.budget_bytes)}."
+        )
+    else:
+        lines.append(f"No prediction was available ({failure or 'the callback did not run at fit start'}).")
+    if measured_peak_bytes is not None:
+        lines.append(f"Measured peak before the failure: {format_bytes(measured_peak_bytes)}.")
+    if phase_peaks:
+        lines.append("Measured peaks by phase: " + ", ".join(f"{k}={format_bytes(v)}" for k, v in phase_peaks.items()))
+    if plan is not None:
+        if plan.max_fitting_batch_size:
+            lines.append(f"Largest batch size predicted to fit: {plan.max_fitting_batch_size}.")
+        lines.extend(advice)
+        if plan.fits:
+            lines.append(
+                "The prediction fit the budget, so memory outside the estimate ran out: other processes on the "
+                "device, evaluation steps, or growth the estimate did not model; lower `budget` or raise `margin`."
+            )
+        for suggestion in plan.suggestions:
+            lines.append(f"- {suggestion.text}")
+    else:
+        lines.append(no_plan_advice)
+    return "\n".join(lines)
