@@ -4,6 +4,13 @@ Flat and backend-neutral (TensorFlow, JAX, torch). Keras gives callbacks no
 batch size and a running ``fit`` cannot change it, so the callback takes the
 batch size as an argument, only warns or raises, and points to
 :func:`~nnmem_callbacks.keras.fit_plan` for choosing a batch before ``fit``.
+
+Measuring is shared with the Lightning callback: the meter comes from
+:func:`nnmem_callbacks.monitor.keras_meter`, and each epoch's figures from
+:func:`nnmem_callbacks.epoch_report.compare_epoch`. Keras has no hook for an
+exception raised inside ``fit`` (``on_train_end`` is not called then), so there
+is no out-of-memory diagnosis here; Keras has no phase hooks either, so the
+peak is measured per epoch, not per phase of the step.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import Any
 
 import keras
 
-from nnmem_callbacks import devices, monitor
+from nnmem_callbacks import devices, epoch_report, monitor
 from nnmem_callbacks.estimate import MemoryEstimate
 from nnmem_callbacks.plan import (
     DEFAULT_MARGIN,
@@ -27,7 +34,6 @@ from nnmem_callbacks.plan import (
     planning_margin,
     resolve_budget,
 )
-from nnmem_callbacks.units import MiB
 
 log = logging.getLogger(__name__)
 
@@ -247,34 +253,21 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         """Adds the measured and predicted figures to ``logs`` (every key every epoch; NaN when unmeasurable)."""
         if self._meter is None or self._names is None:
             return
-        names = self._names
         reading = self._safe(self._meter.read, "reading the memory peak")
-        measured = None
-        if reading is not None:
-            measured = reading.peak_bytes - self._meter.baseline if self._meter.process_level else reading.peak_bytes
-            measured = max(int(measured), 0)
-        values: dict[str, float] = {names.measured: measured / MiB if measured is not None else math.nan}
-        row: dict[str, Any] = {
-            "epoch": int(epoch),
-            "kind": self._meter.kind,
-            "measured_bytes": measured,
-            "exact": bool(reading.exact) if reading is not None else False,
-        }
-        predicted = self._predicted_comparable()
-        if predicted is not None:
-            values[names.predicted_peak] = self._predicted_peak() / MiB
-            values[names.predicted] = predicted / MiB
-            values[names.relative_error] = (
-                (measured - predicted) / max(predicted, 1) if measured is not None else math.nan
-            )
-            row["predicted_bytes"] = int(predicted)
-            row["relative_error"] = values[names.relative_error]
-        if self.plan is not None:
-            values[names.budget] = self.plan.budget_bytes / MiB
-        self.measurements.append(row)
+        comparison = epoch_report.compare_epoch(
+            self._meter,
+            reading,
+            epoch=int(epoch),
+            names=self._names,
+            baseline_bytes=self._meter.baseline,
+            predicted_bytes=self._predicted_comparable(),
+            predicted_peak_bytes=self._predicted_peak() if self.estimate is not None else None,
+            budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
+        )
+        self.measurements.append(comparison.row)
         if logs is not None:
-            logs.update(values)
-        self._write_scalars(values, epoch)
+            logs.update(comparison.metrics)
+        self._write_scalars(comparison.metrics, epoch)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._close_writer()
@@ -375,11 +368,18 @@ def _num_samples(data: Any) -> int | None:
 
 
 class _EventWriter:
-    """Scalars and text as TensorBoard event files, with the ``tensorboard`` package only (no TensorFlow)."""
+    """Scalars and text as TensorBoard event files, with the ``tensorboard`` package only (no TensorFlow).
+
+    The library writers do not fit a backend-neutral callback: tensorboard's
+    ``EventFileWriter`` (behind ``tensorboard.summary.Writer``, which writes no
+    text either, and behind ``torch.utils.tensorboard``, which needs torch)
+    imports TensorFlow through ``tensorboard.compat`` whenever it is installed,
+    which under the JAX and torch backends costs seconds and inflates the
+    process RSS this callback measures. tensorboard's ``RecordWriter`` and
+    protos import no framework, so the file is written with them here.
+    """
 
     def __init__(self, log_dir: str) -> None:
-        # tensorboard's EventFileWriter imports TensorFlow when it is installed (tensorboard.compat);
-        # its RecordWriter and the protos do not, so the file is written here.
         import os
         import socket
         import time
