@@ -14,14 +14,17 @@ warning. Lightning is reached only through the callback's ``Namespace``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from nnmem_callbacks.estimate import MemoryEstimate
 from nnmem_callbacks.plan import MemoryBudgetExceeded, Plan, describe_plan
 
+if TYPE_CHECKING:
+    from nnmem_callbacks._lightning_namespace import Namespace
+
 
 def batch_change_blocker(
-    ns: Any, trainer: Any, pl_module: Any, estimate: MemoryEstimate, *, batch_size_attr: str, policy: str
+    ns: Namespace, trainer: Any, pl_module: Any, estimate: MemoryEstimate, *, batch_size_attr: str, policy: str
 ) -> str | None:
     """Why the batch size cannot be changed, with how to make it possible; ``None`` when it can."""
     if not trainer.fit_loop._data_source.is_module():
@@ -54,7 +57,7 @@ def batch_change_blocker(
 
 
 def act(
-    ns: Any,
+    ns: Namespace,
     trainer: Any,
     pl_module: Any,
     plan: Plan,
@@ -89,7 +92,7 @@ def act(
     warn(f"MemoryBudgetCallback: the predicted peak exceeds the budget.\n{message}")
 
 
-def set_batch_size(ns: Any, trainer: Any, pl_module: Any, batch_size_attr: str, batch_size: int) -> None:
+def set_batch_size(ns: Namespace, trainer: Any, pl_module: Any, batch_size_attr: str, batch_size: int) -> None:
     """Sets the batch size wherever Lightning keeps it and has the fit loop rebuild its loaders."""
     ns.lightning_setattr(pl_module, batch_size_attr, int(batch_size))
     reset_dataloaders(trainer)
@@ -107,6 +110,20 @@ def reset_dataloaders(trainer: Any) -> None:
         loop.setup_data()
     if val_rebuild:
         val_loop.setup_data()
+
+
+def restore(ns: Namespace, trainer: Any, pl_module: Any, restored: Mapping[str, Any], batch_size_attr: str) -> bool:
+    """Trains with the batch size and accumulation a checkpoint's ``state_dict`` holds.
+
+    Returns:
+        Whether the batch size was set (it is only where ``batch_size_attr`` exists).
+    """
+    found = bool(ns.lightning_hasattr(pl_module, batch_size_attr))
+    if found:
+        set_batch_size(ns, trainer, pl_module, batch_size_attr, restored["batch_size"])
+    if restored.get("accumulate_grad_batches"):
+        trainer.accumulate_grad_batches = int(restored["accumulate_grad_batches"])
+    return found
 
 
 def restored_plan(plan: Plan, restored: Mapping[str, Any]) -> Plan:

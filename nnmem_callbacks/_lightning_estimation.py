@@ -28,9 +28,12 @@ import contextlib
 import dataclasses
 import importlib
 import logging
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from nnmem_callbacks.estimate import MemoryEstimate
+
+if TYPE_CHECKING:
+    from nnmem_callbacks._lightning_namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +230,7 @@ class ModuleEstimation:
             (``None``: a single device).
     """
 
-    ns: Any
+    ns: Namespace
     estimator: Callable[[], Callable[..., MemoryEstimate]]
     per_rank_estimator: Callable[[], Callable[..., MemoryEstimate]]
     one_batch: Callable[[Any], Any] = one_batch
@@ -244,6 +247,15 @@ class ModuleEstimation:
         except Exception as error:
             return None, None, f"the estimator failed on {source}: {type(error).__name__}: {error}"
         return estimate, estimate.batch_size, None  # the estimator reads it from the batch (dim 0 of the first tensor)
+
+    def at_precision(self, trainer: Any, pl_module: Any, precision: str) -> MemoryEstimate | None:
+        """The estimate under another precision (the ``bf16-mixed`` offer); ``None`` when that fails."""
+        try:
+            batch, loss_fn, _ = self.batch_and_loss(trainer, pl_module)
+            return self.run(trainer, pl_module, batch, loss_fn, precision)
+        except Exception as error:
+            log.debug("%s re-estimate failed: %s", precision, error)
+            return None
 
     def batch_and_loss(self, trainer: Any, pl_module: Any) -> tuple[Any, Callable[[Any, Any], Any], str]:
         """One real batch and the loss function to trace, with a description of their source."""

@@ -3,8 +3,9 @@
 Lightning ships as ``pytorch_lightning`` and as ``lightning.pytorch``, and a
 Trainer of one rejects callbacks built on the other. This private module holds
 the implementation as a mixin, :class:`MemoryBudgetCallbackMixin`, that
-reaches Lightning only through a :class:`Namespace` (the root package and the
-few utilities used). The public modules define the real classes:
+reaches Lightning only through a
+:class:`~nnmem_callbacks._lightning_namespace.Namespace` (the root package and
+the few utilities used). The public modules define the real classes:
 
 * ``nnmem_callbacks.lightning`` - ``class MemoryBudgetCallback(Mixin, pytorch_lightning.Callback)``
 * ``nnmem_callbacks.lightning_pytorch`` - the same on ``lightning.pytorch.Callback``
@@ -20,76 +21,36 @@ the modules that do the work:
   largest measured peak over the ranks;
 * :mod:`~nnmem_callbacks._lightning_actions`: warn, raise, or change the batch
   size and accumulation and rebuild the loaders;
+* :mod:`~nnmem_callbacks._lightning_report`: the fit-start summary and its
+  TensorBoard artefacts;
 * shared with the Keras callback: :mod:`~nnmem_callbacks.phase_tracking`
   (peaks per phase of the step), :mod:`~nnmem_callbacks.epoch_report` (each
   epoch's measurement beside its prediction, the miss warning) and
   :mod:`~nnmem_callbacks.monitor` (meters, metric names, out-of-memory
   diagnosis).
 
-What stays here: the state across hooks (and in checkpoints), the fit-start
-summary with its TensorBoard artefacts, and the hooks themselves.
+What stays here: the state across hooks (and in checkpoints) and the hooks
+themselves.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import warnings
 from typing import Any, Callable
 
 from nnmem_callbacks import _lightning_actions as actions
 from nnmem_callbacks import _lightning_estimation as estimation
+from nnmem_callbacks._lightning_namespace import Namespace  # noqa: F401 - the public modules import it from here
 from nnmem_callbacks import _lightning_planning as planning
 from nnmem_callbacks import _lightning_ranks as ranks
+from nnmem_callbacks import _lightning_report as report
 from nnmem_callbacks import devices, epoch_report, monitor
 from nnmem_callbacks.estimate import MemoryEstimate
 from nnmem_callbacks.phase_tracking import PhaseTracker
-from nnmem_callbacks.plan import POLICIES, Plan, check_budget, check_margin, check_policy, describe_plan
-from nnmem_callbacks.report import format_markdown_breakdown, format_summary
-from nnmem_callbacks.units import format_bytes
+from nnmem_callbacks.plan import POLICIES, Plan, check_budget, check_margin, check_policy
 
 log = logging.getLogger(__name__)
-
-_INSTALL_HINT = {
-    "pytorch_lightning": "pip install 'nnmem_callbacks[lightning]' (or pip install pytorch-lightning)",
-    "lightning.pytorch": "pip install lightning",
-}
-
-
-class Namespace:
-    """The Lightning package a callback class is built on, and the utilities it uses.
-
-    Args:
-        root: ``"pytorch_lightning"`` or ``"lightning.pytorch"``.
-
-    Raises:
-        ImportError: When the package is missing, with an install hint and the
-            name of the module to use for the other namespace.
-    """
-
-    def __init__(self, root: str) -> None:
-        try:
-            self.pl = importlib.import_module(root)
-        except ImportError as error:
-            other = "nnmem_callbacks.lightning_pytorch" if root == "pytorch_lightning" else "nnmem_callbacks.lightning"
-            raise ImportError(
-                f"{root} is not installed ({error}). Install it with: {_INSTALL_HINT.get(root, 'pip install ' + root)}. "
-                f"If you use the other Lightning namespace, import MemoryBudgetCallback from {other} instead."
-            ) from error
-        self.root = root
-        rank_zero = importlib.import_module(f"{root}.utilities.rank_zero")
-        parsing = importlib.import_module(f"{root}.utilities.parsing")
-        seed = importlib.import_module(f"{root}.utilities.seed")
-        self.Callback = self.pl.Callback
-        self.rank_zero_warn = rank_zero.rank_zero_warn
-        self.rank_zero_info = rank_zero.rank_zero_info
-        self.WarningCache = rank_zero.WarningCache
-        self.lightning_hasattr = parsing.lightning_hasattr
-        self.lightning_getattr = parsing.lightning_getattr
-        self.lightning_setattr = parsing.lightning_setattr
-        self.isolate_rng = seed.isolate_rng
-        self.TensorBoardLogger = importlib.import_module(f"{root}.loggers").TensorBoardLogger
-
 
 def _estimator() -> Callable[..., MemoryEstimate]:
     """The PyTorch estimator (a seam for tests)."""
@@ -103,6 +64,7 @@ def _per_rank_estimator() -> Callable[..., MemoryEstimate]:
     from nnmem_callbacks.torch.distributed import estimate_per_rank
 
     return estimate_per_rank
+
 
 #: Takes one batch from a DataLoader (a seam for tests).
 _one_batch = estimation.one_batch
@@ -245,13 +207,11 @@ class MemoryBudgetCallbackMixin:
         """Reads the strategy; a sharding strategy is estimated here, before it wraps the model."""
         if stage != "fit":
             return
-        from nnmem_callbacks.lightning_strategy import read_strategy
-
-        reading = self._safe(lambda: read_strategy(trainer), "reading the strategy")
+        reading = self._read_strategy(trainer)
         self._early = None
         if reading is not None and reading.strategy is not None and reading.strategy.sharded:
             self._strategy_reading = reading
-            self._device_kind = "cuda" if devices.device_type(trainer.strategy.root_device) == "cuda" else "cpu"
+            self._device_kind = _device_kind(trainer)
             self._early = self._estimate_from_module(trainer, pl_module)
         self._strategy_reading = reading
 
@@ -259,27 +219,18 @@ class MemoryBudgetCallbackMixin:
         restored, reading, early = self._restored, self._strategy_reading, self._early
         self._reset_run_state()
         self._restored = restored
-        if reading is None:
-            from nnmem_callbacks.lightning_strategy import read_strategy
-
-            reading = self._safe(lambda: read_strategy(trainer), "reading the strategy")
-        self._strategy_reading = reading
+        self._strategy_reading = reading = reading if reading is not None else self._read_strategy(trainer)
+        self._fit_started, self._trainer = True, trainer
+        self._device_kind = _device_kind(trainer)
+        self._original_accumulate = int(trainer.accumulate_grad_batches)
         if reading is not None and reading.strategy is None:
             self.failure = f"the strategy is not modelled: {reading.reason}"
             self._warn(
                 f"MemoryBudgetCallback does not act under {reading.name}: {reading.reason}. "
                 f"It measures only; the budget is not enforced."
             )
-            self._fit_started, self._trainer = True, trainer
-            self._device_kind = "cuda" if devices.device_type(trainer.strategy.root_device) == "cuda" else "cpu"
-            self._original_accumulate = int(trainer.accumulate_grad_batches)
             self._restored = None
             return
-        self._fit_started = True
-        self._trainer = trainer
-        device = trainer.strategy.root_device
-        self._device_kind = "cuda" if devices.device_type(device) == "cuda" else "cpu"
-        self._original_accumulate = int(trainer.accumulate_grad_batches)
 
         if early is not None:
             estimate, batch_size, reason = early
@@ -428,17 +379,8 @@ class MemoryBudgetCallbackMixin:
             budget_and_reserve=self._budget_bytes(trainer, pl_module, estimate),
             policy=self.policy,
             margin=self.margin,
-            bf16_alternative=lambda: self._bf16_alternative(trainer, pl_module),
+            bf16_alternative=lambda: self._estimation().at_precision(trainer, pl_module, "bf16-mixed"),
         )
-
-    def _bf16_alternative(self, trainer: Any, pl_module: Any) -> MemoryEstimate | None:
-        try:
-            estimator = self._estimation()
-            batch, loss_fn, _ = estimator.batch_and_loss(trainer, pl_module)
-            return estimator.run(trainer, pl_module, batch, loss_fn, "bf16-mixed")
-        except Exception as error:
-            log.debug("bf16-mixed re-estimate failed: %s", error)
-            return None
 
     # ---------------------------------------------------------------- acting
     def _apply(self, trainer: Any, pl_module: Any, batch_size: int, accumulate: int) -> None:
@@ -450,23 +392,18 @@ class MemoryBudgetCallbackMixin:
 
     def _apply_restored(self, trainer: Any, pl_module: Any) -> None:
         restored = self._restored or {}
-        batch_size = restored.get("batch_size")
-        if batch_size is None:
+        if restored.get("batch_size") is None:
             return
-        if self._ns.lightning_hasattr(pl_module, self.batch_size_attr):
-            self._train_batch_size = int(batch_size)
-            actions.set_batch_size(self._ns, trainer, pl_module, self.batch_size_attr, batch_size)
-        accumulate = restored.get("accumulate_grad_batches")
-        if accumulate:
-            trainer.accumulate_grad_batches = int(accumulate)
+        if actions.restore(self._ns, trainer, pl_module, restored, self.batch_size_attr):
+            self._train_batch_size = int(restored["batch_size"])
         if restored.get("original_accumulate_grad_batches"):
             self._original_accumulate = int(restored["original_accumulate_grad_batches"])
         self._applied = True
         if self.plan is not None:
             self.plan = actions.restored_plan(self.plan, restored)
         self._info(
-            f"MemoryBudgetCallback: resumed with the decisions from the checkpoint: batch size {batch_size}, "
-            f"accumulate_grad_batches {trainer.accumulate_grad_batches}."
+            f"MemoryBudgetCallback: resumed with the decisions from the checkpoint: batch size "
+            f"{restored['batch_size']}, accumulate_grad_batches {trainer.accumulate_grad_batches}."
         )
 
     # ------------------------------------------------------------- reporting
@@ -486,51 +423,28 @@ class MemoryBudgetCallbackMixin:
         return peak
 
     def _summary(self) -> str:
-        plan, estimate = self.plan, self.estimate
-        assert plan is not None and estimate is not None
-        text = (
-            f"MemoryBudgetCallback: predicted peak {format_bytes(plan.predicted_bytes)} at batch size "
-            f"{plan.original_batch_size} ({estimate.method}, {estimate.precision}, {estimate.device}); budget "
-            f"{format_bytes(plan.budget_bytes)}; policy {self.policy!r}; decision: {plan.decision}"
+        assert self.plan is not None and self.estimate is not None
+        return report.fit_start_summary(
+            self.plan,
+            self.estimate,
+            policy=self.policy,
+            applied=self._applied,
+            batch_size=self._train_batch_size,
+            baseline_rss=self._baseline_rss if self._device_kind == "cpu" else None,
+            predicted_rss_rise=self._predicted_comparable() or 0,
         )
-        if self._applied and self._train_batch_size != plan.original_batch_size:
-            text += f"; training with batch size {self._train_batch_size}"
-        if self._device_kind == "cpu" and self._baseline_rss is not None:
-            text += (
-                f"; predicted rise of the process RSS above its fit-start {format_bytes(self._baseline_rss)}: "
-                f"{format_bytes(self._predicted_comparable() or 0)}"
-            )
-        return text
 
     def _write_tensorboard_fit_start(self, trainer: Any) -> None:
-        if not getattr(trainer, "is_global_zero", True):
-            return
-        for logger in trainer.loggers:
-            if not isinstance(logger, self._ns.TensorBoardLogger):
-                continue
-            text = "\n\n".join(
-                [
-                    self._summary().replace("MemoryBudgetCallback: ", ""),
-                    format_markdown_breakdown(self.estimate) if self.estimate else "",
-                    "```\n" + format_summary(self.estimate) + "\n```" if self.estimate else "",
-                ]
-            )
-            if self.plan is not None and self.estimate is not None and not self.plan.fits:
-                text += "\n\n```\n" + describe_plan(self.plan, self.estimate) + "\n```"
-            from nnmem_callbacks.tensorboard_report import write_fit_start
-
-            def write(logger: Any = logger, text: str = text) -> None:
-                write_fit_start(
-                    logger.experiment,
-                    self.estimate,
-                    kind=self._device_kind,
-                    text=text,
-                    budget_bytes=self.plan.budget_bytes if self.plan else None,
-                    batch_size=self._train_batch_size,
-                    step=int(trainer.global_step),
-                )
-
-            self._safe(write, "writing the fit-start summary to TensorBoard")
+        report.write_tensorboard_fit_start(
+            self._ns,
+            trainer,
+            summary=self._summary,
+            estimate=self.estimate,
+            plan=self.plan,
+            device_kind=self._device_kind,
+            batch_size=self._train_batch_size,
+            safe=self._safe,
+        )
 
     # --------------------------------------------------------------- helpers
     def _warn(self, message: str) -> None:
@@ -538,6 +452,11 @@ class MemoryBudgetCallbackMixin:
 
     def _info(self, message: str) -> None:
         self._ns.rank_zero_info(message)
+
+    def _read_strategy(self, trainer: Any) -> Any:
+        from nnmem_callbacks.lightning_strategy import read_strategy
+
+        return self._safe(lambda: read_strategy(trainer), "reading the strategy")
 
     def _safe(self, function: Callable[[], Any], what: str) -> Any:
         """Runs ``function``; a failure never breaks training, and is said once (never silently)."""
@@ -547,3 +466,8 @@ class MemoryBudgetCallbackMixin:
             log.debug("MemoryBudgetCallback: %s failed", what, exc_info=True)
             self._warn(f"MemoryBudgetCallback: {what} failed ({type(error).__name__}: {error}); training goes on.")
             return None
+
+
+def _device_kind(trainer: Any) -> str:
+    """``"cuda"`` or ``"cpu"``: the kind of the training device (what is measured and budgeted)."""
+    return "cuda" if devices.device_type(trainer.strategy.root_device) == "cuda" else "cpu"
