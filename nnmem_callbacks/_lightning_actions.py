@@ -77,7 +77,9 @@ def act(
     """
     message = describe_plan(plan, estimate)
     if policy == "raise":
-        raise MemoryBudgetExceeded(f"MemoryBudgetCallback(policy='raise'): the predicted peak exceeds the budget.\n{message}")
+        raise MemoryBudgetExceeded(
+            f"MemoryBudgetCallback(policy='raise'): the predicted peak exceeds the budget.\n{message}"
+        )
     if policy in ("shrink", "accumulate") and plan.changed:
         blocker = batch_change_blocker(ns, trainer, pl_module, estimate, batch_size_attr=batch_size_attr, policy=policy)
         if blocker is None:

@@ -317,10 +317,9 @@ class MemoryBudgetCallbackMixin:
             details=True,
         )
         self.measurements.append(comparison.row)
+        metrics, step = comparison.metrics, trainer.global_step
         for logger in trainer.loggers:
-            self._safe(
-                lambda logger=logger: logger.log_metrics(comparison.metrics, step=trainer.global_step), "logging metrics"
-            )
+            self._safe(lambda logger=logger: logger.log_metrics(metrics, step=step), "logging metrics")
         if not self._miss_warned:
             predicted_phase = self.estimate.peak_phase if self.estimate is not None else None
             warning = epoch_report.miss_warning(comparison, predicted_phase=predicted_phase, causes=_MISS_CAUSES)

@@ -72,6 +72,7 @@ class EpochComparison:
         epoch: The epoch's index.
         phase_rises: The largest rise per phase of the step (empty when the
             adapter tracked no phases).
+        phase_peaks: The largest peak per phase of the step (likewise).
     """
 
     row: dict[str, Any]

@@ -22,7 +22,10 @@ measurement beside the prediction. This module holds what they share:
   rise of the process RSS above its level at fit start:
   ``memory_measured_rss_rise_mib``, ``memory_predicted_rss_rise_mib`` and
   ``memory_rss_rise_relative_error``, beside ``memory_predicted_peak_mib`` (the
-  estimate's tensor peak).
+  estimate's tensor peak). The Lightning callback also logs the figures behind
+  the comparison: ``memory/predicted_tensor_peak_mib`` and, on CUDA, the
+  allocator reserve and the device total, measured and predicted
+  (:class:`MetricNames` holds every name).
 * **Choosing a meter** for Keras: the backend's allocator when it keeps
   statistics, else process RSS with a warning that says how to get the precise
   figure (:func:`keras_meter`).
