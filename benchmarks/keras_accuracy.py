@@ -15,7 +15,10 @@ rule was written for), reported separately.
 
 Each case runs ``--repeats`` times, each time in a fresh process; the measured truth is
 the median of those runs (the allocator's peak over the same steps varies with the
-executor's thread interleaving), and the Markdown shows the range.
+executor's thread interleaving), and the Markdown shows the range. On TensorFlow the
+estimate runs once, in its own process with an empty probe cache (a cold estimate:
+kernel probes and the step check of :mod:`nnmem_callbacks.keras.tf_step_check` run),
+and the truth comes from ``--repeats`` other processes that never ran the estimator.
 
 Truth per backend (CPU):
 
@@ -245,11 +248,20 @@ def measure_torch(model: Any, x: Any, y: Any) -> dict[str, Any]:
     return {"measured_bytes": int(state + peak), "truth": "torch profiler allocation events over 2 steps + state bytes"}
 
 
-def worker(name: str) -> dict[str, Any]:
+def measure_worker(name: str) -> dict[str, Any]:
+    """The truth alone, in a process that never ran the estimator (TensorFlow)."""
+    model, x, y, batch = build_case(name)
+    return {"case": name, "batch_size": batch, **measure_tensorflow(model, x, y)}
+
+
+def worker(name: str, part: str = "both") -> dict[str, Any]:
+    """One case in this process: ``part`` is ``"both"``, ``"estimate"`` or ``"measure"`` (TensorFlow)."""
     import keras
 
     from nnmem_callbacks.keras import estimate_training
 
+    if part == "measure":
+        return measure_worker(name)
     backend = keras.backend.backend()
     model, x, y, batch = build_case(name)
     started = time.perf_counter()
@@ -273,6 +285,14 @@ def worker(name: str) -> dict[str, Any]:
         from nnmem_callbacks.keras.tf_graph import tf_cpu_allocator
 
         row["allocator"] = tf_cpu_allocator()
+        for key in (
+            "step_check_batch_size", "step_check_runs", "step_check_offset_bytes", "step_check_difference_bytes",
+            "replay_peak_bytes",
+        ):
+            if key in estimate.extra:
+                row[key] = estimate.extra[key]
+        if part == "estimate":
+            return row
         row.update(measure_tensorflow(model, x, y))
     elif backend == "jax":
         row["predicted_bytes"] = int(estimate.peak_bytes)
@@ -306,14 +326,24 @@ def host_fingerprint() -> dict[str, Any]:
     return {"cpu": cpu_model_name(), "isa": ",".join(cpu_isa_extensions()) or "unknown", "cpu_threads": os.cpu_count()}
 
 
-def run_isolated(name: str, backend: str, timeout: int = 900, onednn: str | None = None) -> dict[str, Any]:
-    """Runs one case in a fresh process (TensorFlow's allocator keeps memory across models)."""
+def run_isolated(
+    name: str, backend: str, timeout: int = 900, onednn: str | None = None, part: str = "both"
+) -> dict[str, Any]:
+    """Runs one case in a fresh process (TensorFlow's allocator keeps memory across models).
+
+    An estimating process gets an empty probe cache of its own (``NNMEM_CACHE_DIR``), so every
+    estimate is a cold one: kernel probes and step checks run, nothing comes from an earlier run.
+    """
+    import tempfile
+
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
     env.update(mode_environment(onednn))
+    if part != "measure":
+        env["NNMEM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nnmem-bench-cache-")
     started = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.keras_accuracy", "--worker", name],
+            [sys.executable, "-m", "benchmarks.keras_accuracy", "--worker", name, "--part", part],
             env=env, capture_output=True, text=True, timeout=timeout,
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         )
@@ -335,8 +365,17 @@ def run_repeated(name: str, backend: str, repeats: int, onednn: str | None = Non
     benchmark LSTM measured 7.3 to 12.0 MiB over six runs. The median of a few runs is
     the figure compared; the runs are kept in ``measured_runs``.
     """
-    rows = [run_isolated(name, backend, onednn=onednn) for _ in range(max(repeats, 1))]
-    good = [r for r in rows if "error_text" not in r]
+    if backend == "tensorflow":
+        # one estimate (cold cache); the truth from processes that never ran the estimator
+        estimate = run_isolated(name, backend, onednn=onednn, part="estimate")
+        if "error_text" in estimate:
+            return estimate
+        rows = [run_isolated(name, backend, onednn=onednn, part="measure") for _ in range(max(repeats, 1))]
+        good = [{**estimate, **r} for r in rows if "error_text" not in r]
+        rows.append(estimate)
+    else:
+        rows = [run_isolated(name, backend, onednn=onednn) for _ in range(max(repeats, 1))]
+        good = [r for r in rows if "error_text" not in r]
     if not good:
         return rows[0]
     row = dict(good[0])
@@ -411,6 +450,9 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
         columns += ["upper MiB", "upper >= every run"]
     if steady:
         columns += ["meas steps 3-4 MiB", "error steady"]
+    checked = any("step_check_offset_bytes" in r for r in rows)
+    if checked:
+        columns += ["replay MiB", "step check: batch, correction MiB"]
     columns += ["rule MiB", "rule err", "est s", "full-peak pred MiB"]
     lines.append("| " + " | ".join(columns) + " |")
     lines.append("|" + "---|" * len(columns))
@@ -426,6 +468,11 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
             cells += [_mib(r.get("predicted_upper_bytes")), "yes" if r.get("upper_covers_runs") else "NO"]
         if steady:
             cells += [_mib(r.get("measured_steady_bytes")), _pct(r.get("error_steady"))]
+        if checked:
+            offset = r.get("step_check_offset_bytes")
+            replay = r["predicted_bytes"] - offset if offset is not None else None
+            check = f"{r['step_check_batch_size']}, {offset / 2**20:+.1f}" if offset is not None else "not run"
+            cells += [_mib(replay), check]
         cells += [_mib(r["rule_of_thumb_bytes"]), _pct(r["rule_error"]), f"{r['estimate_s']:.2f}", _mib(r["predicted_peak_bytes"])]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Summary", "", "| estimator | n | median abs error | worst abs error |", "|---|---|---|---|"]
@@ -447,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--part", default="both", choices=("both", "estimate", "measure"), help=argparse.SUPPRESS)
     parser.add_argument("--render", action="store_true", help="rewrite the Markdown from the committed JSON")
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per case; the truth is their median")
     parser.add_argument(
@@ -462,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             handle.write(to_markdown(args.backend, saved["rows"], saved["summary"], saved["meta"]))
         return 0
     if args.worker:
-        print(json.dumps(worker(args.worker)), flush=True)
+        print(json.dumps(worker(args.worker, args.part)), flush=True)
         return 0
     started = time.perf_counter()
     rows = []

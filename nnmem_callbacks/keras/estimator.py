@@ -46,6 +46,7 @@ def estimate_training(
     method: str = "auto",
     check_scaling: bool = True,
     probe_kernels: bool = True,
+    check_steps: bool = True,
 ) -> MemoryEstimate:
     """Predicts the peak memory of ``model.fit`` at ``batch_size``, before it runs.
 
@@ -69,6 +70,11 @@ def estimate_training(
             kernels on this host, in a child process, cached per host
             (:mod:`nnmem_callbacks.keras.tf_probes`); ``False`` uses the
             graph's rules, and ``notes`` says so.
+        check_steps: TensorFlow: run the first two train steps of a copy of
+            the model (its configuration, not its weights) at half the batch,
+            in a child process, and add what the replay misses
+            (:mod:`nnmem_callbacks.keras.tf_step_check`); ``notes`` gives the
+            runs and the correction. ``False`` keeps the replay alone.
 
     Returns:
         A :class:`~nnmem_callbacks.MemoryEstimate`; ``method`` is
@@ -97,7 +103,9 @@ def estimate_training(
         notes.append("layer rules requested (method='layer-rules')")
         return estimate_layer_rules(model, batch_size, x_specs, y_specs, notes)
     try:
-        return _backend_estimate(backend, model, batch_size, x_specs, y_specs, notes, check_scaling, probe_kernels)
+        return _backend_estimate(
+            backend, model, batch_size, x_specs, y_specs, notes, check_scaling, probe_kernels, check_steps
+        )
     except KerasEstimationError:
         raise
     except Exception as error:  # noqa: BLE001 - any failure of the backend estimator
@@ -120,11 +128,14 @@ def _backend_estimate(
     notes: list[str],
     check_scaling: bool = True,
     probe_kernels: bool = True,
+    check_steps: bool = True,
 ) -> MemoryEstimate:
     if backend == "tensorflow":
         from nnmem_callbacks.keras.tf_graph import estimate_tensorflow
 
-        return estimate_tensorflow(model, batch_size, x_specs, y_specs, notes, probe_kernels=probe_kernels)
+        return estimate_tensorflow(
+            model, batch_size, x_specs, y_specs, notes, probe_kernels=probe_kernels, check_steps=check_steps
+        )
     if backend == "jax":
         from nnmem_callbacks.keras.jax_xla import estimate_jax
 

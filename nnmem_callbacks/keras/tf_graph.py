@@ -113,6 +113,7 @@ Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from nnmem_callbacks.keras.tf_allocator import (  # noqa: F401 - re-exported
@@ -158,13 +159,42 @@ from nnmem_callbacks.keras.tf_trace import (  # noqa: F401 - re-exported
 )
 
 
+def _replay_at(concrete: Any, n: int, state_sizes: list[int], scratch_curves: dict[str, Any], onednn: bool) -> tuple[Any, Any]:
+    """``(expected, unlucky)`` replays of the step traced at batch ``n``, from the allocator holding the state."""
+    graph = concrete.graph
+    scratch = {name: curve.at(n) for name, curve in scratch_curves.items()}  # curves are over samples
+    replays = []
+    for bad_luck in (False, True):
+        # the allocator as the step finds it: the variables and slots in their chunks
+        bfc = BFCSimulator()
+        for size in state_sizes:
+            if tf_allocator_bytes(size):
+                bfc.alloc(size)
+        replayer = GraphReplayer(
+            function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads(), scratch=scratch,
+            onednn=onednn, unlucky=bad_luck,
+        )
+        replays.append(replayer.replay(graph)[0])
+    return replays[0], replays[1]
+
+
 def estimate_tensorflow(
-    model: Any, batch_size: int, x_specs: Any, y_specs: Any, notes: list[str], *, probe_kernels: bool = True
+    model: Any,
+    batch_size: int,
+    x_specs: Any,
+    y_specs: Any,
+    notes: list[str],
+    *,
+    probe_kernels: bool = True,
+    check_steps: bool = True,
 ) -> Any:
     """Estimates the TensorFlow train step by graph replay (see the module docstring).
 
     With ``probe_kernels`` the scratch of the step's kernels is measured on this
     host (:mod:`nnmem_callbacks.keras.tf_probes`); without, the graph's rules apply.
+    With ``check_steps`` real steps of a copy of the model at a smaller batch,
+    in a child process, correct the replay by what it does not model
+    (:mod:`nnmem_callbacks.keras.tf_step_check`).
     """
     from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine, upper_envelope
     from nnmem_callbacks.keras.common import accumulation_steps, precision_of, static_bytes, tree_leaves, unique
@@ -207,26 +237,24 @@ def estimate_tensorflow(
     notes.append(f"TensorFlow kernels: oneDNN {'on' if onednn else 'off'} in this process")
     results, unlucky = {}, {}
     for n in (batch_size, 2 * batch_size):
-        graph = concretes[n].graph
-        scratch = {name: curve.at(n) for name, curve in scratch_curves.items()}  # curves are over samples
-        for bad_luck, into in ((False, results), (True, unlucky)):
-            # the allocator as the step finds it: the variables and slots in their chunks
-            bfc = BFCSimulator()
-            for size in state_sizes:
-                if tf_allocator_bytes(size):
-                    bfc.alloc(size)
-            replayer = GraphReplayer(
-                function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads(), scratch=scratch,
-                onednn=onednn, unlucky=bad_luck,
-            )
-            into[n], _ = replayer.replay(graph)
+        results[n], unlucky[n] = _replay_at(concretes[n], n, state_sizes, scratch_curves, onednn)
     main = results[batch_size]
     double = results[2 * batch_size]
     # what the executor's scheduling may add in an unlucky run, as a line in the batch size
     spread = {n: max(unlucky[n].peak - results[n].peak, 0) for n in results}
     spread_slope = max((spread[2 * batch_size] - spread[batch_size]) / batch_size, 0.0)
+    correction = None
+    if check_steps:
+        correction = _step_check_correction(
+            model, x_specs, y_specs, batch_size, counted_static, main.peak_counted, double.peak_counted,
+            state_sizes, scratch_curves, onednn, notes,
+        )
+    offset = correction.offset if correction is not None else 0
+    run_spread = correction.measurement.spread if correction is not None else 0
     variability = PhaseLine(
-        "tensorflow scheduling", int(round(spread[batch_size] - spread_slope * batch_size)), int(round(spread_slope))
+        "tensorflow scheduling",
+        int(round(spread[batch_size] - spread_slope * batch_size)) + run_spread,
+        int(round(spread_slope)),
     )
     if spread[batch_size]:
         notes.append(
@@ -237,14 +265,15 @@ def estimate_tensorflow(
     phase_breakdowns = {}
     for phase, value in main.phase_peaks.items():
         slope = max(int(round((double.phase_peaks.get(phase, value) - value) / batch_size)), 0)
-        lines.append(PhaseLine(f"step/{phase}", static_total + value - slope * batch_size, slope))
+        lines.append(PhaseLine(f"step/{phase}", static_total + value - slope * batch_size + offset, slope))
         breakdown = dict(main.phase_breakdowns[phase])
         for key, value_static in static.items():
             breakdown[key] += value_static
-        phase_breakdowns[f"step/{phase}"] = breakdown
+        phase_breakdowns[f"step/{phase}"] = with_runtime_offset(breakdown, offset)
     breakdown = dict(main.peak_breakdown)
     for key, value_static in static.items():
         breakdown[key] += value_static
+    breakdown = with_runtime_offset(breakdown, offset)
     if main.unknown_shapes:
         notes.append(
             "tensors of unknown shape counted as 0 bytes: "
@@ -261,9 +290,19 @@ def estimate_tensorflow(
     if accumulate > 1:
         notes.append(f"gradient_accumulation_steps={accumulate}: accumulators are counted in optimizer_state")
     peak_phase = f"step/{main.peak_phase}"
-    counted_peak = counted_static + main.peak_counted
+    counted_peak = counted_static + main.peak_counted + offset
+    checked = {}
+    if correction is not None:
+        checked = {
+            "step_check_batch_size": correction.measurement.batch_size,
+            "step_check_runs": list(correction.measurement.runs),
+            "step_check_replay_bytes": correction.replay_bytes,
+            "step_check_offset_bytes": correction.offset,
+            "step_check_difference_bytes": correction.difference,
+            "replay_peak_bytes": int(static_total + main.peak),
+        }
     return MemoryEstimate(
-        peak_bytes=int(static_total + main.peak),
+        peak_bytes=int(static_total + main.peak + offset),
         breakdown=breakdown,
         batch_size=batch_size,
         phases=tuple(upper_envelope(lines)) or (PhaseLine(peak_phase, static_total + main.peak, 0),),
@@ -279,9 +318,125 @@ def estimate_tensorflow(
             "ops": main.ops,
             "tf_allocator_peak_bytes": int(counted_peak),
             "tf_allocator_static_bytes": int(counted_static),
-            "tf_allocator_peak_bytes_2x": int(counted_static + double.peak_counted),
-            "tf_allocator_peak_upper_bytes": int(counted_static + max(unlucky[batch_size].peak_counted, main.peak_counted)),
+            "tf_allocator_peak_bytes_2x": int(counted_static + double.peak_counted + offset),
+            "tf_allocator_peak_upper_bytes": int(
+                counted_static + max(unlucky[batch_size].peak_counted, main.peak_counted) + offset + run_spread
+            ),
+            **checked,
             "seconds": round(time.perf_counter() - started, 3),
             "inputs": len(tree_leaves(x_specs)) + len(tree_leaves(y_specs)),
         },
     )
+
+
+def with_runtime_offset(breakdown: dict[str, int], offset: int) -> dict[str, int]:
+    """``breakdown`` with ``offset`` bytes of memory the replay does not model (signed) in ``temporaries``.
+
+    A negative offset (the replay counted more than the real steps took) is
+    taken from ``temporaries``, then ``activations``, then ``inputs``, none
+    below zero; what is left stays in ``temporaries`` so the values still sum
+    to the corrected peak.
+
+    Example:
+        >>> with_runtime_offset({"temporaries": 10, "activations": 50, "inputs": 5}, 20)["temporaries"]
+        30
+        >>> sorted(with_runtime_offset({"temporaries": 10, "activations": 50, "inputs": 5}, -30).items())
+        [('activations', 30), ('inputs', 5), ('temporaries', 0)]
+    """
+    result = dict(breakdown)
+    if offset >= 0:
+        result["temporaries"] = result.get("temporaries", 0) + offset
+        return result
+    owed = -offset
+    for key in ("temporaries", "activations", "inputs"):
+        taken = min(max(result.get(key, 0), 0), owed)
+        result[key] = result.get(key, 0) - taken
+        owed -= taken
+    result["temporaries"] = result.get("temporaries", 0) - owed
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCorrection:
+    """Real steps at a smaller batch beside the replay of the same batch (counted bytes)."""
+
+    measurement: Any  # tf_step_check.StepMeasurement
+    replay_bytes: int
+
+    @property
+    def difference(self) -> int:
+        """Bytes the median real run took beyond (negative: short of) the replay."""
+        return int(self.measurement.median - self.replay_bytes)
+
+    @property
+    def significant(self) -> bool:
+        """Whether the difference exceeds the runs' own spread (max - min): smaller is no evidence."""
+        runs = self.measurement.runs
+        return abs(self.difference) > max(runs) - min(runs)
+
+    @property
+    def offset(self) -> int:
+        """The correction applied: the difference where :attr:`significant`, else 0."""
+        return self.difference if self.significant else 0
+
+
+def _step_check_correction(
+    model: Any,
+    x_specs: Any,
+    y_specs: Any,
+    batch_size: int,
+    counted_static: int,
+    peak_counted: int,
+    double_counted: int,
+    state_sizes: list[int],
+    scratch_curves: dict[str, Any],
+    onednn: bool,
+    notes: list[str],
+) -> StepCorrection | None:
+    """Runs :mod:`~nnmem_callbacks.keras.tf_step_check` and replays its batch; ``None`` (with a note) when it cannot."""
+    from nnmem_callbacks.keras import tf_step_check as check
+
+    MiB = 2**20
+    slope = (double_counted - peak_counted) / batch_size
+
+    def predicted(n: int) -> int:
+        # the chord through B and 2B, or the step's memory in proportion to the batch, whichever is larger: the
+        # chord alone may fall below zero at small batches
+        return int(max(counted_static + peak_counted + slope * (n - batch_size), counted_static + peak_counted * n / batch_size))
+
+    cap = check.memory_cap()
+    size = check.check_batch_size(batch_size, predicted, cap)
+    if size is None:
+        notes.append(
+            f"not checked by real steps: one sample is predicted over the {cap / MiB:.0f} MiB cap of the check; "
+            f"the replay alone"
+        )
+        return None
+    try:
+        measurement = check.measure_steps(model, x_specs, y_specs, size)
+        replay, _ = _replay_at(trace_train_step(model, x_specs, y_specs, size), size, state_sizes, scratch_curves, onednn)
+    except Exception as error:  # noqa: BLE001 - the check never breaks the estimate
+        reason = f"{type(error).__name__}: {error}" if not isinstance(error, check.StepCheckError) else str(error)
+        notes.append(f"not checked by real steps ({reason}); the replay alone, which misses runtime memory")
+        return None
+    correction = StepCorrection(measurement, int(counted_static + replay.peak_counted))
+    runs = measurement.runs
+    where = "from the step-check cache" if measurement.cached else f"in a child process, {measurement.seconds:.1f} s"
+    text = (
+        f"checked by real steps: the first two train steps of {len(runs)} fresh cop{'y' if len(runs) == 1 else 'ies'} "
+        f"of the model at batch {size} ({where}; {measurement.allocator} allocator) peaked at "
+        f"{measurement.median / MiB:.1f} MiB (runs {min(runs) / MiB:.1f}-{max(runs) / MiB:.1f}); the replay of that "
+        f"batch gives {correction.replay_bytes / MiB:.1f} MiB; "
+    )
+    if correction.significant:
+        text += (
+            f"the difference, {correction.offset / MiB:+.1f} MiB, is runtime memory the replay does not model and "
+            f"is added at every batch size"
+        )
+    else:
+        text += (
+            f"the difference, {correction.difference / MiB:+.1f} MiB, is within the runs' own spread, so the "
+            f"replay stands"
+        )
+    notes.append(text)
+    return correction

@@ -352,27 +352,35 @@ def measure(
     return {name: curves[key] for key, names in names_of.items() if key in curves for name in names}, report
 
 
-def _run_child(
-    requests: list[dict[str, Any]], timeout: float
-) -> tuple[dict[str, dict[int, int]], list[tuple[str | None, str]], bool]:
-    """Runs the probes in a fresh process with this process's TensorFlow mode; returns points and errors."""
+def child_environment(*, bfc: bool) -> dict[str, str]:
+    """The environment of a child process that runs TensorFlow as this process does.
+
+    Same oneDNN mode and thread counts, no GPU, quiet logs; with ``bfc`` the
+    BFC CPU allocator (``TF_CPU_ALLOCATOR_USE_BFC=true``), which keeps
+    statistics on every host.
+    """
     import tensorflow as tf
 
     from nnmem_callbacks.keras.tf_trace import onednn_enabled
 
     env = dict(os.environ)
-    env.update(
-        TF_CPU_ALLOCATOR_USE_BFC="true",
-        TF_ENABLE_ONEDNN_OPTS="1" if onednn_enabled() else "0",
-        TF_CPP_MIN_LOG_LEVEL="3",
-        CUDA_VISIBLE_DEVICES="",
-    )
+    env.update(TF_ENABLE_ONEDNN_OPTS="1" if onednn_enabled() else "0", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    if bfc:
+        env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
     for name, value in (
         ("TF_NUM_INTRAOP_THREADS", tf.config.threading.get_intra_op_parallelism_threads()),
         ("TF_NUM_INTEROP_THREADS", tf.config.threading.get_inter_op_parallelism_threads()),
     ):
         if value:
             env[name] = str(value)
+    return env
+
+
+def _run_child(
+    requests: list[dict[str, Any]], timeout: float
+) -> tuple[dict[str, dict[int, int]], list[tuple[str | None, str]], bool]:
+    """Runs the probes in a fresh process with this process's TensorFlow mode; returns points and errors."""
+    env = child_environment(bfc=True)
     try:
         done = subprocess.run(
             [sys.executable, "-m", "nnmem_callbacks.keras.tf_probes"],

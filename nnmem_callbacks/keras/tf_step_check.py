@@ -1,0 +1,348 @@
+"""Real TensorFlow train steps at a small batch, on a copy of the model, in a child process.
+
+The graph replay (:mod:`nnmem_callbacks.keras.tf_graph`) models tensors, the
+executor's order and TensorFlow's allocator. What it cannot see is the runtime
+under them on this host: Eigen's contraction buffers held by concurrently
+running kernels, Grappler's rewrites, the executor's thread interleaving, the
+first step's copies. Those differ between hosts and between oneDNN on and off,
+and the replay missed them by 15 to 48 % on models it was not developed on
+(``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`` before this module).
+
+So the replay is checked by the real thing, small:
+
+1. The model's architecture (``model.to_json()``) and compile configuration
+   (``model.get_compile_config()``) go to a fresh Python process with the same
+   TensorFlow, oneDNN mode, thread counts and mixed-precision policy; weights
+   are not copied (memory does not depend on their values). The user's process,
+   its variables, optimizer, RNG and allocator are untouched.
+2. The child rebuilds the model, compiles it, makes a batch of
+   :func:`check_batch_size` samples (random floats, ones for integer inputs
+   and labels) and runs the first two ``train_on_batch`` steps, measuring the
+   allocator's peak as the benchmark's truth does: allocator-counted bytes of
+   variables, optimizer slots and batch, plus ``peak - current`` over the
+   steps. It repeats this on :data:`DEFAULT_REPEATS` fresh copies (TensorFlow's
+   own peak moves between identical runs).
+3. The estimator replays the same batch; the difference between the median
+   run and the replay is memory the replay does not model, and is added to
+   every batch size (the evidence: on the benchmark's worst models the
+   difference stays within a few MiB from a quarter to the whole of the batch).
+   The spread of the runs widens the upper bound.
+
+Where the CPU allocator keeps no statistics (oneDNN off, no
+``TF_CPU_ALLOCATOR_USE_BFC``), the child sets ``TF_CPU_ALLOCATOR_USE_BFC=true``
+and the replay predicts what that allocator counts, as it does anyway; otherwise
+the child uses the same allocator as the user's process.
+
+Results are cached per host fingerprint and model
+(:class:`~nnmem_callbacks.probes.cache.ProbeCache`), so a second estimate of
+the same model runs nothing.
+
+Known limitations:
+    * The model must rebuild from its configuration in a fresh process:
+      custom layers must be registered (``keras.saving.register_keras_serializable``)
+      in an importable module. Otherwise the check is skipped and ``notes``
+      says why.
+    * The batch is synthetic: data-dependent memory (ragged inputs, masks that
+      depend on values) is measured for ones and random floats, not the real data.
+    * The correction is one figure, the same at every batch size. Memory the
+      replay misses in proportion to the batch is only corrected at the
+      checked batch; the check runs at half the batch (under a memory cap) to
+      keep that error small.
+    * The check costs a TensorFlow import and one trace per repeat in the child
+      (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
+      skips it.
+
+Example:
+    >>> check_batch_size(32, lambda n: n * 2**20, memory_cap=2**30)
+    16
+    >>> check_batch_size(32, lambda n: n * 2**30, memory_cap=2**32)  # half the batch would be 16 GiB
+    4
+    >>> check_batch_size(8, lambda n: 2**40, memory_cap=2**32) is None  # not even one sample fits the cap
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+#: Fresh model copies measured per check (the median is used; the spread widens the upper bound).
+DEFAULT_REPEATS = 3
+#: Largest predicted peak (bytes) of the child's steps; larger checks run at a smaller batch or not at all.
+DEFAULT_MEMORY_CAP = 2 << 30
+#: The cap is also at most this share of the host's available memory.
+AVAILABLE_MEMORY_SHARE = 0.25
+#: Seconds for the child process (TensorFlow import, rebuild, traces and steps).
+DEFAULT_TIME_BUDGET = 300.0
+
+
+class StepCheckError(RuntimeError):
+    """The real steps could not be run; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMeasurement:
+    """Allocator peaks of the first two real steps at ``batch_size``, one per fresh model copy.
+
+    Example:
+        >>> m = StepMeasurement(batch_size=4, runs=(100, 130, 110), seconds=1.0, allocator="bfc")
+        >>> m.median, m.spread
+        (110, 20)
+    """
+
+    batch_size: int
+    runs: tuple[int, ...]
+    seconds: float
+    allocator: str
+    cached: bool = False
+
+    @property
+    def median(self) -> int:
+        """The median run's peak in bytes."""
+        return int(statistics.median(self.runs))
+
+    @property
+    def spread(self) -> int:
+        """How far the largest run lies above the median, in bytes."""
+        return int(max(self.runs) - self.median)
+
+
+def memory_cap(cap: int | None = None) -> int:
+    """The byte cap of a check: ``cap`` (default :data:`DEFAULT_MEMORY_CAP`), at most a share of available memory."""
+    from nnmem_callbacks import devices
+
+    limit = DEFAULT_MEMORY_CAP if cap is None else int(cap)
+    try:
+        _, available = devices.cpu_capacity()
+    except Exception:  # noqa: BLE001 - psutil missing or failing: the fixed cap applies
+        return limit
+    return int(min(limit, AVAILABLE_MEMORY_SHARE * available))
+
+
+def check_batch_size(batch_size: int, predicted_peak_at: Callable[[int], int], memory_cap: int) -> int | None:
+    """The batch the real steps run at: half of ``batch_size``, halved again while over ``memory_cap``.
+
+    Args:
+        batch_size: The batch being estimated.
+        predicted_peak_at: Predicted bytes of the steps at a batch size.
+        memory_cap: Bytes the child's steps may take.
+
+    Returns:
+        The batch size, or ``None`` when even one sample is predicted over the cap.
+    """
+    size = max(batch_size // 2, 1)
+    while size >= 1:
+        if predicted_peak_at(size) <= memory_cap:
+            return size
+        if size == 1:
+            return None
+        size //= 2
+    return None  # pragma: no cover - the loop returns
+
+
+def child_allocator() -> str:
+    """The allocator the child measures with: this process's, or BFC where this one keeps no statistics."""
+    from nnmem_callbacks.keras.tf_allocator import tf_cpu_allocator
+
+    allocator = tf_cpu_allocator()
+    return "bfc" if allocator == "default" else allocator
+
+
+def _specs_json(specs: Any) -> Any:
+    from nnmem_callbacks.keras.common import Spec
+
+    if specs is None:
+        return None
+    if isinstance(specs, Spec):
+        return {"spec": [list(specs.shape), str(specs.dtype)]}
+    if isinstance(specs, dict):
+        return {"dict": {str(k): _specs_json(v) for k, v in specs.items()}}
+    if isinstance(specs, (list, tuple)):
+        return {"list" if isinstance(specs, list) else "tuple": [_specs_json(v) for v in specs]}
+    raise StepCheckError(f"cannot describe the input {type(specs).__name__} to the child process")
+
+
+def request_for(model: Any, x_specs: Any, y_specs: Any, batch_size: int, repeats: int) -> dict[str, Any]:
+    """What the child needs: architecture, compile configuration, input specs, batch, dtype policy.
+
+    Raises:
+        StepCheckError: When the model cannot be described by its configuration.
+    """
+    import keras
+
+    try:
+        architecture = model.to_json()
+        compile_config = model.get_compile_config()
+        json.dumps(compile_config)
+    except Exception as error:  # noqa: BLE001 - any serialization failure
+        raise StepCheckError(f"the model cannot be written as its configuration ({type(error).__name__}: {error})") from error
+    if not compile_config:
+        raise StepCheckError("the model has no compile configuration to rebuild in a child process")
+    return {
+        "architecture": architecture,
+        "compile_config": compile_config,
+        "x": _specs_json(x_specs),
+        "y": _specs_json(y_specs),
+        "batch_size": int(batch_size),
+        "repeats": int(repeats),
+        "dtype_policy": keras.config.dtype_policy().name,
+    }
+
+
+def _cache_key(request: dict[str, Any]) -> str:
+    text = json.dumps(request, sort_keys=True, default=str)
+    return "step-check:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def measure_steps(
+    model: Any,
+    x_specs: Any,
+    y_specs: Any,
+    batch_size: int,
+    *,
+    repeats: int = DEFAULT_REPEATS,
+    time_budget: float = DEFAULT_TIME_BUDGET,
+    cache: Any = None,
+) -> StepMeasurement:
+    """Runs the first two train steps of fresh copies of ``model`` at ``batch_size`` in a child process.
+
+    Args:
+        model: A compiled Keras 3 model on the TensorFlow backend (only its
+            configuration is used).
+        x_specs: Input specs (:func:`nnmem_callbacks.keras.common.input_specs`).
+        y_specs: Target specs.
+        batch_size: Samples per step.
+        repeats: Fresh model copies measured.
+        time_budget: Seconds for the child; runs finished by then count.
+        cache: A :class:`~nnmem_callbacks.probes.cache.ProbeCache`; default
+            the one of this host's TensorFlow fingerprint.
+
+    Raises:
+        StepCheckError: When the child cannot rebuild or run the model, or
+            measures nothing in time.
+    """
+    from nnmem_callbacks.keras.tf_probes import child_environment, host_fingerprint
+    from nnmem_callbacks.probes.cache import ProbeCache
+
+    request = request_for(model, x_specs, y_specs, batch_size, repeats)
+    allocator = child_allocator()
+    if cache is None:
+        cache = ProbeCache(host_fingerprint())
+    key = _cache_key({**request, "allocator": allocator})
+    entry = cache.load().get(key)
+    if entry is not None and entry.get("runs"):
+        return StepMeasurement(batch_size, tuple(int(r) for r in entry["runs"]), 0.0, allocator, cached=True)
+    env = child_environment(bfc=allocator == "bfc")
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "nnmem_callbacks.keras.tf_step_check"],
+            input=json.dumps(request), env=env, capture_output=True, text=True, timeout=max(time_budget, 1.0),
+        )
+        stdout, stderr, returncode = done.stdout, done.stderr, done.returncode
+    except subprocess.TimeoutExpired as expired:
+        stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
+        stderr, returncode = f"the child ran out of its {time_budget:.0f} s budget", -1
+    runs, error = _parse(stdout)
+    seconds = time.perf_counter() - started
+    if not runs:
+        why = error or (stderr or "").strip().splitlines()[-1:] or [f"exit status {returncode}"]
+        raise StepCheckError(why if isinstance(why, str) else why[0])
+    try:
+        cache.save({key: {"runs": runs}})
+    except OSError:  # a read-only cache directory: the measurement still counts for this estimate
+        pass
+    return StepMeasurement(batch_size, tuple(runs), seconds, allocator)
+
+
+def _parse(stdout: str) -> tuple[list[int], str | None]:
+    runs, error = [], None
+    for line in stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        if "error" in record:
+            error = record["error"]
+        elif "measured" in record:
+            runs.append(int(record["measured"]))
+    return runs, error
+
+
+# -- the child process ------------------------------------------------------------
+def _build_data(description: Any, batch_size: int, rng: Any) -> Any:  # pragma: no cover - runs in the child
+    import numpy as np
+
+    if description is None:
+        return None
+    if "spec" in description:
+        shape, dtype = description["spec"]
+        shape = tuple(batch_size if d is None else int(d) for d in shape)
+        kind = np.dtype(dtype).kind
+        if kind in "iu":
+            return np.ones(shape, dtype)  # a valid index for embeddings and sparse labels with two or more classes
+        if kind == "b":
+            return np.ones(shape, bool)
+        return rng.random(shape).astype(dtype)
+    if "dict" in description:
+        return {k: _build_data(v, batch_size, rng) for k, v in description["dict"].items()}
+    items = [_build_data(v, batch_size, rng) for v in description.get("list", description.get("tuple", []))]
+    return items if "list" in description else tuple(items)
+
+
+def _measure_once(request: dict[str, Any]) -> int:  # pragma: no cover - runs in the child
+    import gc
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from nnmem_callbacks.keras.common import tree_leaves, unique, variable_bytes
+    from nnmem_callbacks.keras.tf_allocator import tf_allocator_bytes
+
+    model = keras.models.model_from_json(request["architecture"])
+    model.compile_from_config(request["compile_config"])
+    rng = np.random.default_rng(0)
+    x = _build_data(request["x"], request["batch_size"], rng)
+    y = _build_data(request["y"], request["batch_size"], rng)
+    to_tensor = lambda a: tf.identity(tf.constant(a))  # noqa: E731 - as the benchmark's truth builds its batch
+    xt = keras.tree.map_structure(to_tensor, x)
+    yt = keras.tree.map_structure(to_tensor, y) if y is not None else None
+    sizes = [variable_bytes(v) for v in unique(model.variables) + unique(model.optimizer.variables)]
+    sizes += [int(a.nbytes) for a in tree_leaves(x) + tree_leaves(y)]
+    state = sum(tf_allocator_bytes(s) for s in sizes)
+    info = tf.config.experimental.get_memory_info
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    current = info("CPU:0")["current"]
+    model.train_on_batch(xt, yt)
+    model.train_on_batch(xt, yt)
+    measured = int(state + info("CPU:0")["peak"] - current)
+    del model, xt, yt
+    keras.backend.clear_session()
+    gc.collect()
+    return measured
+
+
+def _child_main() -> int:  # pragma: no cover - runs in the child process
+    request = json.loads(sys.stdin.read())
+    try:
+        import keras
+
+        keras.config.set_dtype_policy(request["dtype_policy"])
+        for _ in range(max(int(request["repeats"]), 1)):
+            print(json.dumps({"measured": _measure_once(request)}), flush=True)
+    except Exception as error:  # noqa: BLE001 - reported to the parent
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        print(json.dumps({"error": f"{type(error).__name__}: {first[:300]}"}), flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(_child_main())

@@ -1,0 +1,148 @@
+"""The TensorFlow replay checked by real steps of a model copy in a child process (tf_step_check)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+if keras.backend.backend() != "tensorflow":  # pragma: no cover - another test imported keras first
+    pytest.skip("Keras backend is not tensorflow in this process", allow_module_level=True)
+
+from nnmem_callbacks.keras import estimate_training, tf_step_check  # noqa: E402
+from nnmem_callbacks.keras.tf_graph import with_runtime_offset  # noqa: E402
+from nnmem_callbacks.keras.tf_step_check import StepMeasurement  # noqa: E402
+
+pytestmark = pytest.mark.keras
+L = keras.layers
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NNMEM_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def conv_model() -> keras.Model:
+    model = keras.Sequential(
+        [keras.Input((400, 4)), L.Conv1D(32, 9, strides=2), L.BatchNormalization(), L.ReLU(), L.GlobalMaxPooling1D(), L.Dense(5)]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+
+
+def test_check_batch_size_halves_and_respects_the_cap():
+    per_sample = 10 << 20
+    assert tf_step_check.check_batch_size(64, lambda n: n * per_sample, memory_cap=1 << 40) == 32
+    assert tf_step_check.check_batch_size(64, lambda n: n * per_sample, memory_cap=100 << 20) == 8
+    assert tf_step_check.check_batch_size(1, lambda n: n * per_sample, memory_cap=1 << 40) == 1
+    assert tf_step_check.check_batch_size(64, lambda n: (1 << 30) + n, memory_cap=1 << 29) is None
+
+
+def test_memory_cap_never_exceeds_a_share_of_available_memory(monkeypatch):
+    from nnmem_callbacks import devices
+
+    monkeypatch.setattr(devices, "cpu_capacity", lambda: (64 << 30, 4 << 30))
+    assert tf_step_check.memory_cap(1 << 40) == int(tf_step_check.AVAILABLE_MEMORY_SHARE * (4 << 30))
+    assert tf_step_check.memory_cap(1 << 20) == 1 << 20
+
+
+def test_negative_offsets_keep_the_breakdown_summing_to_the_peak():
+    breakdown = {"parameters": 100, "temporaries": 5, "activations": 20, "inputs": 3}
+    for offset in (7, -4, -26, -40):
+        adjusted = with_runtime_offset(breakdown, offset)
+        assert sum(adjusted.values()) == sum(breakdown.values()) + offset
+        assert adjusted["parameters"] == 100
+    assert with_runtime_offset(breakdown, -26)["activations"] == 0
+    assert with_runtime_offset(breakdown, -26)["inputs"] == 2
+
+
+def test_a_difference_within_the_runs_spread_is_no_correction():
+    from nnmem_callbacks.keras.tf_graph import StepCorrection
+
+    runs = StepMeasurement(batch_size=4, runs=(100, 140, 120), seconds=0.0, allocator="bfc")
+    # 30 over the replay with runs 40 apart is no evidence; 50 is
+    within, beyond, below = StepCorrection(runs, 90), StepCorrection(runs, 70), StepCorrection(runs, 170)
+    assert (within.difference, within.offset) == (30, 0)
+    assert (beyond.difference, beyond.offset) == (50, 50)
+    assert (below.difference, below.offset) == (-50, -50)
+
+
+def test_the_check_corrects_the_replay_by_the_real_steps():
+    model = conv_model()
+    plain = estimate_training(model, batch_size=16, check_steps=False)
+    checked = estimate_training(model, batch_size=16)
+    extra = checked.extra
+    assert extra["step_check_batch_size"] == 8
+    assert len(extra["step_check_runs"]) == tf_step_check.DEFAULT_REPEATS
+    assert all(run > 0 for run in extra["step_check_runs"])
+    runs = extra["step_check_runs"]
+    difference = extra["step_check_difference_bytes"]
+    assert difference == int(np.median(runs)) - extra["step_check_replay_bytes"]
+    offset = extra["step_check_offset_bytes"]
+    assert offset == (difference if abs(difference) > max(runs) - min(runs) else 0)
+    # the replay is the same with and without the check; the check shifts every batch size by the offset
+    assert extra["replay_peak_bytes"] == plain.peak_bytes
+    assert checked.peak_bytes == plain.peak_bytes + offset
+    assert extra["tf_allocator_peak_bytes"] == plain.extra["tf_allocator_peak_bytes"] + offset
+    assert checked.peak_bytes_at(32) == plain.peak_bytes_at(32) + offset
+    assert sum(checked.breakdown.values()) == checked.peak_bytes
+    spread = max(extra["step_check_runs"]) - int(np.median(extra["step_check_runs"]))
+    assert checked.upper_bytes_at(16) >= checked.peak_bytes + spread
+    said = "is added at every batch size" if offset else "the replay stands"
+    assert any("checked by real steps" in note and "batch 8" in note and said in note for note in checked.notes)
+    assert not any("checked by real steps" in note for note in plain.notes)
+
+
+def test_a_second_estimate_reuses_the_measurement(monkeypatch):
+    model = conv_model()
+    first = estimate_training(model, batch_size=8)
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("the step check ran a child process although the cache holds its runs")
+
+    monkeypatch.setattr(tf_step_check.subprocess, "run", no_child)
+    second = estimate_training(model, batch_size=8)
+    assert second.extra["step_check_runs"] == first.extra["step_check_runs"]
+    assert any("from the step-check cache" in note for note in second.notes)
+
+
+def test_a_model_that_cannot_be_rebuilt_keeps_the_replay_and_says_why():
+    class Unregistered(L.Layer):  # defined here: a child process cannot import it
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = L.Dense(6)
+
+        def call(self, inputs):
+            return self.dense(inputs) * 2.0
+
+    inputs = keras.Input((12,))
+    model = keras.Model(inputs, L.Dense(3)(Unregistered()(inputs)))
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    estimate = estimate_training(model, batch_size=8)
+    assert "step_check_offset_bytes" not in estimate.extra
+    reasons = [note for note in estimate.notes if note.startswith("not checked by real steps")]
+    assert reasons and "replay alone" in reasons[0]
+
+
+def test_over_the_cap_no_child_runs(monkeypatch):
+    monkeypatch.setattr(tf_step_check, "memory_cap", lambda cap=None: 1)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("child ran")))
+    estimate = estimate_training(conv_model(), batch_size=8, probe_kernels=False)
+    assert "step_check_offset_bytes" not in estimate.extra
+    assert any("over the" in note and "cap of the check" in note for note in estimate.notes), "\n".join(estimate.notes)
+
+
+def test_the_users_model_is_untouched():
+    model = conv_model()
+    x = np.random.default_rng(1).random((8, 400, 4)).astype("float32")
+    y = np.zeros(8, dtype="int32")
+    model.train_on_batch(x, y)
+    before = [v.numpy().copy() for v in model.variables + model.optimizer.variables]
+    iterations = int(model.optimizer.iterations.numpy())
+    estimate_training(model, batch_size=8)
+    after = [v.numpy() for v in model.variables + model.optimizer.variables]
+    assert int(model.optimizer.iterations.numpy()) == iterations
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
