@@ -342,7 +342,7 @@ def test_callback_logs_and_reuse_across_fits():
 def test_warn_policy_warns_once_with_code():
     model = mlp()
     est = estimate_training(model, batch_size=256)
-    budget = int(est.peak_bytes_at(64) / 0.95) + 1
+    budget = int(est.upper_bytes_at(64) / 0.95) + 1  # planning budgets with the upper bound
     x, y = data(512)
     callback = MemoryBudgetCallback(batch_size=256, budget=budget)
     with warnings.catch_warnings(record=True) as caught:
