@@ -413,6 +413,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {"n": len(values), "median_abs": statistics.median(values), "worst_abs": max(values)}
 
     summary = {"ours": stats("error"), "rule_of_thumb": stats("rule_error")}
+    checked = [r for r in rows if r.get("step_check_offset_bytes") is not None]
+    if checked:
+        # the same estimate without the step check's correction (the replay alone), from the same runs
+        alone = [
+            {"error": (r["predicted_bytes"] - r["step_check_offset_bytes"] - r["measured_bytes"]) / r["measured_bytes"]}
+            for r in checked
+        ]
+        summary["replay_alone"] = summarize_rows(alone, "error")
     zoo = [r for r in rows if r.get("case") in ZOO_CASES]
     outside = [r for r in rows if r.get("case") in OUTSIDE_CASES]
     if zoo and outside:
@@ -507,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(stem + ".json", encoding="utf-8") as handle:
             saved = json.load(handle)
         with open(stem + ".md", "w", encoding="utf-8") as handle:
-            handle.write(to_markdown(args.backend, saved["rows"], saved["summary"], saved["meta"]))
+            rows = saved["rows"]
+            handle.write(to_markdown(args.backend, rows, summarize([r for r in rows if "error_text" not in r]), saved["meta"]))
         return 0
     if args.worker:
         print(json.dumps(worker(args.worker, args.part)), flush=True)
