@@ -246,8 +246,7 @@ def estimate_tensorflow(
     correction = None
     if check_steps:
         correction = _step_check_correction(
-            model, x_specs, y_specs, batch_size, counted_static, main.peak_counted, double.peak_counted,
-            state_sizes, scratch_curves, onednn, notes,
+            model, x_specs, y_specs, batch_size, counted_static, results, state_sizes, scratch_curves, onednn, notes
         )
     offset = correction.offset if correction is not None else 0
     run_spread = correction.measurement.spread if correction is not None else 0
@@ -305,7 +304,7 @@ def estimate_tensorflow(
         peak_bytes=int(static_total + main.peak + offset),
         breakdown=breakdown,
         batch_size=batch_size,
-        phases=tuple(upper_envelope(lines)) or (PhaseLine(peak_phase, static_total + main.peak, 0),),
+        phases=tuple(upper_envelope(lines)) or (PhaseLine(peak_phase, static_total + main.peak + offset, 0),),
         peak_phase=peak_phase,
         device="cpu",
         precision=precision_of(model),
@@ -371,8 +370,7 @@ class StepCorrection:
     @property
     def significant(self) -> bool:
         """Whether the difference exceeds the runs' own spread (max - min): smaller is no evidence."""
-        runs = self.measurement.runs
-        return abs(self.difference) > max(runs) - min(runs)
+        return abs(self.difference) > self.measurement.range
 
     @property
     def offset(self) -> int:
@@ -386,18 +384,22 @@ def _step_check_correction(
     y_specs: Any,
     batch_size: int,
     counted_static: int,
-    peak_counted: int,
-    double_counted: int,
+    replays: dict[int, Any],
     state_sizes: list[int],
     scratch_curves: dict[str, Any],
     onednn: bool,
     notes: list[str],
 ) -> StepCorrection | None:
-    """Runs :mod:`~nnmem_callbacks.keras.tf_step_check` and replays its batch; ``None`` (with a note) when it cannot."""
+    """Runs :mod:`~nnmem_callbacks.keras.tf_step_check` and replays its batch; ``None`` (with a note) when it cannot.
+
+    ``replays`` holds the expected replays at ``batch_size`` and twice it; the check's batch is
+    replayed only when it is not one of them.
+    """
     from nnmem_callbacks.keras import tf_step_check as check
 
     MiB = 2**20
-    slope = (double_counted - peak_counted) / batch_size
+    peak_counted = replays[batch_size].peak_counted
+    slope = (replays[2 * batch_size].peak_counted - peak_counted) / batch_size
 
     def predicted(n: int) -> int:
         # the chord through B and 2B, or the step's memory in proportion to the batch, whichever is larger: the
@@ -414,7 +416,9 @@ def _step_check_correction(
         return None
     try:
         measurement = check.measure_steps(model, x_specs, y_specs, size)
-        replay, _ = _replay_at(trace_train_step(model, x_specs, y_specs, size), size, state_sizes, scratch_curves, onednn)
+        replay = replays.get(size)
+        if replay is None:  # B = 1 checks batch 1, already replayed
+            replay, _ = _replay_at(trace_train_step(model, x_specs, y_specs, size), size, state_sizes, scratch_curves, onednn)
     except Exception as error:  # noqa: BLE001 - the check never breaks the estimate
         reason = f"{type(error).__name__}: {error}" if not isinstance(error, check.StepCheckError) else str(error)
         notes.append(f"not checked by real steps ({reason}); the replay alone, which misses runtime memory")

@@ -93,8 +93,8 @@ class StepMeasurement:
 
     Example:
         >>> m = StepMeasurement(batch_size=4, runs=(100, 130, 110), seconds=1.0, allocator="bfc")
-        >>> m.median, m.spread
-        (110, 20)
+        >>> m.median, m.spread, m.range
+        (110, 20, 30)
     """
 
     batch_size: int
@@ -112,6 +112,11 @@ class StepMeasurement:
     def spread(self) -> int:
         """How far the largest run lies above the median, in bytes."""
         return int(max(self.runs) - self.median)
+
+    @property
+    def range(self) -> int:
+        """The largest run minus the smallest, in bytes."""
+        return int(max(self.runs) - min(self.runs))
 
 
 def memory_cap(cap: int | None = None) -> int:
@@ -253,8 +258,8 @@ def measure_steps(
     runs, error = _parse(stdout)
     seconds = time.perf_counter() - started
     if not runs:
-        why = error or (stderr or "").strip().splitlines()[-1:] or [f"exit status {returncode}"]
-        raise StepCheckError(why if isinstance(why, str) else why[0])
+        tail = (stderr or "").strip().splitlines()
+        raise StepCheckError(error or (tail[-1] if tail else f"exit status {returncode}"))
     try:
         cache.save({key: {"runs": runs}})
     except OSError:  # a read-only cache directory: the measurement still counts for this estimate
