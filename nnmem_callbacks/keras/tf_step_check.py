@@ -24,8 +24,9 @@ So the replay is checked by the real thing, small:
    own peak moves between identical runs).
 3. The estimator replays the same batch; the difference between the median
    run and the replay is memory the replay does not model, and is added to
-   every batch size (the evidence: on the benchmark's worst models the
-   difference stays within a few MiB from a quarter to the whole of the batch).
+   every batch size: on the benchmark's worst models it barely changes with
+   the batch (compare the "replay" and "step check" columns of
+   ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md``).
    The spread of the runs widens the upper bound.
 
 Where the CPU allocator keeps no statistics (oneDNN off, no
