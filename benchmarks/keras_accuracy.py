@@ -439,6 +439,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def _commit() -> str:
+    """The checked-out commit, marked ``+changes`` when tracked files differ from it; ``unknown`` outside git."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + (" +changes" if dirty.stdout.strip() else "")
+
+
 def _mib(value: Any) -> str:
     return "-" if value is None else f"{value / 2**20:.1f}"
 
@@ -540,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": args.cases,
         "repeats": args.repeats,
         "elapsed_s": round(time.perf_counter() - started, 1),
+        "commit": _commit(),
     }
     if args.backend == "tensorflow":
         import tensorflow as tf

@@ -70,6 +70,19 @@ def test_a_difference_within_the_runs_spread_is_no_correction():
     assert (below.difference, below.offset) == (-50, -50)
 
 
+def test_the_doubt_grows_with_the_distance_from_the_checked_batch():
+    from nnmem_callbacks.keras.tf_graph import EXTRAPOLATION_DOUBT, StepCorrection
+
+    runs = StepMeasurement(batch_size=4, runs=(100, 140, 120), seconds=0.0, allocator="bfc")
+    for replay in (90, 170):  # an error within the spread (not applied) is doubted as much as one applied
+        doubt = StepCorrection(runs, replay).doubt_line(per_sample_bytes=1000)
+        error = abs(120 - replay)
+        assert doubt.at(4) == error
+        assert doubt.at(12) == error + int(EXTRAPOLATION_DOUBT * 1000) * 8
+    # a replay that shrinks with the batch adds no growth to doubt
+    assert StepCorrection(runs, 90).doubt_line(per_sample_bytes=-50).at(64) == 30
+
+
 def test_the_check_corrects_the_replay_by_the_real_steps():
     model = conv_model()
     plain = estimate_training(model, batch_size=16, check_steps=False)
@@ -91,6 +104,14 @@ def test_the_check_corrects_the_replay_by_the_real_steps():
     assert sum(checked.breakdown.values()) == checked.peak_bytes
     spread = max(extra["step_check_runs"]) - int(np.median(extra["step_check_runs"]))
     assert checked.upper_bytes_at(16) >= checked.peak_bytes + spread
+    # beyond the runs' spread, the upper bound doubts the extrapolation from batch 8: |difference| there, plus half
+    # the replay's growth beyond it
+    slope = (plain.peak_bytes_at(32) - plain.peak_bytes_at(16)) / 16
+    for n in (16, 32):
+        doubt = abs(difference) + 0.5 * slope * (n - 8)
+        widened = (checked.upper_bytes_at(n) - checked.peak_bytes_at(n)) - (plain.upper_bytes_at(n) - plain.peak_bytes_at(n))
+        assert abs(widened - (spread + doubt)) <= 4096, (n, widened, spread, doubt)
+    assert any("the upper bound allows" in note and "batch 8" in note for note in checked.notes)
     said = "is added at every batch size" if offset else "the replay stands"
     assert any("checked by real steps" in note and "batch 8" in note and said in note for note in checked.notes)
     assert not any("checked by real steps" in note for note in plain.notes)
