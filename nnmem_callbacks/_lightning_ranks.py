@@ -59,8 +59,16 @@ def agree_on_plan(
     accumulate = plan.accumulate_grad_batches
     if policy == "accumulate" and agreed_batch != plan.original_batch_size:
         accumulate = int(trainer.accumulate_grad_batches) * math.ceil(plan.original_batch_size / agreed_batch)
+    # this rank's direct check was of its own batch; another rank's smaller one was checked there, not here
+    verification = plan.verification
+    if verification is not None and verification.batch_size != agreed_batch:
+        verification = None
     return dataclasses.replace(
-        plan, batch_size=agreed_batch, accumulate_grad_batches=accumulate, fits=plan.fits and not any_unfit
+        plan,
+        batch_size=agreed_batch,
+        accumulate_grad_batches=accumulate,
+        fits=plan.fits and not any_unfit,
+        verification=verification,
     )
 
 
