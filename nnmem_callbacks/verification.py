@@ -41,6 +41,48 @@ MAX_VERIFY_STEPS = 4
 Verifier = Callable[[int], "MemoryEstimate"]
 
 
+class DirectEstimator:
+    """Base of an estimator's :attr:`~nnmem_callbacks.estimate.MemoryEstimate.verifier`.
+
+    Calling it with a batch size validates the size and returns
+    :meth:`estimate_at`. It holds the model and the step's configuration, so a
+    copied estimate shares it and a pickled one drops it (unpickles as ``None``).
+
+    Example:
+        >>> class Doubling(DirectEstimator):
+        ...     def estimate_at(self, batch_size):
+        ...         return 2 * batch_size
+        >>> Doubling()(4)
+        8
+        >>> import pickle
+        >>> pickle.loads(pickle.dumps(Doubling())) is None
+        True
+        >>> Doubling()(0)
+        Traceback (most recent call last):
+        ...
+        ValueError: batch_size must be a positive integer, got 0
+    """
+
+    def estimate_at(self, batch_size: int) -> "MemoryEstimate":  # pragma: no cover - every subclass defines it
+        """The direct estimate at ``batch_size`` (a positive int)."""
+        raise NotImplementedError
+
+    def __call__(self, batch_size: int) -> "MemoryEstimate":
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        return self.estimate_at(batch_size)
+
+    def __deepcopy__(self, memo: dict) -> "DirectEstimator":
+        return self
+
+    def __reduce__(self):
+        return (_dropped, ())
+
+
+def _dropped() -> None:
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class VerificationCheck:
     """One direct estimate at one batch size.

@@ -69,6 +69,7 @@ from torch.utils._pytree import tree_flatten
 from nnmem_callbacks.estimate import Category, MemoryEstimate
 from nnmem_callbacks.strategy import Strategy, shard_numel
 from nnmem_callbacks.torch.tracer import StorageTracker
+from nnmem_callbacks.verification import DirectEstimator
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -617,7 +618,7 @@ def estimate_per_rank(
     return dataclasses.replace(estimate, allocation_log=None, verifier=verifier)
 
 
-class _RankVerifier:
+class _RankVerifier(DirectEstimator):
     """A direct per-rank estimate at another batch size (``MemoryEstimate.verifier`` of a per-rank estimate).
 
     The batch is rebuilt on the meta device at the new size, so nothing real is allocated.
@@ -631,23 +632,12 @@ class _RankVerifier:
         self._strategy, self._units = strategy, None if units is None else list(units)
         self._kwargs = dict(kwargs, check_scaling=False)
 
-    def __call__(self, batch_size: int) -> MemoryEstimate:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    def estimate_at(self, batch_size: int) -> MemoryEstimate:
         model, optimizer, loss_fn, precision, device = self._arguments
         batch, _ = self._spec.build(batch_size, torch.device("meta"), lambda dtype: dtype)
         return estimate_per_rank(model, batch, optimizer, loss_fn, precision, device, strategy=self._strategy,
                                  units=self._units, **self._kwargs)
 
-    def __deepcopy__(self, memo: dict) -> "_RankVerifier":
-        return self
-
-    def __reduce__(self):
-        return (_no_verifier, ())
-
-
-def _no_verifier() -> None:
-    return None
 
 
 def _estimate_per_rank(model, batch, optimizer, loss_fn, precision, device, strategy: Strategy,

@@ -64,6 +64,7 @@ from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine, upper_
 from nnmem_callbacks.probes.runner import UnsupportedKernelError
 from nnmem_callbacks.probes.session import current_session, kernel_probes, probe_batch
 from nnmem_callbacks.units import format_bytes
+from nnmem_callbacks.verification import DirectEstimator
 from nnmem_callbacks.torch import allocator, cuda_libraries
 from nnmem_callbacks.torch.compat import eager_library_checks
 from nnmem_callbacks.gpus import DEFAULT_ARCH_CAPABILITY, cuda_arch
@@ -205,7 +206,7 @@ def _estimate_config(
     return dataclasses.replace(estimate, extra=extra)
 
 
-class TraceVerifier:
+class TraceVerifier(DirectEstimator):
     """A direct estimate of the same step at another batch size (``MemoryEstimate.verifier``).
 
     Calling it with a batch size traces the step once at that batch (no traces
@@ -227,22 +228,10 @@ class TraceVerifier:
         self._probe_kernels = probe_kernels
         self._compiled_note = compiled_note
 
-    def __call__(self, batch_size: int) -> MemoryEstimate:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    def estimate_at(self, batch_size: int) -> MemoryEstimate:
         config = dataclasses.replace(self._config, batch=dataclasses.replace(self._config.batch, batch_size=batch_size))
         estimate = _estimate_config(config, False, self._probe_kernels, self._compiled_note)
         return dataclasses.replace(estimate, verifier=self)
-
-    def __deepcopy__(self, memo: dict) -> "TraceVerifier":
-        return self
-
-    def __reduce__(self):
-        return (_no_verifier, ())
-
-
-def _no_verifier() -> None:
-    return None
 
 
 # ---------------------------------------------------------------------------
