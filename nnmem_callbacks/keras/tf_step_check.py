@@ -48,7 +48,12 @@ Known limitations:
     * The correction is one figure, the same at every batch size. Memory the
       replay misses in proportion to the batch is only corrected at the
       checked batch; the check runs at half the batch (under a memory cap) to
-      keep that error small.
+      keep that error small. Where the runtime's memory is a peak of its own
+      rather than an addition to the replay's (EfficientNet-B0 with oneDNN off:
+      the real peak barely grows from half the batch to the batch while the
+      replay's does), adding it over-predicts; one checked batch cannot tell
+      the two apart. The upper bound doubts the extrapolation
+      (:meth:`~nnmem_callbacks.keras.tf_graph.StepCorrection.doubt_line`).
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
       skips it.
