@@ -432,6 +432,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary["upper_bound_covers_every_run"] = {
             "n": len(covered),
             "covered": sum(bool(r["upper_covers_runs"]) for r in covered),
+            # what the bound costs a plan: how far it lies above the largest run
+            "median_margin_over_largest_run": statistics.median(
+                r["predicted_upper_bytes"] / max(r["measured_runs"]) - 1 for r in covered
+            ),
+            "largest_margin_over_largest_run": max(
+                r["predicted_upper_bytes"] / max(r["measured_runs"]) - 1 for r in covered
+            ),
         }
     if any("error_steady" in r for r in rows):
         summary["ours_steady"] = stats("error_steady")
@@ -503,6 +510,11 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
     covered = summary.get("upper_bound_covers_every_run")
     if covered:
         lines += ["", f"The upper bound is at or above every measured run for {covered['covered']} of {covered['n']} models."]
+        if "median_margin_over_largest_run" in covered:
+            lines.append(
+                f"It lies {covered['median_margin_over_largest_run']:+.1%} above the largest run at the median, "
+                f"{covered['largest_margin_over_largest_run']:+.1%} at most (what planning with it gives away)."
+            )
     notes = sorted({note for r in rows for note in r.get("notes", [])})
     if notes:
         lines += ["", "Estimator notes:"] + [f"- {n}" for n in notes]
