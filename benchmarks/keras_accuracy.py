@@ -429,16 +429,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary["ours_outside_zoo"] = summarize_rows(outside, "error")
     if any("upper_covers_runs" in r for r in rows):
         covered = [r for r in rows if "upper_covers_runs" in r]
+        # what the bound costs a plan: how far it lies above the largest run
+        margins = [r["predicted_upper_bytes"] / max(r["measured_runs"]) - 1 for r in covered]
         summary["upper_bound_covers_every_run"] = {
             "n": len(covered),
             "covered": sum(bool(r["upper_covers_runs"]) for r in covered),
-            # what the bound costs a plan: how far it lies above the largest run
-            "median_margin_over_largest_run": statistics.median(
-                r["predicted_upper_bytes"] / max(r["measured_runs"]) - 1 for r in covered
-            ),
-            "largest_margin_over_largest_run": max(
-                r["predicted_upper_bytes"] / max(r["measured_runs"]) - 1 for r in covered
-            ),
+            "median_margin_over_largest_run": statistics.median(margins),
+            "largest_margin_over_largest_run": max(margins),
         }
     if any("error_steady" in r for r in rows):
         summary["ours_steady"] = stats("error_steady")

@@ -639,7 +639,6 @@ class _RankVerifier(DirectEstimator):
                                  units=self._units, **self._kwargs)
 
 
-
 def _estimate_per_rank(model, batch, optimizer, loss_fn, precision, device, strategy: Strategy,
                        units: Sequence[nn.Module] | None, kwargs: dict[str, Any]) -> MemoryEstimate:
     from nnmem_callbacks.torch.estimator import estimate_training
