@@ -281,7 +281,11 @@ def test_mixed_precision_accumulation_and_remat_are_reflected():
     def growth(est):  # bytes per 1024 more samples: activations and temporaries
         return est.peak_bytes_at(2048) - est.peak_bytes_at(1024)
 
-    assert growth(mixed) < 0.8 * growth(base)
+    # the forward keeps float16 activations, and the casts around them are temporaries. On TensorFlow's CPU
+    # kernels the real step does not get smaller: from 1024 to 2048 samples this model's allocator peak grew by
+    # 9.5 MB in mixed precision against 7.1 MB in float32 with oneDNN off (10.2 against 8.1 with it on)
+    assert mixed.breakdown["activations"] < base.breakdown["activations"]
+    assert mixed.breakdown["temporaries"] > base.breakdown["temporaries"]
     accumulated = build(accumulate=4)
     assert accumulated.breakdown["optimizer_state"] >= base.breakdown["optimizer_state"] + base.breakdown["parameters"]
     remat = build(remat=True)
@@ -442,3 +446,59 @@ def test_importing_the_keras_package_does_not_import_torch():
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "False", done.stderr[-2000:]
+
+
+def test_a_convolutions_two_gradients_run_together_with_their_scratch():
+    """The executor runs both gradients of a convolution as soon as the output's gradient exists: their scratch overlaps."""
+    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+    from nnmem_callbacks.keras.tf_probes import PROBED_OPS
+    from nnmem_callbacks.keras.tf_schedule import sibling_waves
+
+    kernel = tf.Variable(tf.random.uniform((3, 3, 8, 16)))
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.nn.relu(tf.nn.conv2d(x, kernel, 1, "SAME")))
+        return tape.gradient(loss, [x, kernel])
+
+    graph = step.get_concrete_function(tf.TensorSpec((4, 32, 32, 8))).graph
+    ops = graph.get_operations()
+    gradients = [op.name for op in ops if op.type in ("Conv2DBackpropInput", "Conv2DBackpropFilter")]
+    assert len(gradients) == 2
+    inputs_of = {op.name: list(op.inputs) for op in ops}
+    order, waves = sibling_waves(ops, inputs_of, {}, 2, PROBED_OPS)
+    assert waves.get(gradients[0]) is not None and waves.get(gradients[0]) == waves.get(gradients[1])
+    assert sorted(op.name for op in order) == sorted(op.name for op in ops)
+    assert sibling_waves(ops, inputs_of, {}, 1, PROBED_OPS)[1] == {}
+    scratch = 8 << 20
+    peaks = {}
+    for threads in (1, 2):
+        replayer = GraphReplayer(function_lookup(graph), 4, parallel_ops=threads, scratch=dict.fromkeys(gradients, scratch))
+        peaks[threads] = replayer.replay(graph)[0].peak
+    # one thread: one work buffer at a time; two: both while the second runs
+    assert peaks[2] - peaks[1] >= scratch - (64 << 10)
+
+
+def test_gradients_nothing_reads_are_not_replayed():
+    """TensorFlow prunes a function's ops that nothing needed reads: the data's gradient of a first convolution."""
+    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+
+    kernel = tf.Variable(tf.random.uniform((3, 3, 8, 16)))
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.conv2d(x, kernel, 1, "SAME"))
+        return tape.gradient(loss, kernel)
+
+    graph = step.get_concrete_function(tf.TensorSpec((4, 32, 32, 8))).graph
+    dead = [op.name for op in graph.get_operations() if op.type == "Conv2DBackpropInput"]
+    if not dead:  # pragma: no cover - a TensorFlow that no longer builds the unused gradient
+        pytest.skip("this TensorFlow does not build the unused gradient")
+    replayer = GraphReplayer(function_lookup(graph), 4, scratch=dict.fromkeys(dead, 64 << 20))
+    result = replayer.replay(graph)[0]
+    assert not set(dead) & set(replayer.order)
+    assert any(op.endswith("Conv2DBackpropFilter") for op in replayer.order)
+    assert result.peak < 64 << 20  # the dead op's work buffer is never charged

@@ -18,7 +18,12 @@ How it works:
    right after its gradient, in the middle of the backward pass (the
    ``IdentityN`` gathering the gradients is skipped, as Grappler removes it).
    Ready optimizer ops run in waves as wide as the inter-op thread pool, so
-   that Adam's two moment updates of one variable overlap as they do for real.
+   that Adam's two moment updates of one variable overlap as they do for real,
+   and so do kernels with scratch that become ready at the same moment (a
+   convolution's two gradients, with their work buffers:
+   :func:`~nnmem_callbacks.keras.tf_schedule.sibling_waves`). Ops nothing
+   needed reads are dropped, as TensorFlow prunes them
+   (:func:`~nnmem_callbacks.keras.tf_schedule.pruned`).
    Before that, Grappler's regrouping of ``Mul`` trees
    (:func:`minimize_broadcasts`) is replayed: it moves a part of a gradient
    (``scale * softmax`` in attention) into the forward pass.

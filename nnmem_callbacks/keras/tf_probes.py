@@ -174,10 +174,13 @@ def collect(graph: Any, double_graph: Any, batch_size: int, *, onednn: bool = Fa
     """
     from tensorflow.core.framework import node_def_pb2
 
+    from nnmem_callbacks.keras.tf_schedule import pruned
+
     others = {op.name: op for op in double_graph.get_operations()}
     probes: dict[str, OpProbe] = {}
     skipped = 0
-    for op in graph.get_operations():
+    # ops TensorFlow prunes never run: nothing to probe
+    for op in pruned(graph.get_operations(), {t.ref() for t in graph.outputs}, tuple(graph.control_outputs)):
         if op.type not in PROBED_OPS or (onednn and op.type in ONEDNN_PAIRED_OPS):
             continue
         other = others.get(op.name)

@@ -24,7 +24,8 @@ from typing import Any, Callable
 from nnmem_callbacks.estimate import Category
 from nnmem_callbacks.keras.tf_allocator import BFCSimulator, Buffer, tf_allocator_bytes
 from nnmem_callbacks.keras.tf_ops import METADATA_OPS, handler_for
-from nnmem_callbacks.keras.tf_schedule import EAGER_PHASES, _phases, _schedule, wave_holds
+from nnmem_callbacks.keras.tf_probes import PROBED_OPS as SCRATCH_KERNELS
+from nnmem_callbacks.keras.tf_schedule import EAGER_PHASES, _phases, _schedule, pruned, sibling_waves, wave_holds
 from nnmem_callbacks.keras.tf_trace import _dtype_size, _shape_size
 
 @dataclasses.dataclass
@@ -265,8 +266,9 @@ class GraphReplayer:
         lookup: Finds a function graph by name (for calls, branches, loop bodies).
         batch_size: The batch size substituted for unknown dimensions.
         bfc: The allocator model charged for each counted buffer, if any.
-        parallel_ops: How many ready optimizer ops run at once (TensorFlow's
-            inter-op threads, :func:`~nnmem_callbacks.keras.tf_trace.inter_op_threads`).
+        parallel_ops: How many ready optimizer ops, or kernels with scratch
+            that become ready together, run at once (TensorFlow's inter-op
+            threads, :func:`~nnmem_callbacks.keras.tf_trace.inter_op_threads`).
         scratch: Kernel scratch measured on this host (allocator-counted bytes at
             this batch size) by op name; it replaces the op's rule
             (:mod:`nnmem_callbacks.keras.tf_probes`).
@@ -347,9 +349,9 @@ class GraphReplayer:
                 input position.
             track_phases: Split the peak by forward/backward/optimizer phase.
         """
-        created = graph.get_operations()
-        phases = _phases(created) if track_phases else {op.name: "body" for op in created}
         graph_outputs = {t.ref() for t in graph.outputs}
+        created = pruned(graph.get_operations(), graph_outputs, tuple(getattr(graph, "control_outputs", ())))
+        phases = _phases(created) if track_phases else {op.name: "body" for op in created}
         ops, inputs_of, self.shapes, waves = _schedule(
             created,
             phases,
@@ -358,6 +360,8 @@ class GraphReplayer:
             self.parallel_ops,
             eager_phases=tuple(set(phases.values())) if self.unlucky else EAGER_PHASES,
         )
+        if not self.unlucky:  # the unlucky replay already runs every phase in waves
+            ops, waves = sibling_waves(ops, inputs_of, waves, self.parallel_ops, SCRATCH_KERNELS)
         self.order = [op.name for op in ops]
         holds = wave_holds(ops, waves)
         run = ReplayRun(
