@@ -69,19 +69,20 @@ Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`
       backward op as soon as it is ready was tried and overestimated ResNet-50
       by ~10 %. Only the optimizer's ops (and ops regrouped by Grappler) run as
       soon as they are ready, in waves as wide as the inter-op pool, each op
-      taking the same time: a crude model of the thread pool. With oneDNN
+      taking the same time: a crude model of the thread pool. Kernels with
+      scratch that become ready at the same moment also run as one wave
+      (:func:`~nnmem_callbacks.keras.tf_schedule.sibling_waves`): with oneDNN
       off the allocator's profiler events (``python -m
       benchmarks.tf_memory_events audio_cnn``) show a layer's
       ``Conv2DBackpropInput`` and ``Conv2DBackpropFilter`` running at the same
-      time, their Eigen scratch (32.0 and 20.8 MiB) alive together: the main
-      cause of ``audio_cnn``'s -31 % there. Running such sibling pairs (adjacent,
-      reading the same gradient, both with scratch) as one wave was tried
-      against the committed runs: DenseNet-121 -14 % -> -1 %, MobileNetV2
-      -16.5 % -> -4.3 %, ``conv1d`` -20.7 % -> +13.1 %, but MobileNetV3-Small
-      +55 % (its depthwise backprop pairs rarely overlap that much). In
-      ``conv1d`` the filter gradient's 16 MiB scratch overlaps the next ops of
-      the chain (``MaxPoolGrad``) rather than the input gradient's: the overlap
-      follows the kernels' run times, which the replay does not model.
+      time, their Eigen scratch (batch-independent, ~16-32 MiB each) alive
+      together, at the step's peak in EfficientNet-B0 and ``audio_cnn``. Whether
+      they really overlap is a race: in MobileNetV3-Small they did in about a
+      third of the runs (the others peak ~20 MiB lower), and in ``conv1d`` the
+      filter gradient's scratch overlaps the next ops of the chain
+      (``MaxPoolGrad``) instead. The replay assumes the overlap; the step check
+      at half the batch (:mod:`~nnmem_callbacks.keras.tf_step_check`) measures
+      which way the runs went there.
     * Of Grappler's rewrites only ``ArithmeticOptimizer``'s
       ``MinimizeBroadcasts`` regrouping of ``Mul`` trees is replayed (checked
       against the executed graph); fusions, constant folding and layout changes
