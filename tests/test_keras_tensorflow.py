@@ -502,3 +502,26 @@ def test_gradients_nothing_reads_are_not_replayed():
     assert not set(dead) & set(replayer.order)
     assert any(op.endswith("Conv2DBackpropFilter") for op in replayer.order)
     assert result.peak < 64 << 20  # the dead op's work buffer is never charged
+
+
+def test_an_unlucky_run_keeps_a_slow_kernels_scratch_while_the_next_kernel_runs():
+    """The upper bound's replay lets a kernel's work buffer live on until the next kernel with scratch is done."""
+    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+
+    first, second = tf.Variable(tf.random.uniform((3, 3, 8, 8))), tf.Variable(tf.random.uniform((3, 3, 8, 8)))
+
+    @tf.function(autograph=False)
+    def chain(x):
+        return tf.reduce_sum(tf.nn.conv2d(tf.nn.conv2d(x, first, 1, "SAME"), second, 1, "SAME"))
+
+    graph = chain.get_concrete_function(tf.TensorSpec((2, 16, 16, 8))).graph
+    convolutions = [op.name for op in graph.get_operations() if op.type == "Conv2D"]
+    assert len(convolutions) == 2
+    scratch = dict(zip(convolutions, (6 << 20, 4 << 20)))
+    peaks = {}
+    for unlucky in (False, True):
+        replayer = GraphReplayer(function_lookup(graph), 2, parallel_ops=2, scratch=scratch, unlucky=unlucky)
+        peaks[unlucky] = replayer.replay(graph)[0].peak
+    # expected: one work buffer at a time (the larger); unlucky: the first still alive while the second runs
+    assert peaks[False] < (6 << 20) + (1 << 20)
+    assert peaks[True] >= (10 << 20)

@@ -108,6 +108,8 @@ class ReplayRun:
         self.values: dict[Any, Buffer] = {}  # resource -> the buffer its reads alias (the variable's value)
         self.deferred: list = []  # ops of the running wave, whose inputs are released when it is done
         self.wave_scratch = [0, 0]  # scratch (bytes, counted) of the earlier ops of the running wave
+        # unlucky runs: the scratch of the last wave of kernels, still running while the next ops run
+        self.lingering = [0, 0]
 
     # -- buffers -----------------------------------------------------------------------------------
     def allocate(self, tensor: Any, nbytes: int, category: str, owned: bool = True) -> None:
@@ -230,13 +232,24 @@ class ReplayRun:
         """Records the peak while ``op`` runs and frees what it read last, unless its wave is still running (``held``).
 
         Ops of one wave run at the same time: their scratch is alive together until the wave is done.
+        In an unlucky replay a kernel that takes scratch may also still run
+        when the ops after it do (a convolution's filter gradient, slow, beside
+        the next layer's gradients): the scratch of the last wave of kernels
+        (:data:`SCRATCH_KERNELS`) stays alive until the next such wave is done.
         """
-        self.record(phase, transient + self.wave_scratch[0], transient_counted + self.wave_scratch[1])
+        lingering = self.lingering if self.replayer.unlucky else (0, 0)
+        self.record(
+            phase,
+            transient + self.wave_scratch[0] + lingering[0],
+            transient_counted + self.wave_scratch[1] + lingering[1],
+        )
         self.deferred.append(op)
         if held:
             self.wave_scratch[0] += transient
             self.wave_scratch[1] += transient_counted
             return
+        if any(done.type in SCRATCH_KERNELS for done in self.deferred):
+            self.lingering = [transient + self.wave_scratch[0], transient_counted + self.wave_scratch[1]]
         self.wave_scratch[0] = self.wave_scratch[1] = 0
         for done_op in self.deferred:
             # free what this op consumed last, and outputs nobody reads
@@ -276,9 +289,10 @@ class GraphReplayer:
             such as oneDNN's max-pooling workspace apply only then).
         unlucky: Replay an unlucky run of the executor instead of the expected
             one: the ready ops of every phase run ``parallel_ops`` at a time
-            (not only the optimizer's), and a ``While`` loop has
-            ``min(parallel_iterations, trips)`` iterations in flight. Its peak
-            bounds what run-to-run scheduling adds.
+            (not only the optimizer's), a kernel's scratch stays alive until
+            the next kernel with scratch is done (it may still be running), and
+            a ``While`` loop has ``min(parallel_iterations, trips)`` iterations
+            in flight. Its peak bounds what run-to-run scheduling adds.
     """
 
     def __init__(
