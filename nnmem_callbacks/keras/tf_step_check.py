@@ -49,11 +49,21 @@ Known limitations:
       replay misses in proportion to the batch is only corrected at the
       checked batch; the check runs at half the batch (under a memory cap) to
       keep that error small. Where the runtime's memory is a peak of its own
-      rather than an addition to the replay's (EfficientNet-B0 with oneDNN off:
-      the real peak barely grows from half the batch to the batch while the
-      replay's does), adding it over-predicts; one checked batch cannot tell
-      the two apart. The upper bound doubts the extrapolation
-      (:meth:`~nnmem_callbacks.keras.tf_graph.StepCorrection.doubt_line`).
+      rather than an addition to the replay's, adding it over-predicts; one
+      checked batch cannot tell the two apart. The case that showed it
+      (EfficientNet-B0 with oneDNN off, +25%) was the two gradients of one
+      convolution running at once with batch-independent work buffers, which
+      the replay now models
+      (:func:`~nnmem_callbacks.keras.tf_schedule.sibling_waves`). A second
+      check at a quarter of the batch, extrapolating the difference along a
+      line, was tried offline on the committed runs and rejected (commit
+      645d960, branch ``twopoint-check-experiment``): at such small batches the runs are bimodal
+      and the line amplified their noise. The upper bound doubts the
+      extrapolation (:meth:`~nnmem_callbacks.keras.tf_graph.StepCorrection.doubt_line`).
+    * Where the real peak has two modes (whether two kernels' work buffers
+      overlap, how many loop iterations wait in the LSTM's gradient loop), the
+      median of the check's 3 runs picks one at half the batch, and the median
+      of a user's runs may land on the other. The upper bound covers both.
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
       skips it.
