@@ -322,9 +322,15 @@ def mode_environment(onednn: str | None) -> dict[str, str]:
 
 def host_fingerprint() -> dict[str, Any]:
     """What decides TensorFlow's CPU kernels and allocator here (recorded with every result)."""
-    from nnmem_callbacks.probes.fingerprint import cpu_isa_extensions, cpu_model_name
+    from nnmem_callbacks.probes.fingerprint import CPU_ENV_VARS, cpu_isa_extensions, cpu_model_name
 
-    return {"cpu": cpu_model_name(), "isa": ",".join(cpu_isa_extensions()) or "unknown", "cpu_threads": os.cpu_count()}
+    capped = {name: os.environ[name] for name in CPU_ENV_VARS if os.environ.get(name)}
+    return {
+        "cpu": cpu_model_name(),
+        "isa": ",".join(cpu_isa_extensions()) or "unknown",
+        "cpu_threads": os.cpu_count(),
+        **capped,  # ONEDNN_MAX_CPU_ISA=AVX2 on an AVX-512 host runs oneDNN's AVX2 kernels
+    }
 
 
 def run_isolated(

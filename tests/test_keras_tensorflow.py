@@ -525,3 +525,57 @@ def test_an_unlucky_run_keeps_a_slow_kernels_scratch_while_the_next_kernel_runs(
     # expected: one work buffer at a time (the larger); unlucky: the first still alive while the second runs
     assert peaks[False] < (6 << 20) + (1 << 20)
     assert peaks[True] >= (10 << 20)
+
+
+def test_the_scratch_of_one_wave_is_charged_allocation_by_allocation():
+    """Each kernel of a wave allocates its own work buffer: a free chunk is split for each, not charged whole for their sum."""
+    from nnmem_callbacks.keras.tf_graph import BFCSimulator, GraphReplayer, function_lookup
+    from nnmem_callbacks.keras.tf_replay import ReplayRun
+
+    @tf.function(autograph=False)
+    def nothing(x):
+        return x
+
+    graph = nothing.get_concrete_function(tf.TensorSpec((1,))).graph
+    peaks = {}
+    for name, scratch in (("two kernels", [5 << 19, 5 << 19]), ("one kernel", 5 << 20)):
+        bfc = BFCSimulator()
+        bfc.free(bfc.alloc(8 << 20))  # a free 8 MiB chunk, as an earlier layer leaves behind
+        run = ReplayRun(
+            GraphReplayer(function_lookup(graph), 1, bfc=bfc), graph, [], {}, set(),
+            inputs_category=None, input_list_bytes=None, track_phases=False,
+        )
+        run.record("backward", 5 << 20, scratch)
+        peaks[name] = run.result.peak_counted
+        assert bfc.in_use == 0  # the scratch is released after the peak is read
+    assert peaks["two kernels"] == 5 << 20  # 2.5 MiB twice, each split off the free chunk
+    assert peaks["one kernel"] == 8 << 20  # 5 MiB is less than half of 8: the whole chunk is charged
+
+
+def test_a_tensor_lists_elements_are_counted_by_the_bfc_allocator_only(monkeypatch):
+    """An RNN's per-step TensorList elements are separate small allocations: BFC counts them, oneDNN's allocator does not."""
+    from nnmem_callbacks.keras import tf_allocator
+    from nnmem_callbacks.keras.tf_graph import BFCSimulator, GraphReplayer, function_lookup
+
+    steps, batch, units = 64, 16, 1024  # 64 KiB elements, 4 MiB in all
+
+    @tf.function(autograph=False)
+    def loop(x):
+        array = tf.TensorArray(tf.float32, size=steps, element_shape=(batch, units))
+
+        def body(i, array):
+            return i + 1, array.write(i, x * tf.cast(i, tf.float32))
+
+        _, array = tf.while_loop(lambda i, array: i < steps, body, (0, array))
+        return array.stack()
+
+    graph = loop.get_concrete_function(tf.TensorSpec((batch, units))).graph
+    results = {}
+    for allocator, min_bytes in (("bfc", 0), ("onednn", tf_allocator.TF_CPU_COUNTED_MIN_BYTES)):
+        monkeypatch.setattr(tf_allocator, "_COUNTED_MIN", [min_bytes])
+        results[allocator] = GraphReplayer(function_lookup(graph), batch, bfc=BFCSimulator()).replay(graph, track_phases=False)[0]
+    element_bytes = batch * units * 4
+    assert results["bfc"].peak == results["onednn"].peak  # the same tensors either way
+    # the list, plus the batch and the few elements in flight (below oneDNN's threshold too)
+    difference = results["bfc"].peak_counted - results["onednn"].peak_counted
+    assert steps * element_bytes <= difference <= (steps + 4) * element_bytes

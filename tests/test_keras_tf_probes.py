@@ -163,3 +163,18 @@ def test_measured_scratch_enters_the_replay(tmp_path, monkeypatch):
     # ~1 KiB per probed op, alive while it runs: the peak can only grow (never by more than the largest scratch)
     assert without.extra["tf_allocator_peak_bytes"] <= with_scratch.extra["tf_allocator_peak_bytes"]
     assert with_scratch.peak_bytes - without.peak_bytes <= 2048
+
+
+def test_a_capped_onednn_isa_or_another_allocator_is_another_host(tmp_path, monkeypatch):
+    """``ONEDNN_MAX_CPU_ISA`` and ``TF_CPU_ALLOCATOR_USE_BFC`` change the kernels and what is counted: not this cache's probes."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "TF_CPU_ALLOCATOR_USE_BFC"):
+        monkeypatch.delenv(name, raising=False)
+    plain = tf_probes.host_fingerprint()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    capped = tf_probes.host_fingerprint()
+    assert capped["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert ProbeCache(capped, tmp_path).path != ProbeCache(plain, tmp_path).path
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    assert tf_probes.host_fingerprint()["allocator"] == "bfc"
+    assert ProbeCache(tf_probes.host_fingerprint(), tmp_path).path != ProbeCache(plain, tmp_path).path

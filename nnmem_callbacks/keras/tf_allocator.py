@@ -10,6 +10,11 @@ Known limitations:
     * The simulator follows ``bfc_allocator.cc``'s policy (bins, best fit, split
       rule, coalescing, doubling regions), not its garbage collection or the
       ``allow_growth=False`` single region.
+    * A ``TensorList``'s elements are counted by their total
+      (:func:`list_counted_bytes`), outside the chunk model: elements are small
+      and fill the free chunks the model already holds. With oneDNN's allocator
+      they are assumed below its reporting threshold; an RNN whose per-step
+      tensor (batch x units x 4 bytes) reaches 256 KiB is under-counted there.
 """
 
 from __future__ import annotations
@@ -60,6 +65,26 @@ def tf_allocator_bytes(num_bytes: int, min_bytes: int | None = None) -> int:
     if num_bytes < min_bytes or num_bytes <= 0:
         return 0
     return int(math.ceil(num_bytes / TF_CPU_ROUNDING) * TF_CPU_ROUNDING)
+
+
+def list_counted_bytes(num_bytes: int, min_bytes: int | None = None) -> int:
+    """What the CPU allocator's statistics count of a ``TensorList`` holding ``num_bytes`` of elements.
+
+    Each element is its own allocation. The BFC allocator
+    (``TF_CPU_ALLOCATOR_USE_BFC=true``, and what the replay predicts where the
+    allocator keeps no statistics) counts every one of them; oneDNN's counts
+    none below :data:`TF_CPU_COUNTED_MIN_BYTES`, and an RNN's per-step elements
+    (batch x units) are below it at the sizes seen in practice. Measured on an
+    LSTM with oneDNN off: the steps' peak grew by the lists' bytes per sample
+    (``benchmarks/results/keras_tensorflow_cpu_onednn0.md``).
+
+    Example:
+        >>> list_counted_bytes(3_276_800, min_bytes=0), list_counted_bytes(3_276_800, min_bytes=TF_CPU_COUNTED_MIN_BYTES)
+        (3276800, 0)
+    """
+    if min_bytes is None:
+        min_bytes = _counted_min_bytes()
+    return tf_allocator_bytes(num_bytes, min_bytes=0) if min_bytes == 0 else 0
 
 
 _COUNTED_MIN: list[int] = []

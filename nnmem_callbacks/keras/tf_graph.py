@@ -97,20 +97,19 @@ Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`
       wait.
     * With ``jit_compile=True`` (Keras' default on GPUs) XLA owns the buffers;
       the replay then approximates XLA's buffer assignment (a note says so).
-    * The first step's copy-on-write of ``AssignAdd``/``AssignSub`` is modelled as
-      a transient copy; when the initial value outlives the step the copy stays
-      (``persistent_growth_first_steps`` in the benchmark, <= 1.2 MiB there).
-      The allocator's per-buffer profiler events of the first two steps
-      (``python -m benchmarks.tf_memory_events CASE --fresh --grep Assign``) show
-      no ``AssignAddVariableOp`` copy in ``gru_text``, ``lstm`` or ``mlp`` (both
-      oneDNN modes): with oneDNN on, where the RNN loops' small buffers are not
-      counted, the rule's two 2.9 MiB Adam-slot copies are the whole of
-      ``gru_text``'s +48 %; with oneDNN off the same copies stand in for the
-      gradient loop's iterations in flight (previous item), which measure more
-      than the rule adds. Dropping the rule alone was tried on the committed
-      runs: oneDNN on, ``gru_text`` +48 % -> 0 % but ``lstm`` +2 % -> -16 %;
-      oneDNN off, ``lstm`` -5 % -> -32 %, ``gru_text`` +8 % -> -24 %. It stays
-      until the loops' iterations in flight are modelled.
+    * A first-step copy of each ``AssignAdd``/``AssignSub``-updated variable
+      is not modelled: the allocator's per-buffer events of the first two
+      steps (``python -m benchmarks.tf_memory_events CASE --fresh --grep Assign``)
+      show none in ``gru_text``, ``lstm`` or ``mlp``, in either oneDNN mode, on
+      an AVX2 and an AVX-512 host (only the copy-on-write of a variable whose
+      read is still alive, in every step). The rule was dropped once a
+      ``TensorList``'s elements were counted under the BFC allocator
+      (:func:`~nnmem_callbacks.keras.tf_allocator.list_counted_bytes`): the two
+      2.9 MiB Adam-slot copies it added had stood in for them, and alone they
+      put ``gru_text``'s replay at half the batch 4.5 MiB above the real steps
+      (oneDNN off). When a variable's initial value outlives the first step,
+      TensorFlow keeps a copy (``persistent_growth_first_steps`` in the
+      benchmark, <= 1.2 MiB there); the replay does not count it.
     * ``While`` loops whose trip count cannot be read from the graph are
       assumed to run ``parallel_iterations`` times (reported in ``notes``).
     * The graph is traced twice (at the batch and at twice it), as TensorFlow
@@ -140,7 +139,6 @@ from nnmem_callbacks.keras.tf_ops import (  # noqa: F401 - re-exported
     CALL_OPS,
     CASE_OPS,
     COMPANION_RULES,
-    FIRST_STEP_COPY_OPS,
     FORWARDING_OPS,
     HANDLERS,
     IF_OPS,

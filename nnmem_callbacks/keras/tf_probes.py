@@ -212,11 +212,18 @@ def collect(graph: Any, double_graph: Any, batch_size: int, *, onednn: bool = Fa
 
 
 def host_fingerprint() -> dict[str, Any]:
-    """What decides TensorFlow's CPU kernels here."""
+    """What decides TensorFlow's CPU kernels and allocator here (the probe cache's key).
+
+    Besides the CPU and TensorFlow's oneDNN mode, the variables that cap oneDNN's
+    ISA (``ONEDNN_MAX_CPU_ISA``...) and choose the allocator
+    (``TF_CPU_ALLOCATOR_USE_BFC``): a process started with another value runs
+    other kernels, and must not read this one's probes.
+    """
     import tensorflow as tf
 
+    from nnmem_callbacks.keras.tf_allocator import tf_cpu_allocator
     from nnmem_callbacks.keras.tf_trace import onednn_enabled
-    from nnmem_callbacks.probes.fingerprint import cpu_isa_extensions, cpu_model_name
+    from nnmem_callbacks.probes.fingerprint import CPU_ENV_VARS, cpu_isa_extensions, cpu_model_name
 
     return {
         "device_type": "cpu",
@@ -227,6 +234,8 @@ def host_fingerprint() -> dict[str, Any]:
         "isa": list(cpu_isa_extensions()),
         "intra_op_threads": int(tf.config.threading.get_intra_op_parallelism_threads()),
         "inter_op_threads": int(tf.config.threading.get_inter_op_parallelism_threads()),
+        "allocator": tf_cpu_allocator(),
+        "env": {name: os.environ.get(name) for name in CPU_ENV_VARS},
     }
 
 

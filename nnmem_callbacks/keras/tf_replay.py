@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from nnmem_callbacks.estimate import Category
-from nnmem_callbacks.keras.tf_allocator import BFCSimulator, Buffer, tf_allocator_bytes
+from nnmem_callbacks.keras.tf_allocator import BFCSimulator, Buffer, list_counted_bytes, tf_allocator_bytes
 from nnmem_callbacks.keras.tf_ops import METADATA_OPS, handler_for
 from nnmem_callbacks.keras.tf_probes import PROBED_OPS as SCRATCH_KERNELS
 from nnmem_callbacks.keras.tf_schedule import EAGER_PHASES, _phases, _schedule, pruned, sibling_waves, wave_holds
@@ -107,21 +107,25 @@ class ReplayRun:
         self.companions: dict[Any, Any] = {}  # tensor -> a hidden buffer that dies with it
         self.values: dict[Any, Buffer] = {}  # resource -> the buffer its reads alias (the variable's value)
         self.deferred: list = []  # ops of the running wave, whose inputs are released when it is done
-        self.wave_scratch = [0, 0]  # scratch (bytes, counted) of the earlier ops of the running wave
+        # scratch of the earlier ops of the running wave: bytes, and the counted bytes of each op's own allocation
+        self.wave_scratch: tuple[int, list[int]] = (0, [])
         # unlucky runs: the scratch of the last wave of kernels, still running while the next ops run
-        self.lingering = [0, 0]
+        self.lingering: tuple[int, list[int]] = (0, [])
+        # counted bytes of live buffers the allocator model does not place in chunks (TensorList elements)
+        self.unchunked_counted = 0
 
     # -- buffers -----------------------------------------------------------------------------------
     def allocate(self, tensor: Any, nbytes: int, category: str, owned: bool = True) -> None:
         """Gives ``tensor`` a fresh buffer of ``nbytes`` (charged to the allocator when ``owned``)."""
         counted = tf_allocator_bytes(nbytes) if owned else 0
-        if tensor.dtype.name == "variant":
-            # a TensorList's elements are separate allocations, each below the allocator's
-            # reporting threshold for the RNN step sizes seen in practice
-            counted = 0
+        variant = tensor.dtype.name == "variant"
+        if variant:
+            counted = list_counted_bytes(nbytes) if owned else 0
         buffer = Buffer(nbytes, counted, category, 1, owned)
         bfc = self.bfc
-        if counted and bfc is not None:
+        if variant:
+            self.unchunked_counted += counted
+        elif counted and bfc is not None:
             buffer.chunk = bfc.alloc(nbytes)
             buffer.counted = bfc.chunks[buffer.chunk][1]
             if self.replayer.trace is not None:
@@ -175,9 +179,17 @@ class ReplayRun:
         if buffer.owned:
             buffer.nbytes += delta
             self.live[buffer.category] += delta
+            if buffer.chunk is None:
+                counted = list_counted_bytes(max(buffer.nbytes, 0))
+                self.live_counted += counted - buffer.counted
+                self.unchunked_counted += counted - buffer.counted
+                buffer.counted = counted
         elif delta > 0:
-            grown = Buffer(delta, 0, category, 1, True)
+            counted = list_counted_bytes(delta)
+            grown = Buffer(delta, counted, category, 1, True)
             self.live[category] += delta
+            self.live_counted += counted
+            self.unchunked_counted += counted
             self.buffer_of[out.ref()] = grown
             buffer.refs -= 1
 
@@ -193,6 +205,8 @@ class ReplayRun:
         if buffer.refs <= 0 and buffer.owned:
             self.live[buffer.category] -= buffer.nbytes
             self.live_counted -= buffer.counted
+            if buffer.chunk is None:
+                self.unchunked_counted -= buffer.counted
             bfc = self.bfc
             if buffer.chunk is not None and bfc is not None:
                 bfc.free(buffer.chunk)
@@ -201,19 +215,25 @@ class ReplayRun:
                     self.replayer.trace.append(("-", tensor.name, buffer.nbytes, buffer.counted, bfc.in_use))
 
     # -- peaks and waves ---------------------------------------------------------------------------
-    def record(self, phase: str, extra: int = 0, extra_counted: int = 0) -> None:
-        """Updates the peaks with what is live now plus ``extra`` scratch bytes (``extra_counted`` of them counted)."""
+    def record(self, phase: str, extra: int = 0, extra_counted: int | list[int] = 0) -> None:
+        """Updates the peaks with what is live now plus ``extra`` scratch bytes.
+
+        ``extra_counted`` is what the allocator counts of that scratch: one
+        allocation's bytes, or a list of separate allocations (the scratch of
+        the several ops of one wave, each its own chunk: one chunk of their sum
+        could be charged a whole free chunk the separate ones would split).
+        """
         result, live, bfc = self.result, self.live, self.bfc
         total = sum(live.values()) + extra
+        pieces = [extra_counted] if isinstance(extra_counted, int) else list(extra_counted)
+        pieces = [p for p in pieces if p > 0]
         if bfc is not None:
-            if extra_counted:
-                scratch = bfc.alloc(extra_counted)
-                counted = bfc.in_use - self.base_counted
-                bfc.free(scratch)
-            else:
-                counted = bfc.in_use - self.base_counted
+            scratch = [bfc.alloc(p) for p in pieces]
+            counted = bfc.in_use - self.base_counted + self.unchunked_counted
+            for chunk in reversed(scratch):
+                bfc.free(chunk)
         else:
-            counted = self.live_counted + extra_counted
+            counted = self.live_counted + sum(pieces)
         if counted > result.peak_counted:
             result.peak_counted = counted
         if self.track_phases and total > result.phase_peaks.get(phase, -1):
@@ -237,20 +257,16 @@ class ReplayRun:
         the next layer's gradients): the scratch of the last wave of kernels
         (:data:`SCRATCH_KERNELS`) stays alive until the next such wave is done.
         """
-        lingering = self.lingering if self.replayer.unlucky else (0, 0)
-        self.record(
-            phase,
-            transient + self.wave_scratch[0] + lingering[0],
-            transient_counted + self.wave_scratch[1] + lingering[1],
-        )
+        lingering = self.lingering if self.replayer.unlucky else (0, [])
+        wave_bytes, wave_counted = self.wave_scratch
+        self.record(phase, transient + wave_bytes + lingering[0], [transient_counted, *wave_counted, *lingering[1]])
         self.deferred.append(op)
         if held:
-            self.wave_scratch[0] += transient
-            self.wave_scratch[1] += transient_counted
+            self.wave_scratch = (wave_bytes + transient, [*wave_counted, transient_counted])
             return
         if any(done.type in SCRATCH_KERNELS for done in self.deferred):
-            self.lingering = [transient + self.wave_scratch[0], transient_counted + self.wave_scratch[1]]
-        self.wave_scratch[0] = self.wave_scratch[1] = 0
+            self.lingering = (transient + wave_bytes, [transient_counted, *wave_counted])
+        self.wave_scratch = (0, [])
         for done_op in self.deferred:
             # free what this op consumed last, and outputs nobody reads
             for t in self.inputs_of[done_op.name] if done_op.type not in METADATA_OPS else ():
