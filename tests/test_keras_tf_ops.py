@@ -80,3 +80,39 @@ def test_measured_scratch_replaces_the_workspace_rule():
     plain = GraphReplayer(function_lookup(graph), 1).replay(graph, track_phases=False)[0]
     probed = GraphReplayer(function_lookup(graph), 1, scratch={name: 3 * MIB}).replay(graph, track_phases=False)[0]
     assert probed.peak == plain.peak + 3 * MIB
+
+
+def test_transposes_that_undo_each_other_are_removed_as_grappler_removes_them():
+    spec = tf.TensorSpec((64, 64, 64))  # 1 MiB
+
+    @tf.function(autograph=False)
+    def undone(x):
+        return tf.exp(tf.transpose(tf.transpose(x, [1, 0, 2]), [1, 0, 2]))
+
+    @tf.function(autograph=False)
+    def not_undone(x):
+        return tf.exp(tf.transpose(tf.transpose(x, [1, 0, 2]), [0, 2, 1]))
+
+    # the batch + exp's output: neither transpose runs
+    assert _replay(undone, spec).peak == 2 * MIB
+    # the batch + the first transpose + the second (exp then writes into the second, which dies with it)
+    assert _replay(not_undone, spec).peak == 3 * MIB
+
+
+def test_the_gradient_of_undone_transposes_is_undone_too():
+    from nnmem_callbacks.keras.tf_schedule import inverse_transposes
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.exp(tf.transpose(tf.transpose(x, [1, 2, 0]), [2, 0, 1])))
+        return tape.gradient(loss, x)
+
+    graph = step.get_concrete_function(tf.TensorSpec((8, 4, 2))).graph
+    bypass = inverse_transposes(graph.get_operations(), {t.ref() for t in graph.outputs})
+    # the forward pair and the gradient's pair (each transposes by InvertPermutation of a constant)
+    assert len(bypass) == 2
+    kinds = {ref.deref().op.type for ref in bypass}
+    assert kinds == {"Transpose"}
+    assert any(ref.deref().op.name.startswith("gradient") or "grad" in ref.deref().op.name.lower() for ref in bypass)

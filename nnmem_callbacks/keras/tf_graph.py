@@ -26,7 +26,9 @@ How it works:
    (:func:`~nnmem_callbacks.keras.tf_schedule.pruned`).
    Before that, Grappler's regrouping of ``Mul`` trees
    (:func:`minimize_broadcasts`) is replayed: it moves a part of a gradient
-   (``scale * softmax`` in attention) into the forward pass.
+   (``scale * softmax`` in attention) into the forward pass. So is its removal
+   of transposes that undo each other (``inverse_transposes``: between stacked
+   recurrent layers, and in their gradient).
    An op's outputs are allocated when it runs, a tensor is freed when its last
    consumer has run. The runtime's aliasing rules are followed:
    ``ReadVariableOp`` on CPU returns the variable's own buffer,
@@ -83,10 +85,14 @@ Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`
       (``MaxPoolGrad``) instead. The replay assumes the overlap; the step check
       at half the batch (:mod:`~nnmem_callbacks.keras.tf_step_check`) measures
       which way the runs went there.
-    * Of Grappler's rewrites only ``ArithmeticOptimizer``'s
-      ``MinimizeBroadcasts`` regrouping of ``Mul`` trees is replayed (checked
-      against the executed graph); fusions, constant folding and layout changes
-      are not. Shape-only consumers (``Shape``, ``Size``...) are assumed to run
+    * Of Grappler's rewrites only two ``ArithmeticOptimizer`` stages are
+      replayed: ``MinimizeBroadcasts``' regrouping of ``Mul`` trees (checked
+      against the executed graph) and ``RemoveIdentityTranspose``'s removal of
+      transposes that undo each other (checked against the allocator's events
+      of two stacked ``LSTM`` layers, where the pair between the layers and its
+      gradient had doubled the counted peak with oneDNN on:
+      :func:`~nnmem_callbacks.keras.tf_schedule.inverse_transposes`); fusions,
+      constant folding and layout changes are not. Shape-only consumers (``Shape``, ``Size``...) are assumed to run
       at once and not to keep their input alive.
     * The measured truth itself varies from run to run with the executor's thread
       interleaving. In the benchmark LSTM, the gradient ``While`` loop computes

@@ -25,7 +25,15 @@ from nnmem_callbacks.estimate import Category
 from nnmem_callbacks.keras.tf_allocator import BFCSimulator, Buffer, list_counted_bytes, tf_allocator_bytes
 from nnmem_callbacks.keras.tf_ops import METADATA_OPS, handler_for
 from nnmem_callbacks.keras.tf_probes import PROBED_OPS as SCRATCH_KERNELS
-from nnmem_callbacks.keras.tf_schedule import EAGER_PHASES, _phases, _schedule, pruned, sibling_waves, wave_holds
+from nnmem_callbacks.keras.tf_schedule import (
+    EAGER_PHASES,
+    _phases,
+    _schedule,
+    inverse_transposes,
+    pruned,
+    sibling_waves,
+    wave_holds,
+)
 from nnmem_callbacks.keras.tf_trace import _dtype_size, _shape_size
 
 @dataclasses.dataclass
@@ -380,7 +388,9 @@ class GraphReplayer:
             track_phases: Split the peak by forward/backward/optimizer phase.
         """
         graph_outputs = {t.ref() for t in graph.outputs}
-        created = pruned(graph.get_operations(), graph_outputs, tuple(getattr(graph, "control_outputs", ())))
+        every_op = graph.get_operations()
+        bypass = inverse_transposes(every_op, graph_outputs)
+        created = pruned(every_op, graph_outputs, tuple(getattr(graph, "control_outputs", ())), bypass)
         phases = _phases(created) if track_phases else {op.name: "body" for op in created}
         ops, inputs_of, self.shapes, waves = _schedule(
             created,
@@ -389,6 +399,7 @@ class GraphReplayer:
             self.elements,
             self.parallel_ops,
             eager_phases=tuple(set(phases.values())) if self.unlucky else EAGER_PHASES,
+            bypass=bypass,
         )
         if not self.unlucky:  # the unlucky replay already runs every phase in waves
             ops, waves = sibling_waves(ops, inputs_of, waves, self.parallel_ops, SCRATCH_KERNELS)

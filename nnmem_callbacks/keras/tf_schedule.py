@@ -6,7 +6,9 @@ the optimizer's ops, and ops Grappler regrouped with :func:`minimize_broadcasts`
 run as soon as they are ready, in *waves* as wide as the inter-op thread pool);
 :func:`sibling_waves` runs kernels that become ready together (a convolution's
 two gradients) in one wave; :func:`wave_holds` says which ops keep their inputs
-until their wave is done.
+until their wave is done. :func:`inverse_transposes` replays Grappler's removal
+of transposes that undo each other, and :func:`pruned` drops what TensorFlow
+never runs.
 """
 
 from __future__ import annotations
@@ -69,6 +71,86 @@ def _broadcast_shape(first: Any, second: Any) -> Any:
 def _all_ones_or_zeros(tensor: Any) -> bool:
     value = _constant_array(tensor)
     return value is not None and (bool((value == 1).all()) or bool((value == 0).all()))
+
+
+#: Transposes whose consecutive pairs Grappler cancels (``ArithmeticOptimizer/RemoveIdentityTranspose``).
+TRANSPOSE_OPS = frozenset({"Transpose", "ConjugateTranspose"})
+
+
+def _permutation(tensor: Any) -> tuple[int, ...] | None:
+    """A transpose's permutation when the graph fixes it, else ``None``.
+
+    A constant, or the ``InvertPermutation`` of one: the gradient of a transpose
+    transposes by the inverse permutation, which Grappler's constant folding
+    turns into a constant before the arithmetic stages run.
+    """
+    value = _constant_array(tensor)
+    if value is not None:
+        return tuple(int(v) for v in value.reshape(-1))
+    if tensor.op.type == "InvertPermutation" and tensor.op.inputs:
+        inner = _permutation(tensor.op.inputs[0])
+        if inner is not None and sorted(inner) == list(range(len(inner))):
+            inverse = [0] * len(inner)
+            for position, axis in enumerate(inner):
+                inverse[axis] = position
+            return tuple(inverse)
+    return None
+
+
+def inverse_transposes(ops: list, graph_outputs: set) -> dict[Any, Any]:
+    """Replays Grappler's ``ArithmeticOptimizer/RemoveIdentityTranspose`` stage: transposes that undo each other.
+
+    A transpose whose input is a transpose (directly or through ``Identity``
+    ops that nothing else reads) by the inverse permutation is removed: its
+    consumers read the first transpose's input, and the first one runs only
+    if something else reads it. Keras' recurrent layers run time-major, so a
+    layer returning sequences transposes its output to batch-major and the
+    next recurrent layer transposes it straight back; the same pair, inverted,
+    sits in the gradient. The profiler's allocator events of two stacked
+    ``LSTM`` layers (``python -m benchmarks.tf_memory_events stacked_lstm``)
+    show neither transpose: the stacked sequence is the only buffer of its
+    size. The stage as in ``tensorflow/core/grappler/optimizers/arithmetic_optimizer.cc``:
+    both permutations must be constants (after constant folding) and the
+    second transpose must not produce a graph output (Grappler preserves those).
+
+    Args:
+        ops: The graph's ops.
+        graph_outputs: Refs of the graph's outputs.
+
+    Returns:
+        For each removed transpose's output (by ref), the tensor its consumers read instead.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> @tf.function
+        ... def f(x):
+        ...     y = tf.transpose(tf.transpose(x, [1, 0, 2]), [1, 0, 2])
+        ...     return y * 2.0
+        >>> graph = f.get_concrete_function(tf.TensorSpec([4, 3, 2])).graph
+        >>> bypass = inverse_transposes(graph.get_operations(), {t.ref() for t in graph.outputs})
+        >>> [(ref.deref().op.name, t.op.name) for ref, t in bypass.items()]
+        [('transpose_1', 'x')]
+    """
+    preserved = {ref.deref().op.name for ref in graph_outputs}
+    readers: Counter = Counter()
+    for op in ops:
+        for t in op.inputs:
+            readers[t.ref()] += 1
+    bypass: dict[Any, Any] = {}
+    for op in ops:
+        if op.type not in TRANSPOSE_OPS or op.name in preserved or len(op.inputs) != 2:
+            continue
+        first = op.inputs[0]
+        while first.op.type in ("Identity", "Snapshot") and readers[first.ref()] == 1 and first.op.name not in preserved:
+            first = first.op.inputs[0]
+        if first.op.type != op.type or len(first.op.inputs) != 2:
+            continue
+        second_perm, first_perm = _permutation(op.inputs[1]), _permutation(first.op.inputs[1])
+        if second_perm is None or first_perm is None or len(second_perm) != len(first_perm):
+            continue
+        if all(second_perm[first_perm[i]] == i for i in range(len(first_perm))):
+            bypass[op.outputs[0].ref()] = first.op.inputs[0]
+    return bypass
 
 
 def minimize_broadcasts(
@@ -192,6 +274,7 @@ def _schedule(
     elements: Callable[[Any], int] | None = None,
     width: int = 1,
     eager_phases: tuple[str, ...] = EAGER_PHASES,
+    bypass: dict[Any, Any] | None = None,
 ) -> tuple[list, dict[str, list], dict[Any, Any], dict[str, int]]:
     """The order the replay runs ops in, each op's data inputs, changed output shapes, and waves.
 
@@ -203,6 +286,9 @@ def _schedule(
     the ``Conv2DBackpropFilter`` of successive layers). The ``IdentityN`` that
     gathers the gradients is a pass-through that Grappler removes: consumers of
     its outputs read its inputs directly and do not wait for the others.
+
+    ``bypass`` maps outputs of ops Grappler removed to the tensor their consumers
+    read instead (:func:`inverse_transposes`).
 
     With ``elements`` (tensor sizes at the replayed batch), Grappler's
     broadcast-minimizing regrouping of ``Mul`` trees is replayed first
@@ -216,11 +302,16 @@ def _schedule(
     more to the wave's first position in the order.
     """
     by_name = {op.name: op for op in ops}
+    bypass = bypass or {}
 
     def source(tensor: Any) -> Any:
-        while tensor.op.type == "IdentityN" and tensor.op.name in by_name:
-            tensor = tensor.op.inputs[tensor.value_index]
-        return tensor
+        while True:
+            if tensor.ref() in bypass:  # a transpose Grappler removed (inverse_transposes)
+                tensor = bypass[tensor.ref()]
+            elif tensor.op.type == "IdentityN" and tensor.op.name in by_name:
+                tensor = tensor.op.inputs[tensor.value_index]
+            else:
+                return tensor
 
     inputs_of = {op.name: [source(t) for t in op.inputs] for op in ops}
     eager: set[str] = set()
@@ -299,7 +390,7 @@ def _schedule(
 SIBLING_WINDOW = 8
 
 
-def pruned(ops: list, graph_outputs: set, control_outputs: tuple = ()) -> list:
+def pruned(ops: list, graph_outputs: set, control_outputs: tuple = (), bypass: dict[Any, Any] | None = None) -> list:
     """``ops`` without those TensorFlow prunes when it instantiates the function: ops nothing needed reads.
 
     TensorFlow keeps an op only if a needed op reads it (``PruneFunctionBody``):
@@ -307,7 +398,8 @@ def pruned(ops: list, graph_outputs: set, control_outputs: tuple = ()) -> list:
     stateful ops (variable updates, random ops; not the arguments). The rest
     never runs: a gradient nothing asks for, such as ``Conv2DBackpropInput`` of
     a first convolution whose input is the data, with its work buffer. The
-    arguments (``Placeholder``) stay, as the caller's tensors.
+    arguments (``Placeholder``) stay, as the caller's tensors. Reads of a
+    tensor in ``bypass`` (an op Grappler removed) are reads of its replacement.
 
     Example:
         >>> from types import SimpleNamespace as Op
@@ -334,12 +426,19 @@ def pruned(ops: list, graph_outputs: set, control_outputs: tuple = ()) -> list:
         op.name for op in ops
         if op.name in output_ops or op in control_outputs or (op.type != "Placeholder" and stateful(op))
     }  # fmt: skip
+    bypass = bypass or {}
+
+    def read(tensor: Any) -> str:
+        while bypass and tensor.ref() in bypass:
+            tensor = bypass[tensor.ref()]
+        return tensor.op.name
+
     stack = list(needed)
     while stack:
         op = by_name.get(stack.pop())
         if op is None:
             continue
-        for name in [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]:
+        for name in [read(t) for t in op.inputs] + [c.name for c in op.control_inputs]:
             if name not in needed:
                 needed.add(name)
                 stack.append(name)
