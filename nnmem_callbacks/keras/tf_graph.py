@@ -92,8 +92,9 @@ Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`
       of two stacked ``LSTM`` layers, where the pair between the layers and its
       gradient had doubled the counted peak with oneDNN on:
       :func:`~nnmem_callbacks.keras.tf_schedule.inverse_transposes`); fusions,
-      constant folding and layout changes are not. Shape-only consumers (``Shape``, ``Size``...) are assumed to run
-      at once and not to keep their input alive.
+      constant folding and layout changes are not. Shape-only consumers
+      (``Shape``, ``Size``...) are assumed to run at once and not to keep
+      their input alive.
     * The measured truth itself varies from run to run with the executor's thread
       interleaving. In the benchmark LSTM, the gradient ``While`` loop computes
       each step's recurrent-kernel gradient (256 KiB) in parallel iterations and

@@ -153,6 +153,13 @@ def inverse_transposes(ops: list, graph_outputs: set) -> dict[Any, Any]:
     return bypass
 
 
+def read_through(tensor: Any, bypass: dict[Any, Any]) -> Any:
+    """The tensor a read of ``tensor`` really reads, when ``bypass`` maps removed ops' outputs to their replacements."""
+    while bypass and tensor.ref() in bypass:
+        tensor = bypass[tensor.ref()]
+    return tensor
+
+
 def minimize_broadcasts(
     ops: list, inputs_of: dict[str, list], graph_outputs: set, elements: Callable[[Any], int]
 ) -> tuple[set[str], dict[Any, Any]]:
@@ -305,13 +312,10 @@ def _schedule(
     bypass = bypass or {}
 
     def source(tensor: Any) -> Any:
-        while True:
-            if tensor.ref() in bypass:  # a transpose Grappler removed (inverse_transposes)
-                tensor = bypass[tensor.ref()]
-            elif tensor.op.type == "IdentityN" and tensor.op.name in by_name:
-                tensor = tensor.op.inputs[tensor.value_index]
-            else:
-                return tensor
+        tensor = read_through(tensor, bypass)  # a transpose Grappler removed (inverse_transposes)
+        while tensor.op.type == "IdentityN" and tensor.op.name in by_name:
+            tensor = read_through(tensor.op.inputs[tensor.value_index], bypass)
+        return tensor
 
     inputs_of = {op.name: [source(t) for t in op.inputs] for op in ops}
     eager: set[str] = set()
@@ -427,18 +431,12 @@ def pruned(ops: list, graph_outputs: set, control_outputs: tuple = (), bypass: d
         if op.name in output_ops or op in control_outputs or (op.type != "Placeholder" and stateful(op))
     }  # fmt: skip
     bypass = bypass or {}
-
-    def read(tensor: Any) -> str:
-        while bypass and tensor.ref() in bypass:
-            tensor = bypass[tensor.ref()]
-        return tensor.op.name
-
     stack = list(needed)
     while stack:
         op = by_name.get(stack.pop())
         if op is None:
             continue
-        for name in [read(t) for t in op.inputs] + [c.name for c in op.control_inputs]:
+        for name in [read_through(t, bypass).op.name for t in op.inputs] + [c.name for c in op.control_inputs]:
             if name not in needed:
                 needed.add(name)
                 stack.append(name)
