@@ -314,9 +314,10 @@ def test_fallback_when_the_trace_fails(monkeypatch):
 def test_fit_plan_keeps_the_effective_batch():
     model = mlp()
     # fit_plan checks the batch it chooses by a direct estimate at that batch: budget for one at batch 100. Each
-    # estimate's step check runs real steps, whose peak moves from run to run (about 10% on this 3 MiB model with
-    # oneDNN's allocator), so two direct estimates at nearby batches differ by that much: leave room for it
-    budget = int(estimate_training(model, batch_size=100).upper_bytes / 0.8) + 1
+    # estimate's step check runs real steps, whose peak moves from run to run (10-20% on this 3 MiB model on a busy
+    # host), so two direct estimates at nearby batches differ by that much: leave room for it (a CI run with 1/0.8
+    # found its checks at 171 and 128 both over, and gave up before the step down was made robust to that)
+    budget = int(estimate_training(model, batch_size=100).upper_bytes / 0.7) + 1
     plan = fit_plan(model, budget=budget, batch_size=512)
     assert not plan.fits and 1 <= plan.batch_size < 512
     assert plan.batch_size * plan.gradient_accumulation_steps >= 512
