@@ -167,7 +167,9 @@ def _miss_at(misses: list[tuple[int, int]], batch_size: int) -> int:
     miss by less, which keeps the step down safe; where that leaves no batch,
     :func:`verify_batch_size` tries a miss in proportion to the batch before
     giving up). Two or more: the line through the last two misses, never
-    below 0.
+    below 0 (where that line leaves no batch and none has fitted yet,
+    :func:`verify_batch_size` tries the largest miss seen, taken as constant,
+    before giving up: noisy direct estimates make such lines).
     """
     if len(misses) == 1:
         return max(misses[0][1], 0)
