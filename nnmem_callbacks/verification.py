@@ -240,7 +240,7 @@ def verify_batch_size(
             # concluding that nothing fits, check the batch a miss growing with the batch would allow
             miss, at = misses[0][1], misses[0][0]
             largest = largest_fitting(lambda n: predicted(n) + -(-miss * n // at), budget_bytes, 0, over)
-        elif largest < 1 and best is None:
+        elif largest < 1 and best is None and len(misses) >= 2:
             # the line through two misses leaves nothing when the miss grows as the batch shrinks: with noisy
             # direct estimates (a runtime whose peak moves from run to run) that is the noise, not a trend.
             # Before concluding that nothing fits, take the largest miss seen as constant

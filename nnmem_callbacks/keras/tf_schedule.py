@@ -132,16 +132,12 @@ def inverse_transposes(ops: list, graph_outputs: set) -> dict[Any, Any]:
         [('transpose_1', 'x')]
     """
     preserved = {ref.deref().op.name for ref in graph_outputs}
-    readers: Counter = Counter()
-    for op in ops:
-        for t in op.inputs:
-            readers[t.ref()] += 1
     bypass: dict[Any, Any] = {}
     for op in ops:
         if op.type not in TRANSPOSE_OPS or op.name in preserved or len(op.inputs) != 2:
             continue
         first = op.inputs[0]
-        while first.op.type in ("Identity", "Snapshot") and readers[first.ref()] == 1 and first.op.name not in preserved:
+        while first.op.type in ("Identity", "Snapshot") and len(first.consumers()) == 1 and first.op.name not in preserved:
             first = first.op.inputs[0]
         if first.op.type != op.type or len(first.op.inputs) != 2:
             continue
@@ -153,7 +149,7 @@ def inverse_transposes(ops: list, graph_outputs: set) -> dict[Any, Any]:
     return bypass
 
 
-def read_through(tensor: Any, bypass: dict[Any, Any]) -> Any:
+def read_through(tensor: Any, bypass: dict[Any, Any] | None) -> Any:
     """The tensor a read of ``tensor`` really reads, when ``bypass`` maps removed ops' outputs to their replacements."""
     while bypass and tensor.ref() in bypass:
         tensor = bypass[tensor.ref()]
@@ -309,7 +305,6 @@ def _schedule(
     more to the wave's first position in the order.
     """
     by_name = {op.name: op for op in ops}
-    bypass = bypass or {}
 
     def source(tensor: Any) -> Any:
         tensor = read_through(tensor, bypass)  # a transpose Grappler removed (inverse_transposes)
@@ -430,7 +425,6 @@ def pruned(ops: list, graph_outputs: set, control_outputs: tuple = (), bypass: d
         op.name for op in ops
         if op.name in output_ops or op in control_outputs or (op.type != "Placeholder" and stateful(op))
     }  # fmt: skip
-    bypass = bypass or {}
     stack = list(needed)
     while stack:
         op = by_name.get(stack.pop())
