@@ -172,3 +172,63 @@ def test_the_users_model_is_untouched():
     after = [v.numpy() for v in model.variables + model.optimizer.variables]
     assert int(model.optimizer.iterations.numpy()) == iterations
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def _fake_measurements(monkeypatch, runs_for_repeats):
+    """Replaces the child process: ``runs_for_repeats(repeats)`` gives the runs; returns the repeats asked for."""
+    asked = []
+
+    def fake(model, x_specs, y_specs, batch_size, *, repeats=tf_step_check.DEFAULT_REPEATS, **kwargs):
+        asked.append(repeats)
+        return StepMeasurement(batch_size, tuple(runs_for_repeats(repeats)), 0.1, "bfc")
+
+    monkeypatch.setattr(tf_step_check, "measure_steps", fake)
+    return asked
+
+
+def test_runs_that_disagree_about_the_side_of_the_replay_are_measured_again(monkeypatch):
+    model = conv_model()
+    _fake_measurements(monkeypatch, lambda repeats: [1] * repeats)
+    replay = estimate_training(model, batch_size=16).extra["step_check_replay_bytes"]
+    # 100 kB over the replay at the median, runs 350 kB apart: the first 3 do not say which side it is on
+    asked = _fake_measurements(
+        monkeypatch, lambda repeats: [replay - 50_000, replay + 100_000, replay + 300_000] if repeats == 3 else [replay + 200_000] * repeats
+    )
+    checked = estimate_training(model, batch_size=16)
+    assert asked == [tf_step_check.DEFAULT_REPEATS, tf_step_check.EXTRA_REPEATS]
+    assert len(checked.extra["step_check_runs"]) == tf_step_check.DEFAULT_REPEATS + tf_step_check.EXTRA_REPEATS
+    assert checked.extra["step_check_offset_bytes"] == 200_000  # the median of all 7
+    assert any(f"{tf_step_check.EXTRA_REPEATS} more were measured" in note for note in checked.notes)
+
+
+def test_runs_that_agree_about_the_side_of_the_replay_are_measured_once(monkeypatch):
+    model = conv_model()
+    _fake_measurements(monkeypatch, lambda repeats: [1] * repeats)
+    replay = estimate_training(model, batch_size=16).extra["step_check_replay_bytes"]
+    asked = _fake_measurements(monkeypatch, lambda repeats: [replay + 500_000, replay + 510_000, replay + 520_000][:repeats])
+    checked = estimate_training(model, batch_size=16)
+    assert asked == [tf_step_check.DEFAULT_REPEATS]
+    assert checked.extra["step_check_offset_bytes"] == 510_000
+    assert not any("more were measured" in note for note in checked.notes)
+
+
+def test_further_runs_that_fail_leave_the_first_median_with_a_warning(monkeypatch):
+    model = conv_model()
+    _fake_measurements(monkeypatch, lambda repeats: [1] * repeats)
+    replay = estimate_training(model, batch_size=16).extra["step_check_replay_bytes"]
+
+    def runs(repeats):
+        if repeats != tf_step_check.DEFAULT_REPEATS:
+            raise tf_step_check.StepCheckError("the child ran out of its 300 s budget")
+        return [replay - 50_000, replay + 100_000, replay + 300_000]
+
+    _fake_measurements(monkeypatch, runs)
+    checked = estimate_training(model, batch_size=16)
+    assert checked.extra["step_check_offset_bytes"] == 100_000
+    assert any(note.startswith("warning: the step check's further runs failed") for note in checked.notes)
+
+
+def test_combining_runs_of_different_batches_is_refused():
+    first = StepMeasurement(batch_size=4, runs=(1, 2, 3), seconds=0.0, allocator="bfc")
+    with pytest.raises(ValueError, match="batch 4 .* batch 8"):
+        first.combined(StepMeasurement(batch_size=8, runs=(1,), seconds=0.0, allocator="bfc"))

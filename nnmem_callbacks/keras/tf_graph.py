@@ -491,7 +491,21 @@ def _step_check_correction(
         reason = f"{type(error).__name__}: {error}" if not isinstance(error, check.StepCheckError) else str(error)
         notes.append(f"not checked by real steps ({reason}); the replay alone, which misses runtime memory")
         return None
-    correction = StepCorrection(measurement, int(counted_static + replay.peak_counted))
+    replay_bytes = int(counted_static + replay.peak_counted)
+    if check.unsettled(measurement, replay_bytes):
+        first = len(measurement.runs)
+        try:
+            measurement = measurement.combined(
+                check.measure_steps(model, x_specs, y_specs, size, repeats=check.EXTRA_REPEATS)
+            )
+            notes.append(
+                f"the step check's first {first} runs spread wider than their median lies from the replay, so "
+                f"{check.EXTRA_REPEATS} more were measured"
+            )
+        except Exception as error:  # noqa: BLE001 - the first runs still stand
+            notes.append(f"warning: the step check's further runs failed ({type(error).__name__}: {error}); "
+                         f"the median of the first {first} stands")
+    correction = StepCorrection(measurement, replay_bytes)
     runs = measurement.runs
     where = "from the step-check cache" if measurement.cached else f"in a child process, {measurement.seconds:.1f} s"
     text = (

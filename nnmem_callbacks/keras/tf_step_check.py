@@ -92,6 +92,10 @@ from typing import Any, Callable
 
 #: Fresh model copies measured per check (the median is used; the spread widens the upper bound).
 DEFAULT_REPEATS = 3
+#: Further copies measured when the first runs spread at least as wide as their median lies from the replay
+#: (:func:`unsettled`): a race with two outcomes makes the median of 3 itself a coin toss. On the committed LSTM
+#: runs with oneDNN on, the median of 3 at batch 16 moved from +1.5 to +2.8 MiB over the replay between sessions.
+EXTRA_REPEATS = 4
 #: Largest predicted peak (bytes) of the child's steps; larger checks run at a smaller batch or not at all.
 DEFAULT_MEMORY_CAP = 2 << 30
 #: The cap is also at most this share of the host's available memory.
@@ -134,6 +138,42 @@ class StepMeasurement:
     def range(self) -> int:
         """The largest run minus the smallest, in bytes."""
         return int(max(self.runs) - min(self.runs))
+
+    def combined(self, more: StepMeasurement) -> StepMeasurement:
+        """These runs and ``more``'s, at the same batch and allocator.
+
+        Example:
+            >>> first = StepMeasurement(batch_size=4, runs=(100, 130, 110), seconds=1.0, allocator="bfc")
+            >>> both = first.combined(StepMeasurement(4, (105, 108), 0.5, "bfc"))
+            >>> both.runs, both.median, both.seconds
+            ((100, 130, 110, 105, 108), 108, 1.5)
+        """
+        if (more.batch_size, more.allocator) != (self.batch_size, self.allocator):
+            raise ValueError(
+                f"cannot combine runs at batch {self.batch_size} ({self.allocator}) with runs at batch "
+                f"{more.batch_size} ({more.allocator})"
+            )
+        return StepMeasurement(
+            self.batch_size, self.runs + more.runs, self.seconds + more.seconds, self.allocator, self.cached and more.cached
+        )
+
+
+def unsettled(measurement: StepMeasurement, replay_bytes: int) -> bool:
+    """Whether the runs spread at least as wide as their median lies from ``replay_bytes`` (and spread at all).
+
+    Then the median of so few runs does not say which side of the replay the
+    runtime lies on, and :data:`EXTRA_REPEATS` more runs are measured once.
+
+    Example:
+        >>> runs = StepMeasurement(batch_size=16, runs=(7_400_000, 10_100_000, 10_900_000), seconds=1.0, allocator="bfc")
+        >>> unsettled(runs, replay_bytes=7_200_000)  # 2.9 MB over the replay, runs 3.5 MB apart
+        True
+        >>> unsettled(runs, replay_bytes=5_000_000)  # 5.1 MB over: the runs agree on the side
+        False
+        >>> unsettled(StepMeasurement(16, (100, 100, 100), 1.0, "bfc"), replay_bytes=100)  # identical runs
+        False
+    """
+    return measurement.range > 0 and measurement.range >= abs(measurement.median - replay_bytes)
 
 
 def memory_cap(cap: int | None = None) -> int:
