@@ -63,8 +63,12 @@ Known limitations:
       extrapolation (:meth:`~nnmem_callbacks.keras.tf_graph.StepCorrection.doubt_line`).
     * Where the real peak has two modes (whether two kernels' work buffers
       overlap, how many loop iterations wait in the LSTM's gradient loop), the
-      median of the check's 3 runs picks one at half the batch, and the median
-      of a user's runs may land on the other. The upper bound covers both.
+      median of the check's runs picks one at half the batch (7 runs where
+      the first 3 disagree about the side of the replay), and the median of a
+      user's runs may land on the other. A mode that appears only at the full
+      batch is not seen at all (MobileNetV3-Small with oneDNN off, -29 % in
+      ``benchmarks/results/keras_tensorflow_cpu_avx512_onednn0.md``). The upper
+      bound covered both modes there; it missed 2 of 40 model-mode pairs.
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
       skips it.
