@@ -408,10 +408,13 @@ class StepCorrection:
         iterations wait in an LSTM's gradient loop) spreads the runs, and its
         median is still the best figure the check has. The spread widens the
         upper bound instead. Until 2026-11-25 a difference within the runs'
-        range (max - min) was dropped; on the committed runs
-        (``benchmarks/results/keras_tensorflow_cpu_avx512_onednn{0,1}.json``)
-        that left the LSTM at -16.6 % with oneDNN on, where its median
-        difference (+1.5 MiB, runs 4.8 MiB apart) brings it within 1 %.
+        range (max - min) was dropped; on the runs committed at 2e09799 that
+        left the LSTM at -16.6 % with oneDNN on, where its median difference
+        (+1.5 MiB, runs 4.8 MiB apart) would have brought it within 1 %.
+        Measured at 4afe37a the rule was a wash over 20 models (the LSTM's
+        median of 3 then landed high, +16.4 %), which is why runs that
+        disagree are now measured 7 times
+        (:func:`~nnmem_callbacks.keras.tf_step_check.unsettled`).
 
         Example:
             >>> from nnmem_callbacks.keras.tf_step_check import StepMeasurement

@@ -25,8 +25,9 @@ So the replay is checked by the real thing, small:
 3. The estimator replays the same batch; the difference between the median
    run and the replay is memory the replay does not model, and is added to
    every batch size, however wide the runs spread (a race with two outcomes
-   spreads them; its median is still the best figure): on the benchmark's worst models it barely changes with
-   the batch (compare the "replay" and "step check" columns of
+   spreads them; its median is still the best figure, and 4 more runs are
+   measured when the first 3 disagree about the side of the replay): on the
+   benchmark's worst models it barely changes with the batch (compare the "replay" and "step check" columns of
    ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md``).
    The spread of the runs widens the upper bound.
 
