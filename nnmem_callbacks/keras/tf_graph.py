@@ -521,7 +521,7 @@ def _step_check_correction(
         f"the difference, {correction.offset / MiB:+.1f} MiB, is runtime memory the replay does not model and is "
         f"added at every batch size"
     )
-    if measurement.range >= abs(correction.difference):
+    if check.unsettled(measurement, replay_bytes):
         text += f" (the runs spread wider, {measurement.range / MiB:.1f} MiB; the upper bound allows for it)"
     notes.append(text)
     return correction
