@@ -80,13 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--fresh", action="store_true", help="profile the first two steps (no warm-up step)")
     parser.add_argument("--grep", default=None, help="also list every event whose op contains this text")
+    parser.add_argument("--batch", type=int, default=None, help="the batch size instead of the case's own")
     args = parser.parse_args(argv)
     import tensorflow as tf
 
-    from benchmarks.keras_accuracy import build_case
+    from benchmarks.keras_accuracy import CASES, build_case
     from nnmem_callbacks.keras import estimate_training
     from nnmem_callbacks.keras import tf_graph
 
+    if args.batch is not None:
+        CASES[args.case] = (args.batch, CASES[args.case][1])
     model, x, y, batch = build_case(args.case)
     traces: list = []
     original = tf_graph.GraphReplayer.replay

@@ -23,6 +23,7 @@ import tensorflow as tf  # noqa: E402
 from nnmem_callbacks import MemoryBudgetExceeded  # noqa: E402
 from nnmem_callbacks.keras import KerasEstimationError, MemoryBudgetCallback, estimate_training, fit_plan  # noqa: E402
 from nnmem_callbacks.keras.tf_graph import tf_allocator_bytes  # noqa: E402
+from nnmem_callbacks.keras import tf_ops  # noqa: E402
 
 pytestmark = pytest.mark.keras
 L = keras.layers
@@ -583,3 +584,68 @@ def test_a_tensor_lists_elements_are_counted_by_the_bfc_allocator_only(monkeypat
     # the list, plus the batch and the few elements in flight (below oneDNN's threshold too)
     difference = results["bfc"].peak_counted - results["onednn"].peak_counted
     assert steps * element_bytes <= difference <= (steps + 4) * element_bytes
+
+
+def _list_loop(steps, batch, units):
+    @tf.function(autograph=False)
+    def loop(x):
+        array = tf.TensorArray(tf.float32, size=steps, element_shape=(batch, units))
+
+        def body(i, array):
+            scaled = x * tf.cast(i, tf.float32)
+            return i + 1, array.write(i, tf.exp(scaled) + scaled)
+
+        _, array = tf.while_loop(lambda i, array: i < steps, body, (0, array))
+        return array.stack()
+
+    return loop.get_concrete_function(tf.TensorSpec((batch, units))).graph
+
+
+def test_a_lists_elements_take_chunks_of_the_allocator_model_one_by_one(monkeypatch):
+    """The elements an RNN saves per step are separate allocations: they fill the allocator's regions and make it
+    open new ones, which decides what a later large buffer is charged (measured: an LSTM's saved steps made the
+    difference between 32 and 17 MiB charged for a 17 MiB convolution scratch)."""
+    from nnmem_callbacks.keras import tf_allocator
+    from nnmem_callbacks.keras.tf_graph import BFCSimulator, GraphReplayer, function_lookup
+
+    monkeypatch.setattr(tf_allocator, "_COUNTED_MIN", [0])  # the BFC allocator: every allocation counted
+    steps, batch, units = 48, 16, 1024  # 64 KiB elements, 3 MiB in all
+
+    class RecordingBFC(BFCSimulator):
+        requests: list = []
+
+        def alloc(self, num_bytes):
+            self.requests.append(num_bytes)
+            return super().alloc(num_bytes)
+
+    graph = _list_loop(steps, batch, units)
+    bfc = RecordingBFC()
+    result, _ = GraphReplayer(function_lookup(graph), batch, bfc=bfc).replay(graph, track_phases=False)
+    element = batch * units * 4
+    assert bfc.requests.count(element) >= steps  # one request per saved element, none for the list as a block
+    assert max(bfc.requests) <= steps * element  # the largest: the stacked output
+    assert result.peak_counted >= 2 * steps * element  # the list's elements and the stacked copy, together
+
+
+def test_a_loops_transient_is_charged_as_its_bodys_allocations():
+    """A loop body's peak is many small buffers; its caller's allocator model is charged them one by one, not as one
+    block of their sum (a block the kernels never ask for, which would open a region of its own)."""
+    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+
+    steps, batch, units = 8, 64, 1024  # 256 KiB per body tensor
+    graph = _list_loop(steps, batch, units)
+    loop = next(op for op in graph.get_operations() if op.type in tf_ops.WHILE_OPS)
+    replayer = GraphReplayer(function_lookup(graph), batch)
+    transient, pieces = tf_ops.call_transient(replayer, loop, {})
+    body_tensor = batch * units * 4
+    assert isinstance(pieces, list) and len(pieces) >= 2
+    assert max(pieces) <= body_tensor + 256 and sum(pieces) >= 2 * body_tensor
+    assert transient >= 2 * body_tensor
+
+
+def test_body_pieces_fall_back_to_the_counted_peak_and_repeat_for_iterations_in_flight():
+    from nnmem_callbacks.keras.tf_replay import ReplayResult
+
+    assert tf_ops.body_pieces(ReplayResult(peak_counted=3 << 20)) == [3 << 20]
+    assert tf_ops.body_pieces(ReplayResult(peak_counted=0)) == []
+    assert tf_ops.body_pieces(ReplayResult(peak_counted=768, peak_pieces=[256, 512]), copies=2) == [256, 512, 256, 512]

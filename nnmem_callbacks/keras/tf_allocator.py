@@ -10,11 +10,24 @@ Known limitations:
     * The simulator follows ``bfc_allocator.cc``'s policy (bins, best fit, split
       rule, coalescing, doubling regions), not its garbage collection or the
       ``allow_growth=False`` single region.
-    * A ``TensorList``'s elements are counted by their total
-      (:func:`list_counted_bytes`), outside the chunk model: elements are small
-      and fill the free chunks the model already holds. With oneDNN's allocator
-      they are assumed below its reporting threshold; an RNN whose per-step
-      tensor (batch x units x 4 bytes) reaches 256 KiB is under-counted there.
+    * A ``TensorList`` whose element size the list ops tell (``TensorListReserve``,
+      ``TensorListFromTensor``, pushes, a loop's accumulators) is charged one
+      chunk per element: its elements fill the free chunks and make the
+      allocator open regions as the real ones do. That decides what a later
+      large buffer is charged: with oneDNN off, the second of a convolution's
+      two 17.1 MiB scratch buffers (behind a bidirectional LSTM) was charged
+      32 MiB at batch 16 and 17.1 MiB at batch 32, where the LSTM's saved steps
+      had filled the 2, 4 and 8 MiB regions and made the allocator open a
+      16 MiB one, so the scratch got a 64 MiB region to split (the allocator's
+      events: ``python -m benchmarks.tf_memory_events cnn_bilstm_text --fresh
+      --batch 16``, then ``--batch 32``). The elements are allocated when the list is made or
+      the loop ends, not one by one between the loop body's other buffers.
+      Other lists are counted by their total (:func:`list_counted_bytes`),
+      outside the chunk model.
+    * The model starts from the allocator's first region; what the user's
+      process allocated before (data pipelines, other models) changes which
+      regions exist, and so what a large buffer is charged. The benchmark's
+      truth, like the step check, is a fresh process.
 """
 
 from __future__ import annotations
@@ -237,6 +250,9 @@ class Buffer:
         refs: How many live tensors (aliases included) share it.
         owned: ``False`` for a variable's or a caller's buffer (never forwarded, never freed here).
         chunk: The :class:`BFCSimulator` chunk holding it, when an allocator is simulated.
+        element: A ``TensorList``'s element bytes, when the replay knows them (0 otherwise).
+        element_chunks: The chunks of a ``TensorList``'s elements, one per element, when an
+            allocator is simulated and the element size is known.
     """
 
     nbytes: int
@@ -245,3 +261,5 @@ class Buffer:
     refs: int = 0
     owned: bool = True
     chunk: int | None = None
+    element: int = 0
+    element_chunks: list[int] = dataclasses.field(default_factory=list)

@@ -15,7 +15,8 @@ A handler is ``function(run, op, category) -> (transient, transient_counted)``:
 the graph (its buffers, the allocator model, :meth:`allocate`/:meth:`alias`),
 ``category`` the breakdown category of the op's outputs, and the result the
 scratch bytes alive while the op runs (all of them, and those the allocator
-counts).
+counts: one allocation's bytes, or a list of separate allocations, as a called
+body's or a loop body's buffers are: :func:`body_pieces`).
 
 Example:
     >>> handler_for("Conv2DBackpropInput") is handler_for("SomeOpNobodyRegistered")
@@ -434,22 +435,29 @@ def list_sizes(replayer: Any, op: Any, list_bytes: dict[Any, int]) -> None:
     if not op.outputs or op.outputs[0].dtype.name != "variant":
         return
     out = op.outputs[0].ref()
+    elements = replayer.list_elements
     try:
         if kind == "TensorListFromTensor":
             list_bytes[out] = replayer.size_of(op.inputs[0])
+            rows = op.inputs[0].shape.as_list()[0] if op.inputs[0].shape.rank else None
+            if rows:
+                elements[out] = list_bytes[out] // int(rows)
         elif kind == "TensorListReserve":
             count = _const_value(op.inputs[1])
             element = _element_bytes(op, replayer.n)
             list_bytes[out] = int(count) * element if count is not None and count >= 0 else 0
+            elements[out] = element
         elif kind in ("TensorListPushBack", "TensorListSetItem"):
             base = list_bytes.get(op.inputs[0].ref(), 0)
             element = op.inputs[-1] if kind == "TensorListPushBack" else op.inputs[2]
             # pushing a variable read stores a reference to the variable's buffer, not a copy
             item = 0 if _reads_variable(element) else replayer.size_of(element)
             list_bytes[out] = base + (item if kind == "TensorListPushBack" else 0)
+            elements[out] = elements.get(op.inputs[0].ref(), 0) or item
         elif kind == "TensorListPopBack":
             item = replayer.size_of(op.outputs[1]) if len(op.outputs) > 1 else 0
             list_bytes[out] = max(list_bytes.get(op.inputs[0].ref(), 0) - item, 0)
+            elements[out] = elements.get(op.inputs[0].ref(), 0) or item
         elif kind == "EmptyTensorList":
             list_bytes[out] = 0
     except Exception:  # noqa: BLE001 - sizes of lists are best effort
@@ -466,21 +474,17 @@ def control_flow_op(run: Any, op: Any, category: str) -> tuple[int, int]:
     return transient
 
 
-def call_transient(replayer: Any, op: Any, list_bytes: dict[Any, int]) -> tuple[int, int]:
+def call_transient(replayer: Any, op: Any, list_bytes: dict[Any, int]) -> tuple[int, int | list[int]]:
     """Transient bytes of a call, branch or loop; sets the sizes of variant outputs."""
     kind = op.type
     try:
         if kind in CALL_OPS:
             body = replayer.lookup(op.get_attr("f").name)
             return _replay_function(replayer, body, op, list_bytes, inputs=list(op.inputs))
-        if kind in IF_OPS:
-            branches = [replayer.lookup(op.get_attr(a).name) for a in ("then_branch", "else_branch")]
-            results = [_replay_function(replayer, b, op, list_bytes, inputs=list(op.inputs)[1:]) for b in branches]
-            return max(r[0] for r in results), max(r[1] for r in results)
-        if kind in CASE_OPS:
-            branches = [replayer.lookup(f.name) for f in op.get_attr("branches")]
-            results = [_replay_function(replayer, b, op, list_bytes, inputs=list(op.inputs)[1:]) for b in branches]
-            return max(r[0] for r in results), max(r[1] for r in results)
+        if kind in IF_OPS or kind in CASE_OPS:
+            names = [op.get_attr(a).name for a in ("then_branch", "else_branch")] if kind in IF_OPS else [f.name for f in op.get_attr("branches")]
+            results = [_replay_function(replayer, replayer.lookup(name), op, list_bytes, inputs=list(op.inputs)[1:]) for name in names]
+            return max(r[0] for r in results), max((r[1] for r in results), key=sum)
         if kind in WHILE_OPS:
             return _replay_loop(replayer, op, list_bytes)
     except Exception:  # noqa: BLE001 - unknown function layouts: count the op only
@@ -488,17 +492,28 @@ def call_transient(replayer: Any, op: Any, list_bytes: dict[Any, int]) -> tuple[
     return 0, 0
 
 
-def _replay_function(replayer: Any, graph: Any, op: Any, list_bytes: dict[Any, int], *, inputs: list) -> tuple[int, int]:
+def _replay_function(replayer: Any, graph: Any, op: Any, list_bytes: dict[Any, int], *, inputs: list) -> tuple[int, list[int]]:
     incoming = {i: list_bytes.get(t.ref(), 0) for i, t in enumerate(inputs) if t.dtype.name == "variant"}
     result, out_lists = replayer.child().replay(
         graph, inputs_category=None, input_list_bytes=incoming, track_phases=False
     )
     for (key, size), out in zip(out_lists.items(), [t for t in op.outputs if t.dtype.name == "variant"]):
         list_bytes[out.ref()] = size
-    return result.peak, result.peak_counted
+    return result.peak, body_pieces(result)
 
 
-def _replay_loop(replayer: Any, op: Any, list_bytes: dict[Any, int]) -> tuple[int, int]:
+def body_pieces(result: Any, copies: int = 1) -> list[int]:
+    """What the caller's allocator is charged for a body's transient peak: its allocations, ``copies`` times.
+
+    A body's peak is many small buffers (a recurrent cell's gates, one step's
+    list elements); charged as one allocation of their sum, the caller's
+    allocator model would open a region for a block the kernels never ask for.
+    """
+    pieces = list(result.peak_pieces) or ([result.peak_counted] if result.peak_counted else [])
+    return pieces * copies
+
+
+def _replay_loop(replayer: Any, op: Any, list_bytes: dict[Any, int]) -> tuple[int, list[int]]:
     """A ``While`` loop: one pass of its body; its ``TensorList`` accumulators grow by trips x a pass's growth."""
     body = replayer.lookup(op.get_attr("body").name)
     inputs = list(op.inputs)
@@ -517,14 +532,17 @@ def _replay_loop(replayer: Any, op: Any, list_bytes: dict[Any, int]) -> tuple[in
         after = out_lists.get(body_outputs[i].ref(), before) if i < len(body_outputs) else before
         growth = after - before  # pushes grow a list, pops (gradient loops) shrink it
         list_bytes[out.ref()] = max(before + growth * trips, 0)
+        element = child.list_elements.get(body_outputs[i].ref(), 0) if i < len(body_outputs) else 0
+        if element or growth > 0:
+            replayer.list_elements[out.ref()] = element or growth
     if replayer.unlucky:
         # the executor runs up to ``parallel_iterations`` iterations of the body at once
         try:
             in_flight = max(1, min(int(op.get_attr("parallel_iterations")), trips))
         except (ValueError, TypeError):  # pragma: no cover - every While op has the attribute
             in_flight = 1
-        return result.peak * in_flight, result.peak_counted * in_flight
-    return result.peak, result.peak_counted
+        return result.peak * in_flight, body_pieces(result, in_flight)
+    return result.peak, body_pieces(result)
 
 
 def trip_count(replayer: Any, op: Any) -> int:

@@ -42,6 +42,9 @@ class ReplayResult:
 
     peak: int = 0
     peak_counted: int = 0
+    #: The separate allocations that make up ``peak_counted`` (kept where no allocator is simulated: a
+    #: function body's, charged by its caller's allocator model one allocation at a time).
+    peak_pieces: list[int] = dataclasses.field(default_factory=list)
     peak_phase: str = ""
     peak_breakdown: dict[str, int] = dataclasses.field(default_factory=dict)
     phase_peaks: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -49,6 +52,16 @@ class ReplayResult:
     unknown_shapes: Counter = dataclasses.field(default_factory=Counter)
     ops: int = 0
     approximations: Counter = dataclasses.field(default_factory=Counter)
+
+
+def as_pieces(counted: int | list[int]) -> list[int]:
+    """Counted bytes as a list of separate allocations (an ``int`` is one allocation).
+
+    Example:
+        >>> as_pieces(512), as_pieces([256, 1024])
+        ([512], [256, 1024])
+    """
+    return [counted] if isinstance(counted, int) else list(counted)
 
 
 #: The breakdown category of an op's outputs by phase (a backward output the optimizer reads is a gradient).
@@ -127,11 +140,15 @@ class ReplayRun:
         """Gives ``tensor`` a fresh buffer of ``nbytes`` (charged to the allocator when ``owned``)."""
         counted = tf_allocator_bytes(nbytes) if owned else 0
         variant = tensor.dtype.name == "variant"
+        element = self.replayer.list_elements.get(tensor.ref(), 0) if variant else 0
         if variant:
             counted = list_counted_bytes(nbytes) if owned else 0
-        buffer = Buffer(nbytes, counted, category, 1, owned)
+        buffer = Buffer(nbytes, counted, category, 1, owned, element=element)
         bfc = self.bfc
-        if variant:
+        if variant and owned and element > 0:
+            buffer.counted = 0
+            self._fit_elements(buffer)
+        elif variant:
             self.unchunked_counted += counted
         elif counted and bfc is not None:
             buffer.chunk = bfc.alloc(nbytes)
@@ -179,12 +196,43 @@ class ReplayRun:
             value.counted = self.bfc.chunks[value.chunk][1]
         self.live_counted += value.counted
 
+    def _fit_elements(self, buffer: Buffer) -> None:
+        """Charges a ``TensorList`` of known element size as its elements: one allocation each.
+
+        Under a simulated allocator each element takes its own chunk (a list's
+        elements fill small free chunks, and grow the allocator's regions as
+        the real ones do); otherwise each counts as one allocation of its size.
+        """
+        element = buffer.element
+        count, rest = divmod(max(buffer.nbytes, 0), element)
+        sizes = [element] * count + ([rest] if rest else [])
+        before = buffer.counted
+        bfc = self.bfc
+        if bfc is None:
+            buffer.counted = sum(tf_allocator_bytes(size) for size in sizes)
+        else:
+            chunks = buffer.element_chunks
+            kept = 0
+            while kept < min(len(chunks), len(sizes)) and bfc.chunks[chunks[kept]][1] >= BFCSimulator.rounded(sizes[kept]):
+                kept += 1
+            for cid in reversed(chunks[kept:]):
+                bfc.free(cid)
+            del chunks[kept:]
+            chunks.extend(bfc.alloc(size) for size in sizes[kept:] if tf_allocator_bytes(size))
+            buffer.counted = sum(bfc.chunks[cid][1] for cid in chunks)
+        self.live_counted += buffer.counted - before
+
     def resize_list(self, source: Any, out: Any, delta: int, category: str) -> None:
         """``out`` is the ``TensorList`` ``source`` changed in place by ``delta`` bytes."""
         buffer = self.buffer_of[source.ref()]
         buffer.refs += 1
         self.buffer_of[out.ref()] = buffer
-        if buffer.owned:
+        element = self.replayer.list_elements.get(out.ref(), 0)
+        if buffer.owned and buffer.element > 0:
+            buffer.nbytes += delta
+            self.live[buffer.category] += delta
+            self._fit_elements(buffer)
+        elif buffer.owned:
             buffer.nbytes += delta
             self.live[buffer.category] += delta
             if buffer.chunk is None:
@@ -192,6 +240,12 @@ class ReplayRun:
                 self.live_counted += counted - buffer.counted
                 self.unchunked_counted += counted - buffer.counted
                 buffer.counted = counted
+        elif delta > 0 and element > 0:
+            grown = Buffer(delta, 0, category, 1, True, element=element)
+            self.live[category] += delta
+            self._fit_elements(grown)
+            self.buffer_of[out.ref()] = grown
+            buffer.refs -= 1
         elif delta > 0:
             counted = list_counted_bytes(delta)
             grown = Buffer(delta, counted, category, 1, True)
@@ -213,9 +267,13 @@ class ReplayRun:
         if buffer.refs <= 0 and buffer.owned:
             self.live[buffer.category] -= buffer.nbytes
             self.live_counted -= buffer.counted
-            if buffer.chunk is None:
-                self.unchunked_counted -= buffer.counted
             bfc = self.bfc
+            if buffer.element > 0:
+                for cid in reversed(buffer.element_chunks):
+                    bfc.free(cid)  # type: ignore[union-attr] - element chunks exist only with an allocator
+                buffer.element_chunks.clear()
+            elif buffer.chunk is None:
+                self.unchunked_counted -= buffer.counted
             if buffer.chunk is not None and bfc is not None:
                 bfc.free(buffer.chunk)
                 buffer.chunk = None
@@ -233,8 +291,7 @@ class ReplayRun:
         """
         result, live, bfc = self.result, self.live, self.bfc
         total = sum(live.values()) + extra
-        pieces = [extra_counted] if isinstance(extra_counted, int) else list(extra_counted)
-        pieces = [p for p in pieces if p > 0]
+        pieces = [p for p in as_pieces(extra_counted) if p > 0]
         if bfc is not None:
             scratch = [bfc.alloc(p) for p in pieces]
             counted = bfc.in_use - self.base_counted + self.unchunked_counted
@@ -244,6 +301,8 @@ class ReplayRun:
             counted = self.live_counted + sum(pieces)
         if counted > result.peak_counted:
             result.peak_counted = counted
+            if bfc is None:
+                result.peak_pieces = self._live_pieces() + pieces
         if self.track_phases and total > result.phase_peaks.get(phase, -1):
             result.phase_peaks[phase] = total
             snapshot = dict(live)
@@ -256,6 +315,20 @@ class ReplayRun:
             snapshot[str(Category.TEMPORARIES)] += extra
             result.peak_breakdown = snapshot
 
+    def _live_pieces(self) -> list[int]:
+        """The counted allocations of the live owned buffers: one per buffer, one per element of a list."""
+        pieces, seen = [], set()
+        for buffer in self.buffer_of.values():
+            if id(buffer) in seen or not buffer.owned or buffer.counted <= 0:
+                continue
+            seen.add(id(buffer))
+            if buffer.element > 0:
+                count, rest = divmod(max(buffer.nbytes, 0), buffer.element)
+                pieces += [tf_allocator_bytes(buffer.element)] * count + ([tf_allocator_bytes(rest)] if rest else [])
+            else:
+                pieces.append(buffer.counted)
+        return [p for p in pieces if p > 0]
+
     def op_done(self, op: Any, phase: str, transient: int, transient_counted: int, held: bool) -> None:
         """Records the peak while ``op`` runs and frees what it read last, unless its wave is still running (``held``).
 
@@ -267,13 +340,14 @@ class ReplayRun:
         """
         lingering = self.lingering if self.replayer.unlucky else (0, [])
         wave_bytes, wave_counted = self.wave_scratch
-        self.record(phase, transient + wave_bytes + lingering[0], [transient_counted, *wave_counted, *lingering[1]])
+        transient_counted = as_pieces(transient_counted)
+        self.record(phase, transient + wave_bytes + lingering[0], [*transient_counted, *wave_counted, *lingering[1]])
         self.deferred.append(op)
         if held:
-            self.wave_scratch = (wave_bytes + transient, [*wave_counted, transient_counted])
+            self.wave_scratch = (wave_bytes + transient, [*wave_counted, *transient_counted])
             return
         if any(done.type in SCRATCH_KERNELS for done in self.deferred):
-            self.lingering = (transient + wave_bytes, [transient_counted, *wave_counted])
+            self.lingering = (transient + wave_bytes, [*transient_counted, *wave_counted])
         self.wave_scratch = (0, [])
         for done_op in self.deferred:
             # free what this op consumed last, and outputs nobody reads
@@ -341,6 +415,7 @@ class GraphReplayer:
         self.unknown = Counter()
         self.approx = Counter()
         self.shapes: dict[Any, Any] = {}  # output shapes changed by a replayed Grappler rewrite
+        self.list_elements: dict[Any, int] = {}  # TensorList -> its element bytes, where the list ops tell
         self.order: list[str] = []  # the op names of the last replay, in the order they ran
 
     def shape_of(self, tensor: Any) -> Any:
