@@ -649,3 +649,21 @@ def test_body_pieces_fall_back_to_the_counted_peak_and_repeat_for_iterations_in_
     assert tf_ops.body_pieces(ReplayResult(peak_counted=3 << 20)) == [3 << 20]
     assert tf_ops.body_pieces(ReplayResult(peak_counted=0)) == []
     assert tf_ops.body_pieces(ReplayResult(peak_counted=768, peak_pieces=[256, 512]), copies=2) == [256, 512, 256, 512]
+
+
+def test_a_list_of_known_elements_is_counted_once_without_an_allocator_model():
+    """Where no allocator is simulated (a loop or call body), a list's elements count once while it lives."""
+    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+
+    steps, batch, units = 8, 64, 1024  # 256 KiB elements, 2 MiB in all
+
+    @tf.function(autograph=False)
+    def unstack_and_stack(x):
+        array = tf.TensorArray(tf.float32, size=steps, element_shape=(batch, units))
+        return array.unstack(tf.tile(x[None], [steps, 1, 1])).stack()
+
+    graph = unstack_and_stack.get_concrete_function(tf.TensorSpec((batch, units))).graph
+    result, _ = GraphReplayer(function_lookup(graph), batch).replay(graph, track_phases=False)
+    # every buffer is a multiple of 256 KiB, counted exactly by either CPU allocator: counted bytes = tensor bytes
+    assert result.peak == 4 * (1 << 20) + batch * units * 4  # the tiled copy and the list (2 MiB each), and x
+    assert result.peak_counted == result.peak

@@ -145,9 +145,9 @@ class ReplayRun:
             counted = list_counted_bytes(nbytes) if owned else 0
         buffer = Buffer(nbytes, counted, category, 1, owned, element=element)
         bfc = self.bfc
-        if variant and owned and element > 0:
-            buffer.counted = 0
-            self._fit_elements(buffer)
+        listed = variant and owned and element > 0
+        if listed:
+            buffer.counted = 0  # charged element by element below, once the buffer is live
         elif variant:
             self.unchunked_counted += counted
         elif counted and bfc is not None:
@@ -159,6 +159,8 @@ class ReplayRun:
         if owned:
             self.live[category] += nbytes
             self.live_counted += buffer.counted
+        if listed:
+            self._fit_elements(buffer)
 
     def alias(self, tensor: Any, source: Any) -> bool:
         """Makes ``tensor`` share the buffer of ``source``; ``False`` when ``source`` has none."""
