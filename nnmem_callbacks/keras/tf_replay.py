@@ -138,19 +138,12 @@ class ReplayRun:
     # -- buffers -----------------------------------------------------------------------------------
     def allocate(self, tensor: Any, nbytes: int, category: str, owned: bool = True) -> None:
         """Gives ``tensor`` a fresh buffer of ``nbytes`` (charged to the allocator when ``owned``)."""
-        counted = tf_allocator_bytes(nbytes) if owned else 0
         variant = tensor.dtype.name == "variant"
+        counted = tf_allocator_bytes(nbytes) if owned and not variant else 0  # a list is charged below, once live
         element = self.replayer.list_elements.get(tensor.ref(), 0) if variant else 0
-        if variant:
-            counted = list_counted_bytes(nbytes) if owned else 0
         buffer = Buffer(nbytes, counted, category, 1, owned, element=element)
         bfc = self.bfc
-        listed = variant and owned and element > 0
-        if listed:
-            buffer.counted = 0  # charged element by element below, once the buffer is live
-        elif variant:
-            self.unchunked_counted += counted
-        elif counted and bfc is not None:
+        if counted and bfc is not None:
             buffer.chunk = bfc.alloc(nbytes)
             buffer.counted = bfc.chunks[buffer.chunk][1]
             if self.replayer.trace is not None:
@@ -159,8 +152,8 @@ class ReplayRun:
         if owned:
             self.live[category] += nbytes
             self.live_counted += buffer.counted
-        if listed:
-            self._fit_elements(buffer)
+            if variant:
+                self._charge_list(buffer)
 
     def alias(self, tensor: Any, source: Any) -> bool:
         """Makes ``tensor`` share the buffer of ``source``; ``False`` when ``source`` has none."""
@@ -198,6 +191,27 @@ class ReplayRun:
             value.counted = self.bfc.chunks[value.chunk][1]
         self.live_counted += value.counted
 
+    def _charge_list(self, buffer: Buffer) -> None:
+        """Brings an owned ``TensorList``'s counted bytes up to its current size.
+
+        Element by element where the element size is known (:meth:`_fit_elements`);
+        otherwise by its total, outside the allocator model
+        (:func:`~nnmem_callbacks.keras.tf_allocator.list_counted_bytes`).
+        """
+        if buffer.element > 0:
+            self._fit_elements(buffer)
+        elif buffer.chunk is None:
+            counted = list_counted_bytes(max(buffer.nbytes, 0))
+            self.live_counted += counted - buffer.counted
+            self.unchunked_counted += counted - buffer.counted
+            buffer.counted = counted
+
+    @staticmethod
+    def _element_sizes(buffer: Buffer) -> list[int]:
+        """The bytes of each element of a list of known element size (the last one may be partial)."""
+        count, rest = divmod(max(buffer.nbytes, 0), buffer.element)
+        return [buffer.element] * count + ([rest] if rest else [])
+
     def _fit_elements(self, buffer: Buffer) -> None:
         """Charges a ``TensorList`` of known element size as its elements: one allocation each.
 
@@ -205,9 +219,7 @@ class ReplayRun:
         elements fill small free chunks, and grow the allocator's regions as
         the real ones do); otherwise each counts as one allocation of its size.
         """
-        element = buffer.element
-        count, rest = divmod(max(buffer.nbytes, 0), element)
-        sizes = [element] * count + ([rest] if rest else [])
+        sizes = self._element_sizes(buffer)
         before = buffer.counted
         bfc = self.bfc
         if bfc is None:
@@ -229,31 +241,14 @@ class ReplayRun:
         buffer = self.buffer_of[source.ref()]
         buffer.refs += 1
         self.buffer_of[out.ref()] = buffer
-        element = self.replayer.list_elements.get(out.ref(), 0)
-        if buffer.owned and buffer.element > 0:
+        if buffer.owned:
             buffer.nbytes += delta
             self.live[buffer.category] += delta
-            self._fit_elements(buffer)
-        elif buffer.owned:
-            buffer.nbytes += delta
-            self.live[buffer.category] += delta
-            if buffer.chunk is None:
-                counted = list_counted_bytes(max(buffer.nbytes, 0))
-                self.live_counted += counted - buffer.counted
-                self.unchunked_counted += counted - buffer.counted
-                buffer.counted = counted
-        elif delta > 0 and element > 0:
-            grown = Buffer(delta, 0, category, 1, True, element=element)
-            self.live[category] += delta
-            self._fit_elements(grown)
-            self.buffer_of[out.ref()] = grown
-            buffer.refs -= 1
+            self._charge_list(buffer)
         elif delta > 0:
-            counted = list_counted_bytes(delta)
-            grown = Buffer(delta, counted, category, 1, True)
+            grown = Buffer(delta, 0, category, 1, True, element=self.replayer.list_elements.get(out.ref(), 0))
             self.live[category] += delta
-            self.live_counted += counted
-            self.unchunked_counted += counted
+            self._charge_list(grown)
             self.buffer_of[out.ref()] = grown
             buffer.refs -= 1
 
@@ -325,8 +320,7 @@ class ReplayRun:
                 continue
             seen.add(id(buffer))
             if buffer.element > 0:
-                count, rest = divmod(max(buffer.nbytes, 0), buffer.element)
-                pieces += [tf_allocator_bytes(buffer.element)] * count + ([tf_allocator_bytes(rest)] if rest else [])
+                pieces += [tf_allocator_bytes(size) for size in self._element_sizes(buffer)]
             else:
                 pieces.append(buffer.counted)
         return [p for p in pieces if p > 0]
