@@ -667,3 +667,24 @@ def test_a_list_of_known_elements_is_counted_once_without_an_allocator_model():
     # every buffer is a multiple of 256 KiB, counted exactly by either CPU allocator: counted bytes = tensor bytes
     assert result.peak == 4 * (1 << 20) + batch * units * 4  # the tiled copy and the list (2 MiB each), and x
     assert result.peak_counted == result.peak
+
+
+def test_the_replays_allocator_starts_as_keras_build_left_it():
+    """Random-initialized variables are made through two freed temporaries; zero-filled ones and slots are not."""
+    from nnmem_callbacks.keras.tf_graph import allocator_after_build, build_state
+
+    model = keras.Sequential([keras.Input((64,)), L.Dense(1024), L.Dense(1024, kernel_initializer="zeros")])
+    model.compile(optimizer="adam", loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    state = build_state(model)
+    assert [at_random for _, at_random in state[:4]] == [True, False, False, False]
+    assert not any(at_random for _, at_random in state[4:])  # the optimizer's variables are zero-filled
+    assert len(state) == len({id(v) for v in model.variables} | {id(v) for v in model.optimizer.variables})
+    bfc, chunks = allocator_after_build(state, min_bytes=0)
+    kernel = bfc.chunks[chunks[0]]
+    assert kernel[0] >= 2 * state[0][0]  # behind the random values and their scaled copy
+    # the holes they left are free and take later buffers: the allocator holds only the variables
+    assert bfc.in_use == sum(bfc.chunks[c][1] for c in chunks if c is not None)
+    # trained values read as random
+    model.layers[1].bias.assign(tf.range(1024, dtype="float32"))
+    assert build_state(model)[3] == (state[3][0], True)

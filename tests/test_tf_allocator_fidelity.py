@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.tf_allocator_fidelity import _feed, to_markdown
+from benchmarks.tf_allocator_fidelity import _feed, start_from_build, to_markdown
 from nnmem_callbacks.keras.tf_allocator import BFCSimulator
 
 MIB = 1 << 20
@@ -29,10 +29,39 @@ def test_feeding_events_charges_whole_chunks_and_frees_by_address():
 
 def test_the_report_gives_each_models_error_and_the_median():
     rows = [
-        {"case": "a", "batch_size": 8, "real_bytes": 100 * MIB, "full_history_bytes": 101 * MIB, "state_only_bytes": 90 * MIB},
+        {
+            "case": "a", "batch_size": 8, "real_bytes": 100 * MIB, "full_history_bytes": 101 * MIB,
+            "live_only_bytes": 90 * MIB, "replay_start_bytes": 100 * MIB,
+        },
         {"case": "b", "error_text": "timeout after 900s"},
     ]
     text = to_markdown(rows, {"commit": "abc"})
-    assert "| a | 8 | 100.00 | 101.00 | +1.00% | 90.00 | -10.00% |" in text
+    assert "| a | 8 | 100.00 | 101.00 | +1.00% | 90.00 | -10.00% | 100.00 | +0.00% |" in text
     assert "failed: timeout after 900s" in text
     assert "full history: median |error| 1.00%, worst 1.00% over 1 cases" in text
+    assert "live buffers only: median |error| 10.00%" in text
+
+
+def test_the_replays_start_takes_the_real_variables_by_order_and_size_and_frees_them_with_the_window():
+    # two variables, the first randomly initialized; the real process also holds a handle and the batch
+    live = {
+        "w1": {"requested_bytes": MIB // 4},
+        "handle": {"requested_bytes": 200},
+        "w2": {"requested_bytes": MIB // 4},
+        "x": {"requested_bytes": MIB},
+    }
+    simulator, chunks = start_from_build([(MIB // 4, True), (MIB // 4, False)], live)
+    assert set(chunks) == set(live)
+    # w1 behind its initializer's two freed temporaries, w2 in the hole they left
+    assert simulator.chunks[chunks["w2"]][0] < simulator.chunks[chunks["w1"]][0]
+    # the window replaces w1's buffer: freeing it by address frees the mapped chunk
+    in_use = simulator.in_use
+    _feed(simulator, [_event("MemoryDeallocation", "w1")], chunks)
+    assert simulator.in_use == in_use - MIB // 4
+
+
+def test_a_real_buffer_of_another_size_does_not_take_a_variables_chunk():
+    live = {"x": {"requested_bytes": 3 * MIB}, "w": {"requested_bytes": MIB // 4}}
+    simulator, chunks = start_from_build([(MIB // 4, False)], live)
+    assert simulator.chunks[chunks["w"]][1] == MIB // 4
+    assert simulator.chunks[chunks["x"]][1] >= 3 * MIB  # allocated after, in a region of its own

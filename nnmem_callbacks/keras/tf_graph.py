@@ -137,6 +137,7 @@ from nnmem_callbacks.keras.tf_allocator import (  # noqa: F401 - re-exported
     TF_CPU_ROUNDING,
     BFCSimulator,
     Buffer,
+    allocator_after_build,
     tf_allocator_bytes,
     tf_cpu_allocator,
 )
@@ -170,17 +171,56 @@ from nnmem_callbacks.keras.tf_trace import (  # noqa: F401 - re-exported
 )
 
 
-def _replay_at(concrete: Any, n: int, state_sizes: list[int], scratch_curves: dict[str, Any], onednn: bool) -> tuple[Any, Any]:
-    """``(expected, unlucky)`` replays of the step traced at batch ``n``, from the allocator holding the state."""
+def initialized_at_random(variable: Any) -> bool:
+    """Whether ``variable`` holds values of a random initializer (not all equal), as Keras' build left it.
+
+    Tells :func:`~nnmem_callbacks.keras.tf_allocator.allocator_after_build`
+    which variables were made through an initializer's temporaries. It reads
+    the values (two reductions to scalars); a variable already trained or
+    loaded reads as random. A variable that cannot be reduced (booleans,
+    strings) counts as constant.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> initialized_at_random(tf.Variable(tf.zeros([3]))), initialized_at_random(tf.Variable([1.0, 2.0]))
+        (False, True)
+    """
+    import tensorflow as tf
+
+    value = getattr(variable, "value", variable)  # a property of Keras variables, a method of ``tf.Variable``
+    try:
+        value = value() if callable(value) else value
+        if int(tf.size(value)) < 2:
+            return False
+        return bool(tf.reduce_max(value) != tf.reduce_min(value))
+    except Exception:  # noqa: BLE001 - a dtype without an order
+        return False
+
+
+def build_state(model: Any) -> list[tuple[int, bool]]:
+    """``(bytes, initialized_at_random)`` of the model's variables, then the optimizer's, in creation order."""
+    from nnmem_callbacks.keras.common import unique, variable_bytes
+
+    model_variables = unique(model.variables)
+    seen = {id(v) for v in model_variables}
+    optimizer_variables = [v for v in unique(model.optimizer.variables) if id(v) not in seen]
+    return [(variable_bytes(v), initialized_at_random(v)) for v in model_variables] + [
+        (variable_bytes(v), False) for v in optimizer_variables
+    ]
+
+
+def _replay_at(concrete: Any, n: int, state: list[tuple[int, bool]], scratch_curves: dict[str, Any], onednn: bool) -> tuple[Any, Any]:
+    """``(expected, unlucky)`` replays of the step traced at batch ``n``, from the allocator as the build left it.
+
+    ``state`` is :func:`build_state`'s ``(bytes, initialized_at_random)`` per variable.
+    """
     graph = concrete.graph
     scratch = {name: curve.at(n) for name, curve in scratch_curves.items()}  # curves are over samples
     replays = []
     for bad_luck in (False, True):
-        # the allocator as the step finds it: the variables and slots in their chunks
-        bfc = BFCSimulator()
-        for size in state_sizes:
-            if tf_allocator_bytes(size):
-                bfc.alloc(size)
+        # the allocator as the step finds it: the variables and slots in their chunks, behind the holes
+        # their initializers' temporaries left
+        bfc, _ = allocator_after_build(state)
         replayer = GraphReplayer(
             function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads(), scratch=scratch,
             onednn=onednn, unlucky=bad_luck,
@@ -224,10 +264,8 @@ def estimate_tensorflow(
     if was_built and int(optimizer.iterations.numpy()) != iterations:  # pragma: no cover - tracing never runs
         notes.append("warning: optimizer iterations changed during tracing")
     static = static_bytes(model, unique(optimizer.variables))
-    from nnmem_callbacks.keras.common import variable_bytes
-
-    state_sizes = [variable_bytes(v) for v in unique(model.variables) + unique(optimizer.variables)]
-    counted_static = sum(tf_allocator_bytes(size) for size in state_sizes)
+    state = build_state(model)
+    counted_static = sum(tf_allocator_bytes(size) for size, _ in state)
     static_total = sum(static.values())
     onednn = onednn_enabled()
     scratch_curves: dict[str, Any] = {}
@@ -248,7 +286,7 @@ def estimate_tensorflow(
     notes.append(f"TensorFlow kernels: oneDNN {'on' if onednn else 'off'} in this process")
     results, unlucky = {}, {}
     for n in (batch_size, 2 * batch_size):
-        results[n], unlucky[n] = _replay_at(concretes[n], n, state_sizes, scratch_curves, onednn)
+        results[n], unlucky[n] = _replay_at(concretes[n], n, state, scratch_curves, onednn)
     main = results[batch_size]
     double = results[2 * batch_size]
     # what the executor's scheduling may add in an unlucky run, as a line in the batch size
@@ -257,7 +295,7 @@ def estimate_tensorflow(
     correction = None
     if check_steps:
         correction = _step_check_correction(
-            model, x_specs, y_specs, batch_size, counted_static, results, state_sizes, scratch_curves, onednn, notes
+            model, x_specs, y_specs, batch_size, counted_static, results, state, scratch_curves, onednn, notes
         )
     offset = correction.offset if correction is not None else 0
     run_spread = correction.measurement.spread if correction is not None else 0
@@ -456,7 +494,7 @@ def _step_check_correction(
     batch_size: int,
     counted_static: int,
     replays: dict[int, Any],
-    state_sizes: list[int],
+    state: list[tuple[int, bool]],
     scratch_curves: dict[str, Any],
     onednn: bool,
     notes: list[str],
@@ -489,7 +527,7 @@ def _step_check_correction(
         measurement = check.measure_steps(model, x_specs, y_specs, size)
         replay = replays.get(size)
         if replay is None:  # B = 1 checks batch 1, already replayed
-            replay, _ = _replay_at(trace_train_step(model, x_specs, y_specs, size), size, state_sizes, scratch_curves, onednn)
+            replay, _ = _replay_at(trace_train_step(model, x_specs, y_specs, size), size, state, scratch_curves, onednn)
     except Exception as error:  # noqa: BLE001 - the check never breaks the estimate
         reason = f"{type(error).__name__}: {error}" if not isinstance(error, check.StepCheckError) else str(error)
         notes.append(f"not checked by real steps ({reason}); the replay alone, which misses runtime memory")
