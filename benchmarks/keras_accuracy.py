@@ -51,7 +51,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -407,21 +406,14 @@ def run_isolated(
     env.update(mode_environment(onednn))
     if part != "measure":
         env["NNMEM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nnmem-bench-cache-")
+    from benchmarks.isolated import run_worker
+
     started = time.perf_counter()
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.keras_accuracy", "--worker", name, "--part", part],
-            env=env, capture_output=True, text=True, timeout=timeout,
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        )
-    except subprocess.TimeoutExpired:
-        return {"case": name, "backend": backend, "error_text": f"timeout after {timeout}s"}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith("{"):
-            row = json.loads(line)
-            row["wall_s"] = round(time.perf_counter() - started, 1)
-            return row
-    return {"case": name, "backend": backend, "error_text": (done.stderr or done.stdout).strip().splitlines()[-1:]}
+    row = run_worker("benchmarks.keras_accuracy", ["--worker", name, "--part", part], env=env, timeout=timeout)
+    if "error_text" in row:
+        return {"case": name, "backend": backend, **row}
+    row["wall_s"] = round(time.perf_counter() - started, 1)
+    return row
 
 
 def run_repeated(name: str, backend: str, repeats: int, onednn: str | None = None) -> dict[str, Any]:

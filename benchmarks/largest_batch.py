@@ -42,7 +42,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -218,13 +217,12 @@ def batch_size_finder(case_name: str, cap_bytes: int | None, optimizer: str, pre
 
 def _run_worker(kind: str, payload: dict[str, Any], timeout: int = 900) -> dict[str, Any]:
     """Runs ``kind`` in a fresh Python process and returns its JSON record."""
-    command = [sys.executable, "-m", "benchmarks.largest_batch", "--worker", kind, "--payload", json.dumps(payload)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          cwd=Path(__file__).resolve().parent.parent)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        return {"failed": True, "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-    return json.loads(lines[-1])
+    from benchmarks.isolated import run_worker
+
+    record = run_worker("benchmarks.largest_batch", ["--worker", kind, "--payload", json.dumps(payload)], timeout=timeout)
+    if "error_text" in record:
+        return {"failed": True, "error": record["error_text"]}
+    return record
 
 
 def _worker(kind: str, payload: dict[str, Any]) -> int:

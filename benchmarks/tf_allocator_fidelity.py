@@ -55,8 +55,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
@@ -170,24 +168,15 @@ def worker(name: str, batch_size: int | None = None) -> dict[str, Any]:
 
 
 def run_isolated(name: str, batch_size: int | None, timeout: int = 900) -> dict[str, Any]:
+    from benchmarks.isolated import run_worker
+
     env = dict(
         os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore",
         TF_ENABLE_ONEDNN_OPTS="0", TF_CPU_ALLOCATOR_USE_BFC="true",
     )
-    command = [sys.executable, "-m", "benchmarks.tf_allocator_fidelity", "--worker", name]
-    if batch_size is not None:
-        command += ["--batch", str(batch_size)]
-    try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=timeout,
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        )
-    except subprocess.TimeoutExpired:
-        return {"case": name, "error_text": f"timeout after {timeout}s"}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    return {"case": name, "error_text": (done.stderr or done.stdout).strip().splitlines()[-1:]}
+    arguments = ["--worker", name] + (["--batch", str(batch_size)] if batch_size is not None else [])
+    row = run_worker("benchmarks.tf_allocator_fidelity", arguments, env=env, timeout=timeout)
+    return {"case": name, **row} if "error_text" in row else row
 
 
 def _relative(row: dict[str, Any], key: str) -> float:
