@@ -28,8 +28,8 @@ Known limitations:
       (:func:`allocator_after_build`): each randomly initialized variable behind
       the two freed temporaries of its initializer, then the zero-filled ones
       and the optimizer's slots. Where the chunks lie decides what a later
-      buffer is charged (ResNet-50's two steps: 81.4 MiB real, 73.5 MiB from
-      the variables alone, 80.7 MiB with the temporaries;
+      buffer is charged (ResNet-50's two steps, fed the real requests: 79.4 MiB
+      real, 73.8 MiB from the live buffers alone, 81.9 MiB with the holes;
       ``benchmarks/results/tf_allocator_fidelity_cpu_avx512.md``). Anything else
       the user's process allocated before (data pipelines, other models,
       loaded weights) is not modelled. The benchmark's truth, like the step
@@ -258,9 +258,9 @@ def allocator_after_build(variables: list[tuple[int, bool]], min_bytes: int | No
     optimizer's slots leave the variable alone in its chunk. Measured with the
     allocator's events (``python -m benchmarks.tf_allocator_fidelity``): fed
     the real requests of two train steps, a simulator started this way gives
-    the same window peak as one fed the process's whole history, on 12 models
-    within 1.6 %; one that holds only the variables misses ResNet-50 by -9.6 %
-    and MobileNetV3-Small by +6.6 %.
+    TensorFlow's window peak within median 0.31 %, worst 3.2 % on 12 models;
+    one that holds only the live buffers: median 0.72 %, worst -7.0 %
+    (ResNet-50).
 
     Args:
         variables: ``(bytes, initialized_at_random)`` per variable, in creation
