@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     original = tf_graph.GraphReplayer.replay
 
     def traced(self: Any, graph: Any, **kwargs: Any) -> Any:
-        if kwargs.get("track_phases", True) and self.n == batch and not self.unlucky:
+        if kwargs.get("track_phases", True) and self.n == batch and not (self.unlucky or self.newest_first or not self.forwarding):
             self.trace = []
             traces.append(self.trace)
         return original(self, graph, **kwargs)

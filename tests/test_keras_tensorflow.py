@@ -532,6 +532,62 @@ def test_an_unlucky_run_keeps_a_slow_kernels_scratch_while_the_next_kernel_runs(
     assert peaks[True] >= (10 << 20)
 
 
+def test_newest_first_runs_the_op_that_became_ready_last():
+    """The upper bound's newest-first order (Eigen's work-stealing queues) follows a branch down before the older ready op."""
+    from nnmem_callbacks.keras.tf_schedule import _schedule
+
+    @tf.function(autograph=False)
+    def branches(x):
+        kept, followed = tf.sin(x), tf.cos(x)
+        return kept + tf.tanh(followed)
+
+    ops = branches.get_concrete_function(tf.TensorSpec((8, 8))).graph.get_operations()
+    phases = {op.name: "forward" for op in ops}
+    orders = {}
+    for newest_first in (False, True):
+        order, *_ = _schedule(ops, phases, width=1, eager_phases=("forward",), newest_first=newest_first)
+        orders[newest_first] = [op.type for op in order if op.type in ("Sin", "Cos", "Tanh")]
+    assert orders[False] == ["Sin", "Cos", "Tanh"]  # the oldest ready op first
+    assert orders[True] == ["Cos", "Tanh", "Sin"]  # Cos became ready after Sin, and Tanh after both
+
+
+def test_without_forwarding_an_elementwise_chain_holds_input_and_output_together():
+    """forwarding=False replays runs where element-wise kernels cannot write into their input's buffer."""
+    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+
+    @tf.function(autograph=False)
+    def chain(x):
+        return tf.reduce_sum(tf.exp(x) * 2.0 + 1.0)
+
+    graph = chain.get_concrete_function(tf.TensorSpec((512, 512))).graph
+    peaks = {
+        forwarding: GraphReplayer(function_lookup(graph), 1, forwarding=forwarding).replay(graph)[0].peak
+        for forwarding in (True, False)
+    }
+    one = 512 * 512 * 4
+    # the batch, and one buffer that Mul and AddV2 take over in turn (a scalar beside)
+    assert 2 * one <= peaks[True] < 2 * one + 1024
+    assert 3 * one <= peaks[False] < 3 * one + 1024  # the batch, exp's output and Mul's output while Mul runs
+
+
+def test_the_upper_bound_takes_the_largest_of_the_unlucky_runs(monkeypatch):
+    """``_replay_at`` replays every unlucky run and keeps the one with the largest counted peak, by name."""
+    from nnmem_callbacks.keras import tf_graph
+
+    @tf.function(autograph=False)
+    def chain(x):
+        return tf.reduce_sum(tf.exp(x) * 2.0 + 1.0)
+
+    concrete = chain.get_concrete_function(tf.TensorSpec((512, 512)))
+    forwarding_only = (tf_graph.UnluckyRun("every ready op at once", every_phase_at_once=True),)
+    without = tf_graph.UnluckyRun("no forwarding", forwarding=False)
+    expected, first, first_name = tf_graph._replay_at(concrete, 1, [], {}, True, unlucky_runs=forwarding_only)
+    _, worst, name = tf_graph._replay_at(concrete, 1, [], {}, True, unlucky_runs=forwarding_only + (without,))
+    assert first_name == "every ready op at once" and first.peak_counted == expected.peak_counted
+    assert name == "no forwarding" and worst.peak_counted > first.peak_counted
+    assert tf_graph._replay_at(concrete, 1, [], {}, True, unlucky_runs=())[2] == "none"
+
+
 def test_the_scratch_of_one_wave_is_charged_allocation_by_allocation():
     """Each kernel of a wave allocates its own work buffer: a free chunk is split for each, not charged whole for their sum."""
     from nnmem_callbacks.keras.tf_graph import BFCSimulator, GraphReplayer, function_lookup

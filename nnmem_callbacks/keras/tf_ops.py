@@ -247,8 +247,11 @@ DEFAULT_HANDLER = OpHandler("kernel_op", kernel_op)
 
 @handler(*FORWARDING_OPS)
 def elementwise_op(run: Any, op: Any, category: str) -> tuple[int, int]:
-    """An element-wise kernel: writes into an input buffer that dies with it, else allocates (``forward_input_or_allocate_output``)."""
-    return _kernel(run, op, category, forwarding=True)
+    """An element-wise kernel: writes into an input buffer that dies with it, else allocates (``forward_input_or_allocate_output``).
+
+    A replay with ``forwarding=False`` (an upper bound's run) always allocates.
+    """
+    return _kernel(run, op, category, forwarding=run.replayer.forwarding)
 
 
 def _kernel(run: Any, op: Any, category: str, *, forwarding: bool) -> tuple[int, int]:

@@ -387,6 +387,14 @@ class GraphReplayer:
             the next kernel with scratch is done (it may still be running), and
             a ``While`` loop has ``min(parallel_iterations, trips)`` iterations
             in flight. Its peak bounds what run-to-run scheduling adds.
+        newest_first: Among ready ops, run the one that became ready last
+            first (the order of Eigen's work-stealing queues), instead of the
+            one created first.
+        forwarding: Let element-wise kernels take over an input buffer that
+            dies with them (``forward_input_or_allocate_output``). ``False``
+            replays runs where they cannot: the kernel needs the only
+            reference to the buffer, and an op still reading it on another
+            thread holds one more.
     """
 
     def __init__(
@@ -398,6 +406,8 @@ class GraphReplayer:
         scratch: dict[str, int] | None = None,
         onednn: bool = True,
         unlucky: bool = False,
+        newest_first: bool = False,
+        forwarding: bool = True,
     ) -> None:
         self.lookup = lookup
         self.n = batch_size
@@ -406,6 +416,8 @@ class GraphReplayer:
         self.scratch = dict(scratch or {})
         self.onednn = bool(onednn)
         self.unlucky = bool(unlucky)
+        self.newest_first = bool(newest_first)
+        self.forwarding = bool(forwarding)
         self.trace: list | None = None  # (+/-, tensor, bytes, charged bytes, in use) when debugging
         self.trips: dict[str, int] = {}
         self.unknown = Counter()
@@ -435,8 +447,11 @@ class GraphReplayer:
         return size.at(self.n)
 
     def child(self) -> "GraphReplayer":
-        """A replayer for a function body, branch or loop body called from this graph (same batch, kernels, luck)."""
-        return GraphReplayer(self.lookup, self.n, onednn=self.onednn, unlucky=self.unlucky)
+        """A replayer for a function body, branch or loop body called from this graph (same batch, kernels, luck, order)."""
+        return GraphReplayer(
+            self.lookup, self.n, onednn=self.onednn, unlucky=self.unlucky, newest_first=self.newest_first,
+            forwarding=self.forwarding,
+        )
 
     # -- the replay ----------------------------------------------------------
     def replay(
@@ -471,6 +486,7 @@ class GraphReplayer:
             self.parallel_ops,
             eager_phases=tuple(set(phases.values())) if self.unlucky else EAGER_PHASES,
             bypass=bypass,
+            newest_first=self.newest_first,
         )
         if not self.unlucky:  # the unlucky replay already runs every phase in waves
             ops, waves = sibling_waves(ops, inputs_of, waves, self.parallel_ops, SCRATCH_KERNELS)

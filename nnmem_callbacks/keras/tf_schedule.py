@@ -278,6 +278,7 @@ def _schedule(
     width: int = 1,
     eager_phases: tuple[str, ...] = EAGER_PHASES,
     bypass: dict[Any, Any] | None = None,
+    newest_first: bool = False,
 ) -> tuple[list, dict[str, list], dict[Any, Any], dict[str, int]]:
     """The order the replay runs ops in, each op's data inputs, changed output shapes, and waves.
 
@@ -292,6 +293,13 @@ def _schedule(
 
     ``bypass`` maps outputs of ops Grappler removed to the tensor their consumers
     read instead (:func:`inverse_transposes`).
+
+    Among the ready ops the one created first runs first, or with
+    ``newest_first`` the one that became ready last: TensorFlow's inter-op pool
+    is Eigen's work-stealing pool, where a task scheduled from a worker thread
+    goes to the front of that thread's own queue and is taken from the front,
+    the newest first (other threads steal from the back). The upper bound
+    replays that order too (:data:`~nnmem_callbacks.keras.tf_graph.UNLUCKY_RUNS`).
 
     With ``elements`` (tensor sizes at the replayed batch), Grappler's
     broadcast-minimizing regrouping of ``Mul`` trees is replayed first
@@ -335,13 +343,20 @@ def _schedule(
     order: list = []
     done: set[str] = set()
     position = {op.name: i for i, op in enumerate(ops)}
+    readied = [0]  # ops that became ready so far: the newest-first priority counts down
+
+    def priority(name: str) -> int:
+        if newest_first:
+            readied[0] += 1
+            return -readied[0]
+        return position[name]
 
     waves: dict[str, int] = {}
 
     def emit(op: Any) -> None:
         import heapq
 
-        heap = [(position[op.name], op.name)]
+        heap = [(priority(op.name), op.name)]
         while heap:
             # the ready ops run ``width`` at a time (the inter-op thread pool); an op's
             # consumers become ready once its wave is done
@@ -364,7 +379,7 @@ def _schedule(
                     deps = waiting[consumer]
                     deps.discard(name)
                     if not deps and consumer not in done:
-                        heapq.heappush(heap, (position[consumer], consumer))
+                        heapq.heappush(heap, (priority(consumer), consumer))
 
     done.update(dropped)
     for op in ops:  # captured resources, constants: ready from the start
