@@ -581,11 +581,14 @@ def test_the_upper_bound_takes_the_largest_of_the_unlucky_runs(monkeypatch):
     concrete = chain.get_concrete_function(tf.TensorSpec((512, 512)))
     forwarding_only = (tf_graph.UnluckyRun("every ready op at once", every_phase_at_once=True),)
     without = tf_graph.UnluckyRun("no forwarding", forwarding=False)
-    expected, first, first_name = tf_graph._replay_at(concrete, 1, [], {}, True, unlucky_runs=forwarding_only)
-    _, worst, name = tf_graph._replay_at(concrete, 1, [], {}, True, unlucky_runs=forwarding_only + (without,))
-    assert first_name == "every ready op at once" and first.peak_counted == expected.peak_counted
-    assert name == "no forwarding" and worst.peak_counted > first.peak_counted
-    assert tf_graph._replay_at(concrete, 1, [], {}, True, unlucky_runs=())[2] == "none"
+    first = tf_graph._replay_at(concrete, 1, [], {}, True, unlucky_runs=forwarding_only)
+    both = tf_graph._replay_at(concrete, 1, [], {}, True, unlucky_runs=forwarding_only + (without,))
+    assert first.worst_counted[0] == "every ready op at once"
+    assert first.worst_counted[1].peak_counted == first.expected.peak_counted
+    name, worst = both.worst_counted
+    assert name == "no forwarding" and worst.peak_counted > first.expected.peak_counted
+    assert both.worst_tensors.peak > both.expected.peak  # the tensor bytes planning budgets with, too
+    assert tf_graph._replay_at(concrete, 1, [], {}, True, unlucky_runs=()).worst_counted[0] == "none"
 
 
 def test_the_scratch_of_one_wave_is_charged_allocation_by_allocation():

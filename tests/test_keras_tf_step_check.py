@@ -59,18 +59,21 @@ def test_negative_offsets_keep_the_breakdown_summing_to_the_peak():
     assert with_runtime_offset(breakdown, -26)["inputs"] == 2
 
 
-def test_the_median_difference_is_applied_however_wide_the_runs_spread():
+def test_the_run_nearest_the_replay_is_applied_and_the_rest_goes_to_the_upper_bound():
     from nnmem_callbacks.keras.tf_graph import StepCorrection
 
-    # a race with two outcomes: runs 40 apart, the median 30 over the replay; the median is still applied
+    # a race with two outcomes: runs 40 apart; what every run took beyond the replay is the correction
     runs = StepMeasurement(batch_size=4, runs=(100, 140, 120), seconds=0.0, allocator="bfc")
-    within, beyond, below = StepCorrection(runs, 90), StepCorrection(runs, 70), StepCorrection(runs, 170)
-    assert (within.difference, within.offset) == (30, 30)
-    assert (beyond.difference, beyond.offset) == (50, 50)
-    assert (below.difference, below.offset) == (-50, -50)
-    # the median, not the mean: one far run moves the offset not at all
+    over, under, straddled = StepCorrection(runs, 90), StepCorrection(runs, 170), StepCorrection(runs, 125)
+    assert (over.difference, over.offset, over.headroom) == (30, 10, 40)
+    assert (under.difference, under.offset, under.headroom) == (-50, -30, 0)
+    assert (straddled.difference, straddled.offset, straddled.headroom) == (-5, -5, 20)
+    # the corrected replay plus the headroom is the largest run, whichever run is nearest
+    for correction in (over, under, straddled):
+        assert correction.replay_bytes + correction.offset + correction.headroom == 140
+    # one far run moves the correction not at all
     skewed = StepMeasurement(batch_size=4, runs=(100, 101, 400), seconds=0.0, allocator="bfc")
-    assert StepCorrection(skewed, 90).offset == 11
+    assert StepCorrection(skewed, 90).offset == 10
 
 
 def test_the_doubt_grows_with_the_distance_from_the_checked_batch():
@@ -102,14 +105,14 @@ def test_the_check_corrects_the_replay_by_the_real_steps():
     difference = extra["step_check_difference_bytes"]
     assert difference == int(np.median(runs)) - extra["step_check_replay_bytes"]
     offset = extra["step_check_offset_bytes"]
-    assert offset == difference
+    assert offset == min((run - extra["step_check_replay_bytes"] for run in runs), key=abs)
     # the replay is the same with and without the check; the check shifts every batch size by the offset
     assert extra["replay_peak_bytes"] == plain.peak_bytes
     assert checked.peak_bytes == plain.peak_bytes + offset
     assert extra["tf_allocator_peak_bytes"] == plain.extra["tf_allocator_peak_bytes"] + offset
     assert checked.peak_bytes_at(32) == plain.peak_bytes_at(32) + offset
     assert sum(checked.breakdown.values()) == checked.peak_bytes
-    spread = max(extra["step_check_runs"]) - int(np.median(extra["step_check_runs"]))
+    spread = max(runs) - extra["step_check_replay_bytes"] - offset  # the largest run above the corrected replay
     assert checked.upper_bytes_at(16) >= checked.peak_bytes + spread
     # beyond the runs' spread, the upper bound doubts the extrapolation from batch 8: |difference| there, plus half
     # the replay's growth beyond it
@@ -120,7 +123,7 @@ def test_the_check_corrects_the_replay_by_the_real_steps():
         assert abs(widened - (spread + doubt)) <= 4096, (n, widened, spread, doubt)
     assert any("the upper bound allows" in note and "batch 8" in note for note in checked.notes)
     assert any(
-        "checked by real steps" in note and "batch 8" in note and "is added at every batch size" in note
+        "checked by real steps" in note and "batch 8" in note and "added at every batch size" in note
         for note in checked.notes
     )
     assert not any("checked by real steps" in note for note in plain.notes)
@@ -201,7 +204,7 @@ def test_runs_that_disagree_about_the_side_of_the_replay_are_measured_again(monk
     checked = estimate_training(model, batch_size=16)
     assert asked == [tf_step_check.DEFAULT_REPEATS, tf_step_check.EXTRA_REPEATS]
     assert len(checked.extra["step_check_runs"]) == tf_step_check.DEFAULT_REPEATS + tf_step_check.EXTRA_REPEATS
-    assert checked.extra["step_check_offset_bytes"] == 200_000  # the median of all 7
+    assert checked.extra["step_check_offset_bytes"] == -50_000  # the run nearest the replay, of all 7
     assert any(f"{tf_step_check.EXTRA_REPEATS} more were measured" in note for note in checked.notes)
 
 
@@ -212,11 +215,11 @@ def test_runs_that_agree_about_the_side_of_the_replay_are_measured_once(monkeypa
     asked = _fake_measurements(monkeypatch, lambda repeats: [replay + 500_000, replay + 510_000, replay + 520_000][:repeats])
     checked = estimate_training(model, batch_size=16)
     assert asked == [tf_step_check.DEFAULT_REPEATS]
-    assert checked.extra["step_check_offset_bytes"] == 510_000
+    assert checked.extra["step_check_offset_bytes"] == 500_000  # every run took at least 500 kB more
     assert not any("more were measured" in note for note in checked.notes)
 
 
-def test_further_runs_that_fail_leave_the_first_median_with_a_warning(monkeypatch):
+def test_further_runs_that_fail_leave_the_first_runs_with_a_warning(monkeypatch):
     model = conv_model()
     _fake_measurements(monkeypatch, lambda repeats: [1] * repeats)
     replay = estimate_training(model, batch_size=16).extra["step_check_replay_bytes"]
@@ -228,7 +231,7 @@ def test_further_runs_that_fail_leave_the_first_median_with_a_warning(monkeypatc
 
     _fake_measurements(monkeypatch, runs)
     checked = estimate_training(model, batch_size=16)
-    assert checked.extra["step_check_offset_bytes"] == 100_000
+    assert checked.extra["step_check_offset_bytes"] == -50_000  # the nearest of the first 3
     assert any(note.startswith("warning: the step check's further runs failed") for note in checked.notes)
 
 

@@ -22,14 +22,12 @@ So the replay is checked by the real thing, small:
    variables, optimizer slots and batch, plus ``peak - current`` over the
    steps. It repeats this on :data:`DEFAULT_REPEATS` fresh copies (TensorFlow's
    own peak moves between identical runs).
-3. The estimator replays the same batch; the difference between the median
-   run and the replay is memory the replay does not model, and is added to
-   every batch size, however wide the runs spread (a race with two outcomes
-   spreads them; its median is still the best figure, and 4 more runs are
-   measured when the first 3 disagree about the side of the replay): on the
-   benchmark's worst models it barely changes with the batch (compare the "replay" and "step check" columns of
-   ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md``).
-   The spread of the runs widens the upper bound.
+3. The estimator replays the same batch. What the run nearest the replay
+   took beyond it is memory the replay misses in every run, and is added to
+   every batch size (:attr:`~nnmem_callbacks.keras.tf_graph.StepCorrection.offset`);
+   what the other runs took beyond that is the executor's race, and goes to
+   the upper bound with the replay's unlucky runs. 4 more runs are measured
+   when the first 3 disagree about the side of the replay.
 
 Where the CPU allocator keeps no statistics (oneDNN off, no
 ``TF_CPU_ALLOCATOR_USE_BFC``), the child sets ``TF_CPU_ALLOCATOR_USE_BFC=true``
@@ -63,13 +61,15 @@ Known limitations:
       and the line amplified their noise. The upper bound doubts the
       extrapolation (:meth:`~nnmem_callbacks.keras.tf_graph.StepCorrection.doubt_line`).
     * Where the real peak has two modes (whether two kernels' work buffers
-      overlap, how many loop iterations wait in the LSTM's gradient loop), the
-      median of the check's runs picks one at half the batch (7 runs where
-      the first 3 disagree about the side of the replay), and the median of a
-      user's runs may land on the other. A mode that appears only at the full
-      batch is not seen at all (MobileNetV3-Small with oneDNN off, -29 % in
-      ``benchmarks/results/keras_tensorflow_cpu_avx512_onednn0.md``). The upper
-      bound covered both modes there; it missed 2 of 40 model-mode pairs.
+      overlap, how many loop iterations wait in an RNN's gradient loop), which
+      mode a run takes depends on the batch: the benchmark LSTM (oneDNN off)
+      waited in 4 of 7 check runs at half the batch and in 1 of 5 real runs
+      at the batch. The correction takes the run nearest the replay, so the
+      expected peak is the replay's mode; a mode that is more frequent at the
+      full batch than at half of it (MobileNetV3-Small with oneDNN off, whose
+      real runs sit about 40 MiB above the replay's mode) is missed by the
+      expected peak and covered by the upper bound only
+      (``benchmarks/results/keras_tensorflow_cpu_avx512_onednn{0,1}.md``).
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
       skips it.
@@ -95,7 +95,7 @@ import sys
 import time
 from typing import Any, Callable
 
-#: Fresh model copies measured per check (the median is used; the spread widens the upper bound).
+#: Fresh model copies measured per check (the run nearest the replay corrects it; the largest widens the upper bound).
 DEFAULT_REPEATS = 3
 #: Further copies measured when the first runs spread at least as wide as their median lies from the replay
 #: (:func:`unsettled`): a race with two outcomes makes the median of 3 itself a coin toss. On the committed LSTM
