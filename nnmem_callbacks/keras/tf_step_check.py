@@ -66,9 +66,10 @@ Known limitations:
       waited in 4 of 7 check runs at half the batch and in 1 of 5 real runs
       at the batch. The correction takes the run nearest the replay, so the
       expected peak is the replay's mode; a mode that is more frequent at the
-      full batch than at half of it (MobileNetV3-Small with oneDNN off, whose
-      real runs sit about 40 MiB above the replay's mode) is missed by the
-      expected peak and covered by the upper bound only
+      full batch than at half of it (MobileNetV3-Small with oneDNN off: five
+      real runs at 96.5-100.4 MiB, the replay 76.6 MiB; the check at half the
+      batch 52.1-66.3 MiB) is missed by the expected peak and covered by the
+      upper bound only
       (``benchmarks/results/keras_tensorflow_cpu_avx512_onednn{0,1}.md``).
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
