@@ -534,12 +534,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _commit() -> str:
-    """The checked-out commit, marked ``+changes`` when tracked files differ from it; ``unknown`` outside git."""
+    """The checked-out commit, marked ``+changes`` when tracked files differ from it; ``unknown`` outside git.
+
+    Files under ``benchmarks/results`` do not count: a run of the other oneDNN mode rewrites them
+    before this one starts, and they hold no code.
+    """
     import subprocess
 
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"], capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + (" +changes" if dirty.stdout.strip() else "")
