@@ -64,13 +64,15 @@ Known limitations:
       overlap, how many loop iterations wait in an RNN's gradient loop), which
       mode a run takes depends on the batch: the benchmark LSTM (oneDNN off)
       waited in 4 of 7 check runs at half the batch and in 1 of 5 real runs
-      at the batch. The correction takes the run nearest the replay, so the
-      expected peak is the replay's mode; a mode that is more frequent at the
-      full batch than at half of it (MobileNetV3-Small with oneDNN off: five
-      real runs at 96.5-100.4 MiB, the replay 76.6 MiB; the check at half the
-      batch 52.1-66.3 MiB) is missed by the expected peak and covered by the
-      upper bound only
-      (``benchmarks/results/keras_tensorflow_cpu_avx512_onednn{0,1}.md``).
+      at the batch (estimator at 685a531, results as committed at dae1b41).
+      The correction takes the run nearest the replay, so the expected peak
+      is the replay's mode; a mode that is more frequent at the full batch
+      than at half of it is missed by the expected peak and covered by the
+      upper bound only: MobileNetV3-Small with oneDNN off, five real runs at
+      93.6-100.1 MiB, the replay 76.6 MiB, the check at half the batch
+      56.4-75.2 MiB, the expected peak -21.8%, the upper bound 134.1 MiB
+      (estimator at 6ab3d93,
+      ``benchmarks/results/keras_tensorflow_cpu_avx512_onednn0.md``).
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
       skips it.
