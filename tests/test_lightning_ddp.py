@@ -52,6 +52,11 @@ SCRIPT = textwrap.dedent(
                 "strategy": callback.estimate.extra.get("strategy", {{}}).get("kind"),
                 "warnings": [str(w.message) for w in caught if "MemoryBudgetCallback" in str(w.message)],
             }}, out)
+        # gloo's threads still running at interpreter exit abort the process ("terminate called without an
+        # active exception", exit -6) after a run that passed; end the process groups first
+        import torch.distributed
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     """
 )
 

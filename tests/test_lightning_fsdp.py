@@ -78,6 +78,11 @@ SCRIPT = textwrap.dedent(
             }})
         with open(os.path.join({root!r}, f"rank{{trainer.global_rank}}.json"), "w") as out:
             json.dump(results, out)
+        # gloo's threads still running at interpreter exit abort the process ("terminate called without an
+        # active exception", exit -6) after a run that passed; end the process groups first
+        import torch.distributed
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     """
 )
 
