@@ -122,8 +122,8 @@ class StepMeasurement:
 
     Example:
         >>> m = StepMeasurement(batch_size=4, runs=(100, 130, 110), seconds=1.0, allocator="bfc")
-        >>> m.median, m.spread, m.range
-        (110, 20, 30)
+        >>> m.median, m.range
+        (110, 30)
     """
 
     batch_size: int
@@ -136,11 +136,6 @@ class StepMeasurement:
     def median(self) -> int:
         """The median run's peak in bytes."""
         return int(statistics.median(self.runs))
-
-    @property
-    def spread(self) -> int:
-        """How far the largest run lies above the median, in bytes."""
-        return int(max(self.runs) - self.median)
 
     @property
     def range(self) -> int:
