@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     import json, os, sys, warnings
     sys.path.insert(0, {tests!r})
     import pytorch_lightning as pl
-    from _lightning_models import MLP, DataModule, trainer_kwargs
+    from _lightning_models import MLP, DataModule, end_process_groups, trainer_kwargs
     from nnmem_callbacks.lightning import MemoryBudgetCallback
 
     class Record(pl.Callback):
@@ -52,11 +52,7 @@ SCRIPT = textwrap.dedent(
                 "strategy": callback.estimate.extra.get("strategy", {{}}).get("kind"),
                 "warnings": [str(w.message) for w in caught if "MemoryBudgetCallback" in str(w.message)],
             }}, out)
-        # gloo's threads still running at interpreter exit abort the process ("terminate called without an
-        # active exception", exit -6) after a run that passed; end the process groups first
-        import torch.distributed
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        end_process_groups()
     """
 )
 

@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
     import torch
     import pytorch_lightning as pl
     from pytorch_lightning.strategies import ModelParallelStrategy
-    from _lightning_models import MLP, DataModule, trainer_kwargs
+    from _lightning_models import MLP, DataModule, end_process_groups, trainer_kwargs
     from nnmem_callbacks.lightning import MemoryBudgetCallback
     from nnmem_callbacks.strategy import Strategy
     from nnmem_callbacks.torch.distributed import estimate_per_rank
@@ -78,11 +78,7 @@ SCRIPT = textwrap.dedent(
             }})
         with open(os.path.join({root!r}, f"rank{{trainer.global_rank}}.json"), "w") as out:
             json.dump(results, out)
-        # gloo's threads still running at interpreter exit abort the process ("terminate called without an
-        # active exception", exit -6) after a run that passed; end the process groups first
-        import torch.distributed
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        end_process_groups()
     """
 )
 
