@@ -55,6 +55,8 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.provenance import commit_stamp
+
 BACKENDS = ("tensorflow", "jax", "torch")
 
 #: name -> (batch size, description). Small inputs keep each backend under ~10 minutes on 2 CPU cores.
@@ -533,22 +535,6 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def _commit() -> str:
-    """The checked-out commit, marked ``+changes`` when tracked files differ from it; ``unknown`` outside git.
-
-    Files under ``benchmarks/results`` do not count: a run of the other oneDNN mode rewrites them
-    before this one starts, and they hold no code.
-    """
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"], capture_output=True, text=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + (" +changes" if dirty.stdout.strip() else "")
-
-
 def _mib(value: Any) -> str:
     return "-" if value is None else f"{value / 2**20:.1f}"
 
@@ -663,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": args.cases,
         "repeats": args.repeats,
         "elapsed_s": round(time.perf_counter() - started, 1),
-        "commit": _commit(),
+        "commit": commit_stamp(),
     }
     if args.note:
         meta["note"] = args.note

@@ -169,18 +169,6 @@ def to_markdown(rows: list[dict[str, Any]], summary: dict[str, Any], meta: dict[
     return "\n".join(lines) + "\n"
 
 
-def _file_commit(path: str) -> str:
-    """The last commit that changed ``path`` (results files are rewritten by later runs), or ``uncommitted``."""
-    import subprocess
-
-    try:
-        done = subprocess.run(["git", "log", "-1", "--format=%h", "--", path], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", path], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return (done.stdout.strip() or "uncommitted") + (" +changes" if dirty.stdout.strip() else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recorded", required=True, help="a committed keras_accuracy JSON (TensorFlow backend)")
@@ -194,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(args.worker, args.batch, json.loads(args.runs))), flush=True)
         return 0
     from benchmarks.isolated import run_worker
-    from benchmarks.keras_accuracy import _commit, host_fingerprint, mode_environment
+    from benchmarks.keras_accuracy import host_fingerprint, mode_environment
+    from benchmarks.provenance import commit_stamp, file_commit
 
     meta_recorded, recorded = recorded_rows(args.recorded)
     wanted = set(args.cases.split(",")) if args.cases else None
@@ -219,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "recorded": f"{args.recorded} as committed at {_file_commit(args.recorded)} (estimator {meta_recorded.get('commit')}, "
+        "recorded": f"{args.recorded} as committed at {file_commit(args.recorded)} (estimator {meta_recorded.get('commit')}, "
                     f"{meta_recorded.get('date')})",
-        "commit": _commit(),
+        "commit": commit_stamp(),
         "TF_ENABLE_ONEDNN_OPTS": onednn,
         **host_fingerprint(),
         "elapsed_s": round(time.perf_counter() - started, 1),

@@ -235,18 +235,9 @@ def pct(value: float | None) -> str:
 
 def _git_state() -> dict[str, Any]:
     """The commit and the tracked files under ``nnmem_callbacks/`` changed since it (they shape the predictions)."""
-    import subprocess
+    from benchmarks.provenance import changed_files, head_commit
 
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.rstrip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    changed = [line for line in git("status", "--porcelain", "--untracked-files=no", "--", "nnmem_callbacks").splitlines()
-               if line.strip()]
-    return {"git_commit": git("rev-parse", "--short", "HEAD").strip() or None,
-            "git_changed_package_files": [line[3:] for line in changed]}
+    return {"git_commit": head_commit(), "git_changed_package_files": changed_files("nnmem_callbacks")}
 
 
 def _environment(elapsed: float, measured: bool, resnet_batch: int) -> dict[str, Any]:

@@ -13,7 +13,7 @@ Run::
     python -m benchmarks.step_down_noise --out benchmarks/results
 
 The same at the commit before the step-down's fallback for noisy misses (8d9fc5b),
-from a worktree of it with this file copied in:
+from a worktree of it with this file and ``provenance.py`` copied in:
 ``python -m benchmarks.step_down_noise --out benchmarks/results --stem step_down_noise_8d9fc5b``.
 
 The figures are a property of :func:`nnmem_callbacks.verification.verify_batch_size`
@@ -27,9 +27,9 @@ import json
 import math
 import random
 import statistics
-import subprocess
 from pathlib import Path
 
+from benchmarks.provenance import commit_stamp
 from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
 from nnmem_callbacks.verification import verify_batch_size
 
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--out", help="folder for STEM.{json,md}; default: print only")
     parser.add_argument("--stem", default="step_down_noise", help="file name of the results (another commit's run)")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = commit_stamp()
     rows = [simulate(low, high, args.trials) for low, high in NOISE_RANGES_MIB]
     lines = [f"# Verified step-down with noisy direct estimates (simulation, commit {commit})", "",
              "| miss range MiB | plans | ended at 0 | unverified | median batch | largest batch safe for any miss |",

@@ -213,7 +213,8 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.keras_accuracy import CASES, _commit, host_fingerprint
+    from benchmarks.keras_accuracy import CASES, host_fingerprint
+    from benchmarks.provenance import commit_stamp
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES))
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPU_ALLOCATOR_USE_BFC": "true",
         "window": "the first two train_on_batch steps (optimizer built before), one fresh process per case, under the profiler",
         "elapsed_s": round(time.perf_counter() - started, 1),
-        "commit": _commit(),
+        "commit": commit_stamp(),
     }
     stem = os.path.join(args.out, "tf_allocator_fidelity_cpu" + (f"_{args.host_tag}" if args.host_tag else ""))
     os.makedirs(args.out, exist_ok=True)
