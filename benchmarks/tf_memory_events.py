@@ -10,6 +10,15 @@ op (``tf_op``), the shape, the requested and charged bytes, and the bytes in use
 after it. Prints the buffers live at the measured peak (by op, largest first), then
 the buffers live at the replay's peak (``GraphReplayer.trace`` of the estimate) for
 comparison. Investigation only: the numbers depend on the executor's interleaving.
+
+``--per-step N`` profiles N warm steps one at a time instead, without estimating,
+and prints each step's peak with its large allocations (``--large`` MiB and more):
+the bytes requested beside the bytes the allocator charged. A chunk charged well
+above its request is the BFC allocator's split rule at work (a free chunk under
+twice the request is handed out whole), which moves a step's peak by whole work
+buffers from one step to the next:
+
+    TF_ENABLE_ONEDNN_OPTS=0 TF_CPU_ALLOCATOR_USE_BFC=true python -m benchmarks.tf_memory_events mobilenetv3small --per-step 6
 """
 
 from __future__ import annotations
@@ -81,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="profile the first two steps (no warm-up step)")
     parser.add_argument("--grep", default=None, help="also list every event whose op contains this text")
     parser.add_argument("--batch", type=int, default=None, help="the batch size instead of the case's own")
+    parser.add_argument("--per-step", type=int, default=0, metavar="N", help="profile N warm steps one by one, no estimate")
+    parser.add_argument("--large", type=float, default=4.0, help="with --per-step: list allocations of this many MiB or more")
     args = parser.parse_args(argv)
     import tensorflow as tf
 
@@ -91,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch is not None:
         CASES[args.case] = (args.batch, CASES[args.case][1])
     model, x, y, batch = build_case(args.case)
+    if args.per_step:
+        return _per_step(model, x, y, args.per_step, args.large)
     traces: list = []
     original = tf_graph.GraphReplayer.replay
 
@@ -145,6 +158,54 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replay: peak allocator in use {best / 2**20:.2f} MiB (variables and slots included)")
         for name, size in sorted(best_live.items(), key=lambda kv: -kv[1])[: args.top]:
             print(f"  {size / 2**20:8.2f} MiB  {name}")
+    return 0
+
+
+def large_allocations(events: list[dict[str, Any]], min_bytes: int) -> list[dict[str, Any]]:
+    """The allocations of at least ``min_bytes`` requested, in time order, with what the allocator charged for each.
+
+    Example:
+        >>> rows = large_allocations([{"kind": "MemoryAllocation", "requested_bytes": 21_888_000,
+        ...     "allocation_bytes": 40_500_000, "tf_op": "a/Conv2DBackpropFilter", "bytes_allocated": 9}], 2**20)
+        >>> rows[0]["op"], round(rows[0]["charged_over_requested"], 2)
+        ('a/Conv2DBackpropFilter', 1.85)
+    """
+    rows = []
+    for event in events:
+        requested = int(event.get("requested_bytes", 0) or 0)
+        if event["kind"] != "MemoryAllocation" or requested < min_bytes:
+            continue
+        charged = int(event.get("allocation_bytes", 0) or 0)
+        rows.append({"op": event.get("tf_op", "?"), "shape": event.get("shape", ""), "requested": requested,
+                     "charged": charged, "charged_over_requested": charged / requested,
+                     "in_use_after": int(event.get("bytes_allocated", 0) or 0)})
+    return rows
+
+
+def _per_step(model: Any, x: Any, y: Any, steps: int, large_mib: float) -> int:
+    """Profiles ``steps`` warm steps one by one: each step's peak and its large allocations."""
+    import tensorflow as tf
+
+    from benchmarks.keras_accuracy import host_fingerprint
+    from benchmarks.provenance import commit_stamp
+
+    host = ", ".join(f"{k} {v}" for k, v in host_fingerprint().items())
+    print(f"# {host}; tensorflow {tf.__version__}; TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}, "
+          f"TF_CPU_ALLOCATOR_USE_BFC={os.environ.get('TF_CPU_ALLOCATOR_USE_BFC', 'unset')}; commit {commit_stamp()}")
+    x_t, y_t = tf.constant(x), tf.constant(y)
+    model.train_on_batch(x_t, y_t)  # warm: trace and build outside the profiles
+    for step in range(steps):
+        logdir = tempfile.mkdtemp(prefix="tfmem-")
+        tf.profiler.experimental.start(logdir)
+        model.train_on_batch(x_t, y_t)
+        tf.profiler.experimental.stop()
+        events = memory_events(logdir)
+        peak, _ = live_at_peak(events)
+        print(f"step {step}: peak bytes_allocated {peak / 2**20:.2f} MiB")
+        for row in large_allocations(events, int(large_mib * 2**20)):
+            marker = "  <- charged a whole free chunk" if row["charged_over_requested"] > 1.25 else ""
+            print(f"  {row['requested'] / 2**20:7.2f} MiB requested {row['charged'] / 2**20:7.2f} charged, in use after "
+                  f"{row['in_use_after'] / 2**20:7.2f}  {row['op']} {row['shape']}{marker}")
     return 0
 
 
