@@ -72,7 +72,16 @@ Known limitations:
       93.6-100.1 MiB, the replay 76.6 MiB, the check at half the batch
       56.4-75.2 MiB, the expected peak -21.8%, the upper bound 134.1 MiB
       (estimator at 6ab3d93,
-      ``benchmarks/results/keras_tensorflow_cpu_avx512_onednn0.md``).
+      ``benchmarks/results/keras_tensorflow_cpu_avx512_onednn0.md``). Its
+      peak has three levels, by the allocator's events of single steps: the
+      two gradients of a 1x1 convolution each take a 20-21 MiB column buffer
+      (sized by the kernel's 30 MiB working-set target, not by the batch);
+      run one after the other they peak near 66 MiB, together near 75-78 MiB,
+      and together with the second buffer handed a 37-41 MiB free chunk whole
+      (the allocator splits a chunk only when it is at least twice the
+      request) near 100-103 MiB. Which free chunks there are at that moment
+      depends on the interleaving of the steps before
+      (``benchmarks/results/tf_memory_events_mobilenetv3small_avx512_onednn0.txt``).
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
       skips it.
