@@ -75,12 +75,13 @@ Known limitations:
       ``benchmarks/results/keras_tensorflow_cpu_avx512_onednn0.md``). Its
       peak has three levels, by the allocator's events of single steps: the
       two gradients of a 1x1 convolution each take a 20-21 MiB column buffer
-      (sized by the kernel's 30 MiB working-set target, not by the batch);
-      run one after the other they peak near 66 MiB, together near 75-78 MiB,
-      and together with the second buffer handed a 37-41 MiB free chunk whole
-      (the allocator splits a chunk only when it is at least twice the
-      request) near 100-103 MiB. Which free chunks there are at that moment
-      depends on the interleaving of the steps before
+      (sized by the kernel's 30 MiB working-set target, not by the batch).
+      Run one after the other, the step peaks near 67 MiB; together, near
+      76-85 MiB; together with the second buffer handed a 37-41 MiB free
+      chunk whole (the allocator splits a chunk only when it is at least
+      twice the request), near 101-104 MiB (2, 3 and 3 of 8 steps of one
+      process). Which free chunks there are at that moment depends on the
+      interleaving of the steps before
       (``benchmarks/results/tf_memory_events_mobilenetv3small_avx512_onednn0.txt``).
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
