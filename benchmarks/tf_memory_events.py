@@ -18,7 +18,7 @@ above its request is the BFC allocator's split rule at work (a free chunk under
 twice the request is handed out whole), which moves a step's peak by whole work
 buffers from one step to the next:
 
-    TF_ENABLE_ONEDNN_OPTS=0 TF_CPU_ALLOCATOR_USE_BFC=true python -m benchmarks.tf_memory_events mobilenetv3small --per-step 6
+    TF_ENABLE_ONEDNN_OPTS=0 TF_CPU_ALLOCATOR_USE_BFC=true python -m benchmarks.tf_memory_events mobilenetv3small --per-step 8 --large 8
 """
 
 from __future__ import annotations
