@@ -133,7 +133,24 @@ class FitPlan:
 
     @property
     def code(self) -> str:
-        """The lines to use the plan."""
+        """The lines to use the plan (a comment when no batch size fits the budget).
+
+        Example:
+            >>> from nnmem_callbacks.estimate import MemoryEstimate
+            >>> estimate = MemoryEstimate(peak_bytes=3 << 20, breakdown={"parameters": 3 << 20}, batch_size=256)
+            >>> FitPlan(256, 1, fits=False, max_batch_size=0, budget_bytes=2 << 20, estimate=estimate).code
+            '# no batch size fits 2.00 MiB: batch size 1 is predicted to take up to 3.00 MiB; see plan.suggestions'
+            >>> print(FitPlan(64, 4, fits=False, max_batch_size=64, budget_bytes=4 << 20, estimate=estimate).code)
+            optimizer = keras.optimizers.Adam(..., gradient_accumulation_steps=4)
+            model.fit(..., batch_size=64)
+        """
+        if self.max_batch_size < 1 and not self.fits:
+            from nnmem_callbacks.units import format_bytes
+
+            return (
+                f"# no batch size fits {format_bytes(self.budget_bytes)}: batch size 1 is predicted to take up to "
+                f"{format_bytes(self.estimate.upper_bytes_at(1))}; see plan.suggestions"
+            )
         if self.gradient_accumulation_steps > 1:
             return (
                 f"optimizer = keras.optimizers.{type_name(self)}(..., gradient_accumulation_steps="
