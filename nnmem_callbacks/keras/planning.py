@@ -145,8 +145,6 @@ class FitPlan:
             model.fit(..., batch_size=64)
         """
         if self.max_batch_size < 1 and not self.fits:
-            from nnmem_callbacks.units import format_bytes
-
             return (
                 f"# no batch size fits {format_bytes(self.budget_bytes)}: batch size 1 is predicted to take up to "
                 f"{format_bytes(self.estimate.upper_bytes_at(1))}; see plan.suggestions"
