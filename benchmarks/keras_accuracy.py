@@ -3,6 +3,7 @@
     python -m benchmarks.keras_accuracy --backend tensorflow|jax|torch [--cases mlp,lstm] [--repeats 3] [--out benchmarks/results]
     python -m benchmarks.keras_accuracy --backend tensorflow --onednn 0   # and --onednn 1: both TF CPU kernel paths
     python -m benchmarks.keras_accuracy --backend tensorflow --onednn 1 --host-tag avx512   # keras_tensorflow_cpu_avx512_onednn1
+    python -m benchmarks.keras_accuracy --backend jax --device gpu --jobs 4 --host-tag h100   # keras_jax_gpu_h100
 
 On TensorFlow, ``--onednn 0|1`` sets ``TF_ENABLE_ONEDNN_OPTS`` in every worker
 (default: the host's own default, which is on only on AVX-512-class CPUs) and
@@ -40,6 +41,20 @@ Truth per backend (CPU):
 * **torch**: the torch profiler's allocation events over two real
   ``train_on_batch`` steps (as in ``benchmarks/groundtruth.py``) plus the bytes
   live before (variables, optimizer slots, batch).
+
+Truth per backend (GPU, ``--device gpu``; every case as one estimating process and
+``--repeats`` measuring processes, since the estimator's compilation and probes would
+leave autotuning peaks and library workspaces in a process it measured):
+
+* **jax**: ``peak_bytes_in_use`` of the device over two real ``train_on_batch``
+  steps (state, batch and everything XLA allocates). It cannot be reset, so each
+  measuring process first compiles the step as the estimator does, with XLA's
+  autotuning results loaded from the estimating process
+  (``--xla_gpu_per_fusion_autotune_cache_dir``), and the column "peak is the
+  step's" says whether the peak rose above that compilation's in every run.
+* **torch**: ``torch.cuda.max_memory_allocated`` over two real steps, the model's
+  variables and the batch already on the GPU (library workspaces that the first
+  steps allocate through the caching allocator included).
 
 The rule of thumb beside ours: ``4 B x (3 x params + 2 x activations x batch)``
 with activations = the sum of the layers' output elements per sample.
@@ -315,6 +330,93 @@ def measure_jax(model: Any, x: Any, y: Any) -> dict[str, Any]:
     }
 
 
+def measure_jax_device(model: Any, x: Any, y: Any, batch: int) -> dict[str, Any]:
+    """The truth on a JAX device with allocator statistics (GPU): ``peak_bytes_in_use`` over two real steps.
+
+    The peak is process-wide and cannot be reset, and XLA's autotuning at compile time can set
+    it. So the step is first compiled as the estimator compiles it (XLA's autotuning runs here,
+    or its results load from the estimating process's cache), the peak after that compilation
+    is read, and then two real ``train_on_batch`` steps run (Keras' own compile finds the
+    autotuning results in the process's cache). The peak is the training step's only when it
+    rose above the compilation's: ``exact_peak`` says whether it did.
+    """
+    import jax
+
+    from nnmem_callbacks.keras.common import input_specs
+    from nnmem_callbacks.keras.estimator import _symbolic_build
+    from nnmem_callbacks.keras.jax_xla import compile_train_step
+
+    device = jax.devices()[0]
+
+    def stats() -> dict[str, int]:
+        return dict(device.memory_stats() or {})
+
+    if "peak_bytes_in_use" not in stats():
+        raise RuntimeError(f"{device.platform} device {device} keeps no memory_stats(); use --device cpu")
+    xj, yj = jax.device_put(x), jax.device_put(y)
+    x_specs, y_specs, _ = input_specs(model, x, y)
+    _symbolic_build(model, batch, x_specs, y_specs)  # builds the optimizer's slots, as fit does before its steps
+    built = stats()
+    compile_train_step(model, batch, x_specs, y_specs)
+    compiled = stats()
+    model.train_on_batch(xj, yj)
+    model.train_on_batch(xj, yj)
+    after = stats()
+    peak = int(after["peak_bytes_in_use"])
+    return {
+        "measured_bytes": peak,
+        "exact_peak": peak > int(compiled["peak_bytes_in_use"]),
+        "bytes_in_use_before_steps": int(compiled["bytes_in_use"]),
+        "peak_after_build": int(built["peak_bytes_in_use"]),
+        "peak_after_compile": int(compiled["peak_bytes_in_use"]),
+        "bytes_in_use_after_steps": int(after["bytes_in_use"]),
+        "truth": "JAX peak_bytes_in_use over 2 train_on_batch steps, after the step was compiled (autotuning results "
+        "from the estimating process)",
+    }
+
+
+def measure_torch_cuda(model: Any, x: Any, y: Any) -> dict[str, Any]:
+    """The truth on CUDA: ``max_memory_allocated`` over two real steps (state and batch already on the device)."""
+    import torch
+
+    xt, yt = torch.as_tensor(x, device="cuda"), torch.as_tensor(y, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    model.train_on_batch(xt, yt)
+    model.train_on_batch(xt, yt)
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "measured_bytes": int(torch.cuda.max_memory_allocated()),
+        "allocated_before_steps": int(before),
+        "measured_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+        "device_used_bytes": int(total - free),
+        "truth": "torch.cuda.max_memory_allocated over 2 train_on_batch steps (fresh process, state and batch on the GPU)",
+    }
+
+
+def device_name() -> str:
+    """The accelerator the active Keras backend trains on, or ``"cpu"``."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        return "cpu" if device.platform == "cpu" else f"{device.device_kind} (jax {jax.__version__})"
+    if backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            return (
+                f"{torch.cuda.get_device_name()} (torch {torch.__version__}, CUDA {torch.version.cuda}, "
+                f"cuDNN {torch.backends.cudnn.version()})"
+            )
+    return "cpu"
+
+
 def measure_torch(model: Any, x: Any, y: Any) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -334,8 +436,15 @@ def measure_torch(model: Any, x: Any, y: Any) -> dict[str, Any]:
 
 
 def measure_worker(name: str) -> dict[str, Any]:
-    """The truth alone, in a process that never ran the estimator (TensorFlow)."""
+    """The truth alone, in a process that never ran the estimator (TensorFlow; JAX and torch on a GPU)."""
+    import keras
+
     model, x, y, batch = build_case(name)
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return {"case": name, "batch_size": batch, **measure_jax_device(model, x, y, batch)}
+    if backend == "torch":
+        return {"case": name, "batch_size": batch, **measure_torch_cuda(model, x, y)}
     return {"case": name, "batch_size": batch, **measure_tensorflow(model, x, y)}
 
 
@@ -379,12 +488,19 @@ def worker(name: str, part: str = "both") -> dict[str, Any]:
         if part == "estimate":
             return row
         row.update(measure_tensorflow(model, x, y))
-    elif backend == "jax":
-        row["predicted_bytes"] = int(estimate.peak_bytes)
-        row.update(measure_jax(model, x, y))
     else:
         row["predicted_bytes"] = int(estimate.peak_bytes)
-        row.update(measure_torch(model, x, y))
+        row["device"] = device_name()
+        # what the estimate holds beyond the peak: XLA's buffer sizes, CUDA workspaces and reserve
+        row["estimate_extra"] = {
+            k: v for k, v in estimate.extra.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        if part == "estimate":
+            return row
+        if backend == "jax":
+            row.update(measure_jax(model, x, y))
+        else:
+            row.update(measure_torch(model, x, y))
     measured = row["measured_bytes"]
     row["error"] = (row["predicted_bytes"] - measured) / measured
     row["rule_error"] = (row["rule_of_thumb_bytes"] - measured) / measured
@@ -417,8 +533,36 @@ def host_fingerprint() -> dict[str, Any]:
     }
 
 
+def gpu_environment(backend: str, autotune_cache: str | None, part: str = "both") -> dict[str, str]:
+    """The environment of a GPU worker: JAX allocates on demand, XLA's autotuning results shared by a case's processes.
+
+    Processes of several cases share the GPU, so JAX must not preallocate most of it
+    (``peak_bytes_in_use`` counts what is in use either way). XLA's autotuning results
+    go to a per-case directory: the estimating process autotunes and writes them (XLA's
+    per-fusion cache and a dump of all results), the measuring processes load its
+    choices, so their compilation allocates no autotuning buffers and they run the
+    kernels (and workspaces) the estimate was compiled with.
+    """
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    if backend == "jax" and autotune_cache:
+        flags = [os.environ.get("XLA_FLAGS", ""), f"--xla_gpu_per_fusion_autotune_cache_dir={autotune_cache}"]
+        results = os.path.join(autotune_cache, "autotune_results.textproto")
+        if part == "estimate":
+            flags.append(f"--xla_gpu_dump_autotune_results_to={results}")
+        elif os.path.exists(results):
+            flags.append(f"--xla_gpu_load_autotune_results_from={results}")
+        env["XLA_FLAGS"] = " ".join(f for f in flags if f)
+    return env
+
+
 def run_isolated(
-    name: str, backend: str, timeout: int = 900, onednn: str | None = None, part: str = "both"
+    name: str,
+    backend: str,
+    timeout: int = 900,
+    onednn: str | None = None,
+    part: str = "both",
+    device: str = "cpu",
+    autotune_cache: str | None = None,
 ) -> dict[str, Any]:
     """Runs one case in a fresh process (TensorFlow's allocator keeps memory across models).
 
@@ -429,6 +573,8 @@ def run_isolated(
 
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
     env.update(mode_environment(onednn))
+    if device == "gpu":
+        env.update(gpu_environment(backend, autotune_cache, part))
     if part != "measure":
         env["NNMEM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nnmem-bench-cache-")
     from benchmarks.isolated import run_worker
@@ -441,7 +587,9 @@ def run_isolated(
     return row
 
 
-def run_repeated(name: str, backend: str, repeats: int, onednn: str | None = None) -> dict[str, Any]:
+def run_repeated(
+    name: str, backend: str, repeats: int, onednn: str | None = None, device: str = "cpu"
+) -> dict[str, Any]:
     """Runs a case ``repeats`` times (fresh processes); the truth is the median measurement.
 
     On TensorFlow the allocator's peak over the same first two steps varies from run to
@@ -449,12 +597,17 @@ def run_repeated(name: str, backend: str, repeats: int, onednn: str | None = Non
     benchmark LSTM measured 7.3 to 12.0 MiB over six runs. The median of a few runs is
     the figure compared; the runs are kept in ``measured_runs``.
     """
-    if backend == "tensorflow":
-        # one estimate (cold cache); the truth from processes that never ran the estimator
-        estimate = run_isolated(name, backend, onednn=onednn, part="estimate")
+    if backend == "tensorflow" or device == "gpu":
+        # one estimate (cold cache); the truth from processes that never ran the estimator (on a GPU its
+        # probes and compilation would leave workspaces and an autotuning peak in the measured process)
+        import tempfile
+
+        cache = tempfile.mkdtemp(prefix=f"nnmem-xla-autotune-{name}-") if device == "gpu" else None
+        kwargs = {"onednn": onednn, "device": device, "autotune_cache": cache}
+        estimate = run_isolated(name, backend, part="estimate", **kwargs)
         if "error_text" in estimate:
             return estimate
-        rows = [run_isolated(name, backend, onednn=onednn, part="measure") for _ in range(max(repeats, 1))]
+        rows = [run_isolated(name, backend, part="measure", **kwargs) for _ in range(max(repeats, 1))]
         good = [{**estimate, **r} for r in rows if "error_text" not in r]
         rows.append(estimate)
     else:
@@ -468,6 +621,9 @@ def run_repeated(name: str, backend: str, repeats: int, onednn: str | None = Non
         if values:
             row[key.replace("_bytes", "_runs")] = values
             row[key] = int(statistics.median(values))
+    if any("exact_peak" in r for r in good):
+        # JAX on a GPU: every run's peak must have risen above its compilation's to be the step's
+        row["exact_peak"] = all(r.get("exact_peak", False) for r in good)
     measured = row["measured_bytes"]
     row["error"] = (row["predicted_bytes"] - measured) / measured
     row["rule_error"] = (row["rule_of_thumb_bytes"] - measured) / measured
@@ -544,7 +700,8 @@ def _pct(value: Any) -> str:
 
 
 def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, Any]) -> str:
-    lines = [f"# Keras accuracy benchmark ({backend}, CPU)", ""]
+    device = meta.get("device", "cpu")
+    lines = [f"# Keras accuracy benchmark ({backend}, {'CPU' if device == 'cpu' else device})", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
     lines += ["", "Error = (predicted - measured) / measured. " + (rows[0].get("truth", "") if rows else "")]
     lines += ["Measured = the median over `repeats` fresh processes (range in its own column).", ""]
@@ -558,6 +715,9 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
     checked = any("step_check_offset_bytes" in r for r in rows)
     if checked:
         columns += ["replay MiB", "step check: batch, correction MiB"]
+    exact = any("exact_peak" in r for r in rows)
+    if exact:
+        columns += ["peak is the step's"]
     columns += ["rule MiB", "rule err", "est s", "full-peak pred MiB"]
     lines.append("| " + " | ".join(columns) + " |")
     lines.append("|" + "---|" * len(columns))
@@ -578,6 +738,8 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
             replay = r["predicted_bytes"] - offset if offset is not None else None
             check = f"{r['step_check_batch_size']}, {offset / 2**20:+.1f}" if offset is not None else "not run"
             cells += [_mib(replay), check]
+        if exact:
+            cells += ["yes" if r.get("exact_peak") else "NO (a floor)"]
         cells += [_mib(r["rule_of_thumb_bytes"]), _pct(r["rule_error"]), f"{r['estimate_s']:.2f}", _mib(r["predicted_peak_bytes"])]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Summary", "", "| estimator | n | median abs error | worst abs error |", "|---|---|---|---|"]
@@ -610,6 +772,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--onednn", choices=("0", "1"), help="TensorFlow: run every worker with TF_ENABLE_ONEDNN_OPTS=0 or 1"
     )
+    parser.add_argument(
+        "--device", choices=("cpu", "gpu"), default="cpu",
+        help="gpu: JAX and torch train on the GPU; the truth is the device allocator's peak, measured in processes "
+        "that never ran the estimator (results keras_<backend>_gpu...)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1,
+        help="cases run at once (GPU only: each process has its own allocator statistics; on a CPU, concurrent "
+        "cases would disturb each other's measurements)",
+    )
     parser.add_argument("--note", help="a line for the results header (the run's conditions)")
     parser.add_argument(
         "--host-tag", default="",
@@ -617,11 +789,15 @@ def main(argv: list[str] | None = None) -> int:
         "sit beside the committed ones instead of replacing them",
     )
     args = parser.parse_args(argv)
+    if args.device == "gpu" and args.backend == "tensorflow":
+        parser.error("--device gpu measures JAX and torch; TensorFlow's GPU path is not benchmarked (use --device cpu)")
+    if args.jobs < 1 or (args.jobs > 1 and args.device != "gpu"):
+        parser.error(f"--jobs must be 1 on a CPU (concurrent cases disturb each other's peaks), got {args.jobs}")
     suffix = f"_onednn{args.onednn}" if args.onednn is not None and args.backend == "tensorflow" else ""
     if args.host_tag:
         suffix = f"_{args.host_tag}{suffix}"
     if args.render:
-        stem = os.path.join(args.out, f"keras_{args.backend}_cpu{suffix}")
+        stem = os.path.join(args.out, f"keras_{args.backend}_{args.device}{suffix}")
         with open(stem + ".json", encoding="utf-8") as handle:
             saved = json.load(handle)
         with open(stem + ".md", "w", encoding="utf-8") as handle:
@@ -632,11 +808,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(args.worker, args.part)), flush=True)
         return 0
     started = time.perf_counter()
-    rows = []
-    for name in [c for c in args.cases.split(",") if c]:
-        row = run_repeated(name, args.backend, args.repeats, onednn=args.onednn if args.backend == "tensorflow" else None)
-        rows.append(row)
+    names = [c for c in args.cases.split(",") if c]
+    unknown = sorted(set(names) - set(CASES))
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; valid cases: {', '.join(CASES)}")
+    onednn = args.onednn if args.backend == "tensorflow" else None
+
+    def run_case(name: str) -> dict[str, Any]:
+        row = run_repeated(name, args.backend, args.repeats, onednn=onednn, device=args.device)
         print(json.dumps({k: v for k, v in row.items() if k != "notes"}), flush=True)
+        return row
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(run_case, names))  # the table keeps the order of --cases
     summary = summarize([r for r in rows if "error_text" not in r])
     import keras  # noqa: F401 - versions for the record
 
@@ -651,6 +837,10 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": round(time.perf_counter() - started, 1),
         "commit": commit_stamp(),
     }
+    if args.device == "gpu":
+        meta["device"] = next((r["device"] for r in rows if r.get("device")), "gpu (no case ran)")
+        meta["jobs"] = args.jobs
+        meta["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     if args.note:
         meta["note"] = args.note
     if args.backend == "tensorflow":
@@ -660,7 +850,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["TF_ENABLE_ONEDNN_OPTS"] = args.onednn if args.onednn is not None else "host default"
         meta["truth"] = "median of the fresh processes' allocator peaks; range and every run in the JSON"
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"keras_{args.backend}_cpu{suffix}")
+    stem = os.path.join(args.out, f"keras_{args.backend}_{args.device}{suffix}")
     with open(stem + ".json", "w", encoding="utf-8") as handle:
         json.dump({"meta": meta, "summary": summary, "rows": rows}, handle, indent=2)
     with open(stem + ".md", "w", encoding="utf-8") as handle:

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Keras on a GPU: the JAX and torch accuracy benchmarks and the callback check, run side by side (one GPU, ~7 min).
+#
+# Run on a machine with a CUDA GPU, JAX with CUDA and torch with CUDA, from the repository root. Keras and the
+# package's pure-Python needs may come as wheels in .whl/ (the GPU machines here have no registry). Writes the
+# results' JSON and the logs to $OUT (default /tmp/nnmem-gpu-out); the Markdown is rendered from the JSON with
+#   python -m benchmarks.keras_accuracy --render --backend jax --device gpu --host-tag TAG
+#   python -m benchmarks.keras_callback_device --render benchmarks/results/keras_callback_jax_gpu_TAG.json
+set -u
+OUT=${OUT:-/tmp/nnmem-gpu-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]\+\|a[0-9]\+\|l[0-9]\+' | head -1 | tr A-Z a-z)
+tag=${tag:-gpu}
+limit=${LIMIT_S:-400}
+note=${NOTE:-}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import keras, jax, torch; print('keras', keras.__version__, 'jax', jax.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"; } >"$OUT/jax.log" 2>&1
+timeout "$limit" python3 -m benchmarks.keras_accuracy --backend jax --device gpu --jobs "${JAX_JOBS:-5}" --repeats 3 \
+  --host-tag "$tag" --note "$note" --cases "${JAX_CASES:-mlp,conv1d,audio_cnn,unet_small,vgg16,mobilenet_v1,transformer,lstm,mha,vit_tiny,gru_text,mobilenetv2}" \
+  >>"$OUT/jax.log" 2>&1 &
+timeout "$limit" python3 -m benchmarks.keras_accuracy --backend torch --device gpu --jobs "${TORCH_JOBS:-3}" --repeats 3 \
+  --host-tag "$tag" --note "$note" --cases "${TORCH_CASES:-lstm,gru_text,stacked_lstm,conv1d,transformer,cnn_bilstm_text,unet_small}" \
+  >"$OUT/torch.log" 2>&1 &
+KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$limit" python3 -m benchmarks.keras_callback_device \
+  --cases "${CALLBACK_CASES:-unet_small,conv1d,transformer}" --epochs 3 --host-tag "$tag" >"$OUT/callback.log" 2>&1 &
+wait
+cp benchmarks/results/keras_jax_gpu_"$tag".json benchmarks/results/keras_torch_gpu_"$tag".json \
+  benchmarks/results/keras_callback_jax_gpu_"$tag".json "$OUT"/ 2>/dev/null
+ls -la "$OUT"
