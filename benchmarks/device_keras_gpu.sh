@@ -20,7 +20,7 @@ tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i '
 tag=${tag:-gpu}
 limit=${LIMIT_S:-400}
 note=${NOTE:-}
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import keras, jax, torch; print('keras', keras.__version__, 'jax', jax.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"; } >"$OUT/jax.log" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; KERAS_BACKEND=jax python3 -c "import keras, jax, torch; print('keras', keras.__version__, 'jax', jax.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"; } >"$OUT/jax.log" 2>&1
 timeout "$limit" python3 -m benchmarks.keras_accuracy --backend jax --device gpu --jobs "${JAX_JOBS:-5}" --repeats 3 \
   --host-tag "$tag" --note "$note" --cases "${JAX_CASES:-mlp,conv1d,audio_cnn,unet_small,vgg16,mobilenet_v1,transformer,lstm,mha,vit_tiny,gru_text,mobilenetv2}" \
   >>"$OUT/jax.log" 2>&1 &

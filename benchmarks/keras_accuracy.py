@@ -359,12 +359,21 @@ def measure_jax_device(model: Any, x: Any, y: Any, batch: int) -> dict[str, Any]
     built = stats()
     compile_train_step(model, batch, x_specs, y_specs)
     compiled = stats()
-    model.train_on_batch(xj, yj)
+    model.train_on_batch(xj, yj)  # returns the logs as NumPy values: the step has finished
+    first = stats()
     model.train_on_batch(xj, yj)
     after = stats()
     peak = int(after["peak_bytes_in_use"])
+    # then fit, whose steps Keras dispatches without waiting for each to finish: kept apart from the truth
+    import numpy as np
+
+    steps = 4
+    model.fit(np.concatenate([x] * steps), np.concatenate([y] * steps), batch_size=batch, epochs=1, verbose=0)
+    fitted = stats()
     return {
         "measured_bytes": peak,
+        "peak_after_first_step": int(first["peak_bytes_in_use"]),
+        "peak_after_fit": int(fitted["peak_bytes_in_use"]),
         "exact_peak": peak > int(compiled["peak_bytes_in_use"]),
         "bytes_in_use_before_steps": int(compiled["bytes_in_use"]),
         "peak_after_build": int(built["peak_bytes_in_use"]),
@@ -383,17 +392,51 @@ def measure_torch_cuda(model: Any, x: Any, y: Any) -> dict[str, Any]:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
+    record = bool(os.environ.get("NNMEM_BENCH_SNAPSHOT"))
+    if record:
+        torch.cuda.memory._record_memory_history(max_entries=200000)  # noqa: SLF001 - PyTorch's documented debugging API
     model.train_on_batch(xt, yt)
     model.train_on_batch(xt, yt)
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
+    extra = {}
+    if record:
+        extra["largest_live_at_peak"] = largest_live_at_peak(torch.cuda.memory._snapshot())  # noqa: SLF001
+        torch.cuda.memory._record_memory_history(enabled=None)  # noqa: SLF001
     return {
+        **extra,
         "measured_bytes": int(torch.cuda.max_memory_allocated()),
         "allocated_before_steps": int(before),
         "measured_reserved_bytes": int(torch.cuda.max_memory_reserved()),
         "device_used_bytes": int(total - free),
         "truth": "torch.cuda.max_memory_allocated over 2 train_on_batch steps (fresh process, state and batch on the GPU)",
     }
+
+
+def largest_live_at_peak(snapshot: dict[str, Any], top: int = 6) -> list[dict[str, Any]]:
+    """The largest blocks alive at the peak of a CUDA memory snapshot's trace, with the code that allocated them."""
+    live: dict[int, tuple[int, str]] = {}
+    running = peak = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+
+    def where(frames: list[dict[str, Any]]) -> str:
+        for frame in frames:
+            name = frame.get("filename", "")
+            if "keras" in name or "nnmem" in name or "benchmarks" in name:
+                return f"{name.split('site-packages/')[-1]}:{frame.get('line')} {frame.get('name')}"
+        return frames[0].get("name", "?") if frames else "?"
+
+    for event in (snapshot.get("device_traces") or [[]])[0]:
+        action, addr, size = event.get("action"), event.get("addr"), int(event.get("size", 0))
+        if action == "alloc":
+            live[addr] = (size, where(event.get("frames", [])))
+            running += size
+            if running > peak:
+                peak, at_peak = running, dict(live)
+        elif action == "free_completed" and addr in live:
+            running -= live.pop(addr)[0]
+    blocks = sorted(at_peak.values(), reverse=True)[:top]
+    return [{"mib": round(size / 2**20, 2), "where": place} for size, place in blocks]
 
 
 def device_name() -> str:
@@ -824,6 +867,7 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(run_case, names))  # the table keeps the order of --cases
     summary = summarize([r for r in rows if "error_text" not in r])
+    os.environ.setdefault("KERAS_BACKEND", args.backend)  # Keras' default backend may not be installed here
     import keras  # noqa: F401 - versions for the record
 
     meta = {
