@@ -586,7 +586,8 @@ def gpu_environment(backend: str, autotune_cache: str | None, part: str = "both"
     choices, so their compilation allocates no autotuning buffers and they run the
     kernels (and workspaces) the estimate was compiled with.
     """
-    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    # JAX's default preallocates 75% of the GPU; a run that keeps it (with a smaller MEM_FRACTION per process) says so
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
     if backend == "jax" and autotune_cache:
         flags = [os.environ.get("XLA_FLAGS", ""), f"--xla_gpu_per_fusion_autotune_cache_dir={autotune_cache}"]
         results = os.path.join(autotune_cache, "autotune_results.textproto")
@@ -884,7 +885,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "gpu":
         meta["device"] = next((r["device"] for r in rows if r.get("device")), "gpu (no case ran)")
         meta["jobs"] = args.jobs
-        meta["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        meta["XLA_PYTHON_CLIENT_PREALLOCATE"] = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        if os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"):
+            meta["XLA_PYTHON_CLIENT_MEM_FRACTION"] = os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]
     if args.note:
         meta["note"] = args.note
     if args.backend == "tensorflow":
