@@ -127,6 +127,54 @@ def test_jax_backend(tmp_path):
     _check_callback(result, tmp_path)
 
 
+def test_jax_estimate_predicts_what_a_gpu_allocator_reports(tmp_path):
+    """On a GPU (faked: the compile runs on CPU), the estimate says what peak_bytes_in_use will count."""
+    pytest.importorskip("jax")
+    result = run_backend(
+        "jax",
+        """
+        import os, jax
+        from nnmem_callbacks import monitor
+
+        class FakeGpu:
+            platform, id = "gpu", 0
+            def memory_stats(self):
+                return {"bytes_limit": 16 << 30, "bytes_in_use": 0, "peak_bytes_in_use": 0}
+
+        real_devices = jax.devices
+        for mode in ("false", "true"):
+            os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = mode
+            jax.devices = lambda *args: [FakeGpu()]
+            try:
+                est = estimate_training(mlp(1000), batch_size=256)
+            finally:
+                jax.devices = real_devices
+            out[mode] = {
+                "mode": est.extra["xla_allocator"], "device": est.device, "peak": est.peak_bytes,
+                "allocator": est.extra["xla_allocator_peak_bytes"], "upper": est.upper_bytes,
+                "temp": est.extra["temp_bytes"], "noted": any("PREALLOCATE=false" in n for n in est.notes),
+            }
+            callback = MemoryBudgetCallback(batch_size=256)
+            callback.estimate, callback._train_batch_size = est, 256
+            callback._meter = monitor.JaxMeter(FakeGpu())
+            out[mode]["compared"] = callback._predicted_comparable()
+        """,
+        tmp_path,
+    )
+    growth, pooled = result["false"], result["true"]
+    assert growth["mode"] == "bfc-growth" and pooled["mode"] == "bfc-preallocated"
+    assert growth["device"] == "gpu:0"
+    # on demand: the allocator charges whole chunks, never less than the buffers, less than twice them
+    assert growth["peak"] <= growth["allocator"] < 2 * growth["peak"]
+    assert growth["noted"] and not pooled["noted"]
+    # planning allows for the temporary buffer being charged twice; a preallocated pool only rounds
+    assert growth["upper"] == growth["peak"] + growth["temp"]
+    assert pooled["upper"] == pooled["peak"]
+    assert pooled["peak"] <= pooled["allocator"] <= pooled["peak"] * 1.001
+    # the callback compares the meter's reading with what the allocator will count
+    assert growth["compared"] == growth["allocator"] and pooled["compared"] == pooled["allocator"]
+
+
 def test_torch_backend(tmp_path):
     pytest.importorskip("torch")
     result = run_backend(

@@ -296,6 +296,9 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
                 _tf_counted(batch_inputs // max(self._num_inputs(), 1)) for _ in range(self._num_inputs())
             ) * INPUT_PIPELINE_BATCHES
             return max(self._meter.baseline - resident, 0) + peak + pipeline
+        if self._meter.kind == "jax" and "xla_allocator_peak_bytes" in self.estimate.extra and self.estimate.batch_size == size:
+            # peak_bytes_in_use counts the allocator's chunks (whole regions when JAX allocates on demand)
+            return int(self.estimate.extra["xla_allocator_peak_bytes"])
         if self._meter.process_level:
             # what exists before the first step is already in the fit-start RSS
             resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]

@@ -116,133 +116,14 @@ def _counted_min_bytes() -> int:
     return _COUNTED_MIN[0]
 
 
-# -- TensorFlow's CPU allocator ------------------------------------------------------------------------
-#: BFC constants (tensorflow/core/common_runtime/bfc_allocator.{h,cc}).
-BFC_MIN_ALLOCATION = 256
-BFC_NUM_BINS = 21
-BFC_MAX_INTERNAL_FRAGMENTATION = 128 << 20
-#: ``allow_growth``: the first region is 2 MiB, each later region doubles (MklCPUAllocator's large allocator).
-BFC_INITIAL_REGION = 2 << 20
-
-
-class BFCSimulator:
-    """A model of the best-fit-with-coalescing allocator behind ``get_memory_info('CPU:0')``.
-
-    With oneDNN (the default on x86), TensorFlow's CPU allocator is ``MklCPUAllocator``:
-    allocations below 256 KiB go to ``malloc`` (and are not counted); larger ones go to a
-    ``BFCAllocator`` with ``allow_growth`` whose ``bytes_in_use`` / ``peak_bytes_in_use`` are what
-    ``get_memory_info`` reports. The BFC allocator hands out whole *chunks*: a request takes the
-    smallest free chunk that fits and splits it only when the chunk is at least twice the
-    request, so a request can be charged up to ~2x its size (a 1.5 MiB tensor placed in a fresh
-    2 MiB region is charged 2 MiB). Measured on TF 2.21 with the profiler's ``MemoryAllocation``
-    events (``allocation_bytes`` vs ``requested_bytes``). This class replays the same policy:
-    256-byte rounding, 21 power-of-two bins ordered by (size, address), split rule, coalescing
-    of free neighbours within a region, regions of 2 MiB doubling with each extension.
-
-    Example:
-        >>> bfc = BFCSimulator()
-        >>> a = bfc.alloc(1_605_632)   # 1.53 MiB in a fresh 2 MiB region: no split
-        >>> bfc.in_use
-        2097152
-        >>> bfc.free(a); bfc.in_use
-        0
-    """
-
-    def __init__(self) -> None:
-        self.region_bytes = BFC_INITIAL_REGION
-        self.next_address = 0
-        # chunk id -> [address, size, in_use, prev_id, next_id]
-        self.chunks: dict[int, list] = {}
-        self.free_chunks: dict[int, set[int]] = {b: set() for b in range(BFC_NUM_BINS)}
-        self.in_use = 0
-        self.peak = 0
-        self._ids = 0
-
-    @staticmethod
-    def rounded(num_bytes: int) -> int:
-        return max(BFC_MIN_ALLOCATION, -(-int(num_bytes) // BFC_MIN_ALLOCATION) * BFC_MIN_ALLOCATION)
-
-    @staticmethod
-    def bin_for(size: int) -> int:
-        return min(max((size >> 8).bit_length() - 1, 0), BFC_NUM_BINS - 1)
-
-    def _new_chunk(self, address: int, size: int, prev: int | None, nxt: int | None) -> int:
-        self._ids += 1
-        self.chunks[self._ids] = [address, size, False, prev, nxt]
-        return self._ids
-
-    def _insert_free(self, cid: int) -> None:
-        self.free_chunks[self.bin_for(self.chunks[cid][1])].add(cid)
-
-    def _remove_free(self, cid: int) -> None:
-        self.free_chunks[self.bin_for(self.chunks[cid][1])].discard(cid)
-
-    def _find(self, rounded: int) -> int | None:
-        for b in range(self.bin_for(rounded), BFC_NUM_BINS):
-            best = None
-            for cid in self.free_chunks[b]:
-                address, size = self.chunks[cid][0], self.chunks[cid][1]
-                if size >= rounded and (best is None or (size, address) < best[0]):
-                    best = ((size, address), cid)
-            if best is not None:
-                cid = best[1]
-                self._remove_free(cid)
-                chunk = self.chunks[cid]
-                if chunk[1] >= 2 * rounded or chunk[1] - rounded >= BFC_MAX_INTERNAL_FRAGMENTATION:
-                    rest = self._new_chunk(chunk[0] + rounded, chunk[1] - rounded, cid, chunk[4])
-                    if chunk[4] is not None:
-                        self.chunks[chunk[4]][3] = rest
-                    chunk[4] = rest
-                    chunk[1] = rounded
-                    self._insert_free(rest)
-                chunk[2] = True
-                self.in_use += chunk[1]
-                self.peak = max(self.peak, self.in_use)
-                return cid
-        return None
-
-    def _extend(self, rounded: int) -> None:
-        increased = False
-        while rounded > self.region_bytes:
-            self.region_bytes *= 2
-            increased = True
-        size = self.region_bytes
-        cid = self._new_chunk(self.next_address, size, None, None)
-        self.next_address += size + (1 << 40)  # regions are never adjacent
-        self._insert_free(cid)
-        if not increased:
-            self.region_bytes *= 2
-
-    def alloc(self, num_bytes: int) -> int:
-        """Allocates; returns a chunk id (its charged size is ``self.chunks[id][1]``)."""
-        rounded = self.rounded(num_bytes)
-        cid = self._find(rounded)
-        if cid is None:
-            self._extend(rounded)
-            cid = self._find(rounded)
-        return cid  # type: ignore[return-value]
-
-    def free(self, cid: int) -> None:
-        chunk = self.chunks[cid]
-        chunk[2] = False
-        self.in_use -= chunk[1]
-        nxt = chunk[4]
-        if nxt is not None and not self.chunks[nxt][2]:
-            self._remove_free(nxt)
-            self._merge(cid, nxt)
-        prev = chunk[3]
-        if prev is not None and not self.chunks[prev][2]:
-            self._remove_free(prev)
-            self._merge(prev, cid)
-            cid = prev
-        self._insert_free(cid)
-
-    def _merge(self, first: int, second: int) -> None:
-        a, b = self.chunks[first], self.chunks.pop(second)
-        a[1] += b[1]
-        a[4] = b[4]
-        if b[4] is not None:
-            self.chunks[b[4]][3] = first
+# -- the BFC allocator (shared with XLA's GPU allocator) ----------------------------------------------
+from nnmem_callbacks.bfc_allocator import (  # noqa: E402,F401 - re-exported: the TensorFlow replay's names
+    BFC_INITIAL_REGION,
+    BFC_MAX_INTERNAL_FRAGMENTATION,
+    BFC_MIN_ALLOCATION,
+    BFC_NUM_BINS,
+    BFCSimulator,
+)
 
 
 def allocator_after_build(variables: list[tuple[int, bool]], min_bytes: int | None = None) -> BFCSimulator:
