@@ -11,7 +11,7 @@ measurement beside the prediction. This module holds what they share:
   ==============  ==========================================  ========  =====================
   ``cuda``        ``max_memory_allocated`` (+ reserved, device)  yes     the tensor peak
   ``tensorflow``  ``get_memory_info(dev)['peak']``              yes      TF allocator figure
-  ``jax``         ``peak_bytes_in_use``; ``bytes_in_use``        no       the tensor peak
+  ``jax``         ``peak_bytes_in_use``; ``bytes_in_use``        no       the allocator's peak
   ``rss``         process peak RSS (``VmHWM``), above fit start  yes*     peak minus resident
   ==============  ==========================================  ========  =====================
 
@@ -122,6 +122,9 @@ class Meter:
     def read(self) -> PeakReading:
         """The peak since the last :meth:`reset`."""
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Ends a run: stops anything the meter runs in the background (a sampler thread)."""
 
     def capacity(self) -> tuple[int, int]:
         """``(total, free)`` bytes of the memory this meter watches."""
@@ -249,23 +252,31 @@ class JaxMeter(Meter):
     of XLA's compile-time autotuning and of earlier models in the process. An
     interval's reading is therefore that peak only when it rose during the
     interval and no compilation can have set it (every interval after the first
-    of a run); otherwise it is the largest ``bytes_in_use`` sampled between
-    steps, a floor of the training peak (``exact=False``).
+    of a run). Otherwise it is the largest ``bytes_in_use`` sampled, a floor
+    (``exact=False``). A background thread samples every
+    ``sample_interval_s`` from :meth:`start` to :meth:`close`: XLA holds a
+    step's temporary buffer for the whole step, so a sample taken while a step
+    runs sees the step's peak, where samples between steps see only the state.
 
     Args:
         device: A ``jax.Device`` with ``memory_stats()``.
+        sample_interval_s: Seconds between background samples; ``None`` samples
+            only at :meth:`sample` calls and interval ends.
     """
 
     kind = "jax"
     source = "JAX peak_bytes_in_use"
     resettable = False
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, sample_interval_s: float | None = 0.001) -> None:
         super().__init__()
         self.device = device
+        self.sample_interval_s = sample_interval_s
+        self.samples = 0
         self._start_peak = 0
         self._sampled = 0
         self._intervals = 0
+        self._stop: Any = None
 
     def _stats(self) -> dict[str, int]:
         return dict(self.device.memory_stats() or {})
@@ -282,6 +293,26 @@ class JaxMeter(Meter):
     def start(self) -> None:
         super().start()
         self._intervals = 0  # the baseline reading is no interval: the first epoch's, with its compilation, is
+        if self.sample_interval_s is not None and self._stop is None:
+            import threading
+
+            self._stop = threading.Event()
+            threading.Thread(target=self._sample_until_stopped, args=(self._stop,), daemon=True, name="nnmem-jax-sampler").start()
+
+    def _sample_until_stopped(self, stop: Any) -> None:
+        while not stop.wait(self.sample_interval_s):
+            try:
+                used = int(self._stats().get("bytes_in_use", 0))
+            except Exception:  # noqa: BLE001 - a device gone away ends the sampling, never the training
+                return
+            if used > self._sampled:
+                self._sampled = used
+            self.samples += 1
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
 
     def read(self) -> PeakReading:
         stats = self._stats()

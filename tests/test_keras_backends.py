@@ -156,8 +156,17 @@ def test_jax_estimate_predicts_what_a_gpu_allocator_reports(tmp_path):
             }
             callback = MemoryBudgetCallback(batch_size=256)
             callback.estimate, callback._train_batch_size = est, 256
-            callback._meter = monitor.JaxMeter(FakeGpu())
+            callback._meter = monitor.JaxMeter(FakeGpu(), sample_interval_s=None)
+            callback._names = monitor.metric_names(callback._meter)
             out[mode]["compared"] = callback._predicted_comparable()
+            callback._meter.start()
+            callback.on_epoch_begin(0)
+            logs = {}
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                callback.on_epoch_end(0, logs)  # the process peak never rose: the reading is a floor, said so
+            out[mode]["floor_warned"] = sum("a floor of the training peak" in str(w.message) for w in caught)
+            out[mode]["logged"] = sorted(k for k in logs if k.startswith("memory_"))
         """,
         tmp_path,
     )
@@ -173,6 +182,9 @@ def test_jax_estimate_predicts_what_a_gpu_allocator_reports(tmp_path):
     assert pooled["peak"] <= pooled["allocator"] <= pooled["peak"] * 1.001
     # the callback compares the meter's reading with what the allocator will count
     assert growth["compared"] == growth["allocator"] and pooled["compared"] == pooled["allocator"]
+    # a reading that is only a floor is logged under the same keys, and said once
+    assert growth["floor_warned"] == 1
+    assert "memory_measured_peak_mib" in growth["logged"] and "memory_relative_error" in growth["logged"]
 
 
 def test_torch_backend(tmp_path):

@@ -84,7 +84,7 @@ class FakeJaxDevice:
 
 def test_jax_meter_never_reports_an_earlier_models_peak():
     device = FakeJaxDevice(in_use=100 * MiB, peak=900 * MiB)  # an earlier model peaked at 900 MiB
-    meter = monitor.JaxMeter(device)
+    meter = monitor.JaxMeter(device, sample_interval_s=None)  # samples only where the test says
     meter.start()
     meter.reset()  # epoch 0
     device.use(50 * MiB)
@@ -98,9 +98,33 @@ def test_jax_meter_never_reports_an_earlier_models_peak():
     assert meter.read().peak_bytes == 120 * MiB
 
 
+def test_jax_meter_samples_in_the_background_while_a_step_holds_its_buffers():
+    import time
+
+    device = FakeJaxDevice(in_use=100 * MiB, peak=900 * MiB)  # autotuning left the process peak at 900 MiB
+    meter = monitor.JaxMeter(device, sample_interval_s=0.001)
+    meter.start()
+    try:
+        meter.reset()
+        device.use(300 * MiB)  # a step's temporary buffer, held while the step runs; no sample() call
+        seen = meter.samples
+        deadline = time.monotonic() + 30
+        while meter.samples < seen + 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        device.use(-300 * MiB)  # the step ends: between steps only the state is in use
+        reading = meter.read()
+        assert meter.samples >= seen + 3
+        assert not reading.exact and reading.peak_bytes == 400 * MiB  # the step's, not the state's, not 900 MiB
+    finally:
+        meter.close()
+    stopped = meter.samples
+    time.sleep(0.05)
+    assert meter.samples <= stopped + 1  # close() stops the sampler
+
+
 def test_jax_meter_separates_compilation_from_the_training_peak():
     device = FakeJaxDevice(in_use=10 * MiB, peak=10 * MiB)
-    meter = monitor.JaxMeter(device)
+    meter = monitor.JaxMeter(device, sample_interval_s=None)  # samples only where the test says
     meter.start()
     meter.reset()  # epoch 0 holds the compilation
     device.use(500 * MiB)  # autotuning scratch at compile time

@@ -159,6 +159,8 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._close_writer()
+        if self._meter is not None:
+            self._safe(self._meter.close, "stopping the previous fit's meter")
         self._reset()
         chosen = self._safe(lambda: monitor.keras_meter(keras.backend.backend()), "choosing a meter")
         self._meter, meter_warning = chosen if chosen is not None else (monitor.RssMeter(), None)
@@ -254,6 +256,15 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         if self._meter is None or self._names is None:
             return
         reading = self._safe(self._meter.read, "reading the memory peak")
+        if reading is not None and not reading.exact and self._meter.kind == "jax":
+            self._warn(
+                "MemoryBudgetCallback: JAX's peak_bytes_in_use cannot be reset, and an earlier peak holds it above "
+                "this fit's steps (XLA's autotuning when the step was compiled, or an earlier model in this process). "
+                f"{self._names.measured} is therefore the largest bytes_in_use sampled during the epoch, a floor of the "
+                "training peak (exact while a sample falls inside a step, since XLA holds a step's buffers for the "
+                "whole step). For the exact peak, measure in a fresh process whose compilation loads the autotuning "
+                "results (XLA_FLAGS=--xla_gpu_per_fusion_autotune_cache_dir=DIR, filled by an earlier run)."
+            )
         comparison = epoch_report.compare_epoch(
             self._meter,
             reading,
@@ -271,6 +282,8 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._close_writer()
+        if self._meter is not None:
+            self._safe(self._meter.close, "stopping the meter")
 
     # ---------------------------------------------------------- predictions
     def _predicted_peak(self) -> int:
