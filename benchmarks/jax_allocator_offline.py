@@ -22,20 +22,17 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.provenance import commit_stamp
+from benchmarks.provenance import commit_stamp, write_result
 
 
 def replay_case(row: dict[str, Any], mode: str) -> dict[str, Any]:
     """The allocator's predicted peak for one committed GPU row (the model rebuilt here for its arrays)."""
     from benchmarks.keras_accuracy import build_case
-    from nnmem_callbacks.keras.common import unique
-    from nnmem_callbacks.keras.jax_xla import _nbytes, allocator_peak
+    from nnmem_callbacks.keras.jax_xla import allocator_peak, state_array_bytes
 
     model, x, y, batch = build_case(row["case"])
     model.optimizer.build(model.trainable_variables)
-    resident = [_nbytes(v) for v in model.trainable_variables + model.non_trainable_variables]
-    resident += [_nbytes(v) for v in unique(model.optimizer.variables) + model.metrics_variables]
-    resident += [int(x.nbytes), int(y.nbytes)]
+    resident = state_array_bytes(model) + [int(x.nbytes), int(y.nbytes)]
     extra = row["estimate_extra"]
     outputs = max(int(extra["output_bytes"]) - int(extra["alias_bytes"]), 0)
     predicted, reserved = allocator_peak(resident, [outputs, int(extra["temp_bytes"])], mode)
@@ -88,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         "mode": args.mode,
         "commit": commit_stamp(),
     }
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"jax_allocator_offline_{tag}")
-    with open(stem + ".json", "w", encoding="utf-8") as handle:
-        json.dump({"meta": meta, "rows": rows}, handle, indent=2)
-    with open(stem + ".md", "w", encoding="utf-8") as handle:
-        handle.write(to_markdown(rows, meta))
+    write_result(args.out, f"jax_allocator_offline_{tag}", {"meta": meta, "rows": rows}, to_markdown(rows, meta))
     print(to_markdown(rows, meta))
     return 0
 

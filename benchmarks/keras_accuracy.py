@@ -70,7 +70,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.provenance import commit_stamp
+from benchmarks.provenance import commit_stamp, write_result
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -896,12 +896,10 @@ def main(argv: list[str] | None = None) -> int:
         meta["tensorflow"] = tf.__version__
         meta["TF_ENABLE_ONEDNN_OPTS"] = args.onednn if args.onednn is not None else "host default"
         meta["truth"] = "median of the fresh processes' allocator peaks; range and every run in the JSON"
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"keras_{args.backend}_{args.device}{suffix}")
-    with open(stem + ".json", "w", encoding="utf-8") as handle:
-        json.dump({"meta": meta, "summary": summary, "rows": rows}, handle, indent=2)
-    with open(stem + ".md", "w", encoding="utf-8") as handle:
-        handle.write(to_markdown(args.backend, rows, summary, meta))
+    write_result(
+        args.out, f"keras_{args.backend}_{args.device}{suffix}", {"meta": meta, "summary": summary, "rows": rows},
+        to_markdown(args.backend, rows, summary, meta),
+    )
     print(json.dumps(summary))
     return 0
 

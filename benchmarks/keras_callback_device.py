@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.provenance import commit_stamp
+from benchmarks.provenance import commit_stamp, write_result
 
 
 def fit_case(name: str, epochs: int, steps: int) -> list[dict[str, Any]]:
@@ -137,12 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit_stamp(),
     }
     where = "cpu" if device == "cpu" else "gpu"
-    stem = os.path.join(args.out, f"keras_callback_{meta['backend']}_{where}" + (f"_{args.host_tag}" if args.host_tag else ""))
-    os.makedirs(args.out, exist_ok=True)
-    with open(stem + ".json", "w", encoding="utf-8") as handle:
-        json.dump({"meta": meta, "rows": rows}, handle, indent=2)
-    with open(stem + ".md", "w", encoding="utf-8") as handle:
-        handle.write(to_markdown(rows, meta))
+    name = f"keras_callback_{meta['backend']}_{where}" + (f"_{args.host_tag}" if args.host_tag else "")
+    write_result(args.out, name, {"meta": meta, "rows": rows}, to_markdown(rows, meta))
     return 0
 
 

@@ -13,8 +13,11 @@ Example:
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 #: The repository root (the folder above ``benchmarks/``).
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,3 +72,24 @@ def file_commit(path: str, root: Path = ROOT) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (last or "uncommitted") + (" +changes" if dirty else "")
+
+
+def write_result(out_dir: str, name: str, record: dict[str, Any], markdown: str) -> str:
+    """Writes a benchmark's result as ``<out_dir>/<name>.json`` (the record) and ``.md`` (its table).
+
+    Returns:
+        The path without extension.
+
+    Example:
+        >>> import tempfile
+        >>> stem = write_result(tempfile.mkdtemp(), "run", {"meta": {}, "rows": []}, "# run\\n")
+        >>> open(stem + ".json").read().startswith("{"), open(stem + ".md").read()
+        (True, '# run\\n')
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, name)
+    with open(stem + ".json", "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=2)
+    with open(stem + ".md", "w", encoding="utf-8") as handle:
+        handle.write(markdown)
+    return stem

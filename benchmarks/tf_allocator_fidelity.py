@@ -214,7 +214,7 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.keras_accuracy import CASES, host_fingerprint
-    from benchmarks.provenance import commit_stamp
+    from benchmarks.provenance import commit_stamp, write_result
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES))
@@ -247,12 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": round(time.perf_counter() - started, 1),
         "commit": commit_stamp(),
     }
-    stem = os.path.join(args.out, "tf_allocator_fidelity_cpu" + (f"_{args.host_tag}" if args.host_tag else ""))
-    os.makedirs(args.out, exist_ok=True)
-    with open(stem + ".json", "w", encoding="utf-8") as handle:
-        json.dump({"meta": meta, "rows": rows}, handle, indent=2)
-    with open(stem + ".md", "w", encoding="utf-8") as handle:
-        handle.write(to_markdown(rows, meta))
+    name = "tf_allocator_fidelity_cpu" + (f"_{args.host_tag}" if args.host_tag else "")
+    write_result(args.out, name, {"meta": meta, "rows": rows}, to_markdown(rows, meta))
     return 0
 
 

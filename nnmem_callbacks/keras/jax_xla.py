@@ -117,9 +117,16 @@ def allocator_peak(
     return bfc.peak, bfc.reserved
 
 
-def _nbytes(variable: Any) -> int:
-    value = variable.value
-    return int(value.size) * value.dtype.itemsize
+def state_array_bytes(model: Any) -> list[int]:
+    """Bytes of each array of the train step's state, in the order Keras creates them (the allocator's order).
+
+    The model's variables, then the optimizer's and the metrics'.
+    """
+    from nnmem_callbacks.keras.common import unique, variable_bytes
+
+    variables = model.trainable_variables + model.non_trainable_variables
+    variables += unique(model.optimizer.variables) + model.metrics_variables
+    return [variable_bytes(v) for v in variables]
 
 
 def _struct(variable: Any) -> Any:
@@ -205,8 +212,7 @@ def estimate_jax(
     variability = None
     if mode.startswith("bfc"):
         # the state's and the batch's arrays, then what the step allocates: what peak_bytes_in_use will count
-        resident = [_nbytes(v) for v in model.trainable_variables + model.non_trainable_variables]
-        resident += [_nbytes(v) for v in unique(model.optimizer.variables) + model.metrics_variables]
+        resident = state_array_bytes(model)
         resident += [spec.nbytes(batch_size) for spec in tree_leaves(x_specs) + tree_leaves(y_specs)]
         outputs = max(int(main.output_size_in_bytes - main.alias_size_in_bytes), 0)
         stats = device.memory_stats() if hasattr(device, "memory_stats") else None
