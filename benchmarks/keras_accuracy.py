@@ -392,9 +392,11 @@ def measure_torch_cuda(model: Any, x: Any, y: Any) -> dict[str, Any]:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    record = bool(os.environ.get("NNMEM_BENCH_SNAPSHOT"))
+    record = os.environ.get("NNMEM_BENCH_SNAPSHOT", "")
     if record:
-        torch.cuda.memory._record_memory_history(max_entries=200000)  # noqa: SLF001 - PyTorch's documented debugging API
+        # "cpp" records the C++ frames too, to name a library call that holds a block (slower)
+        stacks = "all" if record == "cpp" else "python"
+        torch.cuda.memory._record_memory_history(max_entries=200000, stacks=stacks)  # noqa: SLF001 - PyTorch's documented debugging API
     model.train_on_batch(xt, yt)
     model.train_on_batch(xt, yt)
     torch.cuda.synchronize()
@@ -420,11 +422,20 @@ def largest_live_at_peak(snapshot: dict[str, Any], top: int = 6) -> list[dict[st
     at_peak: dict[int, tuple[int, str]] = {}
 
     def where(frames: list[dict[str, Any]]) -> str:
+        python = ""
         for frame in frames:
             name = frame.get("filename", "")
             if "keras" in name or "nnmem" in name or "benchmarks" in name:
-                return f"{name.split('site-packages/')[-1]}:{frame.get('line')} {frame.get('name')}"
-        return frames[0].get("name", "?") if frames else "?"
+                python = f"{name.split('site-packages/')[-1]}:{frame.get('line')} {frame.get('name')}"
+                break
+        # C++ frames (NNMEM_BENCH_SNAPSHOT=cpp): the library functions below the allocator
+        native = [
+            str(frame.get("name", ""))[:90]
+            for frame in frames
+            if any(word in str(frame.get("name", "")) for word in ("cudnn", "cublas", "at::native", "autograd", "Cudnn"))
+        ][:4]
+        found = " | ".join(part for part in (python, " < ".join(native)) if part)
+        return found or (frames[0].get("name", "?") if frames else "?")
 
     for event in (snapshot.get("device_traces") or [[]])[0]:
         action, addr, size = event.get("action"), event.get("addr"), int(event.get("size", 0))
@@ -538,6 +549,7 @@ def worker(name: str, part: str = "both") -> dict[str, Any]:
         row["estimate_extra"] = {
             k: v for k, v in estimate.extra.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
         }
+        row["estimate_breakdown"] = {str(getattr(k, "value", k)): int(v) for k, v in estimate.breakdown.items()}
         if part == "estimate":
             return row
         if backend == "jax":

@@ -59,6 +59,7 @@ def fit_case(name: str, epochs: int, steps: int) -> list[dict[str, Any]]:
             "exact": row.get("exact"),
             "logs_keys_present": all(k in history.history and len(history.history[k]) == epochs for k in keys),
             "failure": callback.failure,
+            "meter_samples": getattr(callback._meter, "samples", None),  # noqa: SLF001 - the JAX sampler's count
             "fit_s": round(seconds, 1),
         })
     return rows
@@ -72,24 +73,51 @@ def device_description() -> str:
 
 def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"# The Keras callback on {meta['device']} ({meta['backend']})", ""]
-    lines += [f"- {k}: {v}" for k, v in meta.items()]
+    lines += [f"- {k}: {v}" for k, v in meta.items() if k != "truth_rows"]
     lines += [
         "",
         "Models fitted one after another in one process. Relative error = (measured - predicted) / predicted, as "
         "the callback logs it. `exact` = the reading is the training step's own peak (else a floor: the largest "
-        "bytes in use sampled at batch ends).",
+        "bytes in use sampled, at batch ends and, for JAX, by the meter's background sampler).",
         "",
-        "| case | batch | epoch | meter | measured MiB | predicted MiB | logged error | exact | logs keys every epoch |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    truth = meta.get("truth_rows") or {}
+    if truth:
+        lines += [
+            f"`truth` = the same case's peak measured in fresh processes by `{meta.get('truth_file')}` (median); "
+            "`reading vs truth` = (measured - truth) / truth.",
+            "",
+            "| case | batch | epoch | meter | measured MiB | predicted MiB | logged error | exact | samples | truth MiB "
+            "| reading vs truth | logs keys every epoch |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+    else:
+        lines += [
+            "| case | batch | epoch | meter | measured MiB | predicted MiB | logged error | exact | logs keys every epoch |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
     for r in rows:
         measured = "-" if r["measured_bytes"] is None else f"{r['measured_bytes'] / 2**20:.1f}"
         predicted = "-" if r["predicted_bytes"] is None else f"{r['predicted_bytes'] / 2**20:.1f}"
         error = "-" if r["relative_error"] is None else f"{r['relative_error'] * 100:+.1f}%"
-        lines.append(
-            f"| {r['case']} | {r['batch_size']} | {r['epoch']} | {r['kind']} | {measured} | {predicted} | {error} | "
-            f"{'yes' if r['exact'] else 'no (floor)'} | {'yes' if r['logs_keys_present'] else 'NO'} |"
-        )
+        exact = "yes" if r["exact"] else "no (floor)"
+        keys = "yes" if r["logs_keys_present"] else "NO"
+        if truth:
+            true = truth.get(r["case"])
+            versus = (
+                "-" if true is None or r["measured_bytes"] is None else f"{(r['measured_bytes'] - true) / true * 100:+.1f}%"
+            )
+            true_mib = "-" if true is None else f"{true / 2**20:.1f}"
+            lines.append(
+                f"| {r['case']} | {r['batch_size']} | {r['epoch']} | {r['kind']} | {measured} | {predicted} | {error} | "
+                f"{exact} | {r.get('meter_samples') if r.get('meter_samples') is not None else '-'} | {true_mib} | "
+                f"{versus} | {keys} |"
+            )
+        else:
+            lines.append(
+                f"| {r['case']} | {r['batch_size']} | {r['epoch']} | {r['kind']} | {measured} | {predicted} | {error} | "
+                f"{exact} | {keys} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -101,10 +129,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--host-tag", default="")
     parser.add_argument("--render", metavar="JSON", help="rewrite the Markdown beside a committed JSON result")
+    parser.add_argument(
+        "--truth", metavar="JSON", help="with --render: a keras_accuracy result on the same device, to compare readings with"
+    )
     args = parser.parse_args(argv)
     if args.render:
         with open(args.render, encoding="utf-8") as handle:
             saved = json.load(handle)
+        if args.truth:
+            with open(args.truth, encoding="utf-8") as handle:
+                measured = json.load(handle)
+            saved["meta"]["truth_file"] = os.path.basename(args.truth)
+            saved["meta"]["truth_rows"] = {
+                r["case"]: r["measured_bytes"] for r in measured["rows"] if r.get("measured_bytes") is not None
+            }
         with open(os.path.splitext(args.render)[0] + ".md", "w", encoding="utf-8") as handle:
             handle.write(to_markdown(saved["rows"], saved["meta"]))
         return 0

@@ -51,6 +51,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from nnmem_callbacks import devices
@@ -258,63 +259,103 @@ class JaxMeter(Meter):
     step's temporary buffer for the whole step, so a sample taken while a step
     runs sees the step's peak, where samples between steps see only the state.
 
+    The sampler stops by itself when nothing has called :meth:`sample`,
+    :meth:`reset` or :meth:`read` for ``idle_stop_s`` (and four times the
+    longest gap seen between such calls): a fit that raises never reaches the
+    callback's ``on_train_end``, and its sampler must not poll the device for the
+    rest of the process. The next :meth:`sample` starts it again.
+
     Args:
         device: A ``jax.Device`` with ``memory_stats()``.
         sample_interval_s: Seconds between background samples; ``None`` samples
             only at :meth:`sample` calls and interval ends.
+        idle_stop_s: Seconds without a call from the training loop after which
+            the sampler stops (at least; longer where steps are slower).
     """
 
     kind = "jax"
     source = "JAX peak_bytes_in_use"
     resettable = False
 
-    def __init__(self, device: Any, sample_interval_s: float | None = 0.001) -> None:
+    def __init__(self, device: Any, sample_interval_s: float | None = 0.001, idle_stop_s: float = 300.0) -> None:
         super().__init__()
         self.device = device
         self.sample_interval_s = sample_interval_s
+        self.idle_stop_s = idle_stop_s
         self.samples = 0
         self._start_peak = 0
         self._sampled = 0
         self._intervals = 0
         self._stop: Any = None
+        self._running = False  # between start() and close(): the sampler should run
+        self._last_call = 0.0
+        self._longest_gap = 0.0
 
     def _stats(self) -> dict[str, int]:
         return dict(self.device.memory_stats() or {})
 
+    def _heard_from_loop(self) -> None:
+        """Notes a call from the training loop (the sampler's sign that training goes on)."""
+        now = time.monotonic()
+        if self._last_call:
+            self._longest_gap = max(self._longest_gap, now - self._last_call)
+        self._last_call = now
+
     def reset(self) -> None:
+        self._heard_from_loop()
         stats = self._stats()
         self._start_peak = int(stats.get("peak_bytes_in_use", 0))
         self._sampled = int(stats.get("bytes_in_use", 0))
         self._intervals += 1
 
     def sample(self) -> None:
+        self._heard_from_loop()
+        if self._running and self._stop is None:
+            self._start_sampler()  # it stopped while the loop was quiet (a long validation, a pause)
         self._sampled = max(self._sampled, int(self._stats().get("bytes_in_use", 0)))
 
     def start(self) -> None:
+        self._last_call, self._longest_gap = 0.0, 0.0
         super().start()
         self._intervals = 0  # the baseline reading is no interval: the first epoch's, with its compilation, is
-        if self.sample_interval_s is not None and self._stop is None:
-            import threading
+        self._running = True
+        self._start_sampler()
 
-            self._stop = threading.Event()
-            threading.Thread(target=self._sample_until_stopped, args=(self._stop,), daemon=True, name="nnmem-jax-sampler").start()
+    def _start_sampler(self) -> None:
+        if self.sample_interval_s is None or self._stop is not None:
+            return
+        import threading
+
+        self._stop = threading.Event()
+        threading.Thread(target=self._sample_until_stopped, args=(self._stop,), daemon=True, name="nnmem-jax-sampler").start()
 
     def _sample_until_stopped(self, stop: Any) -> None:
         while not stop.wait(self.sample_interval_s):
+            if time.monotonic() - self._last_call > max(self.idle_stop_s, 4 * self._longest_gap):
+                break  # the loop has gone quiet (a fit that raised): stop polling the device
             try:
                 used = int(self._stats().get("bytes_in_use", 0))
             except Exception:  # noqa: BLE001 - a device gone away ends the sampling, never the training
-                return
+                break
             if used > self._sampled:
                 self._sampled = used
             self.samples += 1
+        if self._stop is stop:
+            self._stop = None
+
+    @property
+    def sampling(self) -> bool:
+        """Whether the background sampler is running now."""
+        return self._stop is not None
 
     def close(self) -> None:
+        self._running = False
         if self._stop is not None:
             self._stop.set()
             self._stop = None
 
     def read(self) -> PeakReading:
+        self._heard_from_loop()
         stats = self._stats()
         current = int(stats.get("bytes_in_use", 0))
         peak = int(stats.get("peak_bytes_in_use", 0))

@@ -122,6 +122,28 @@ def test_jax_meter_samples_in_the_background_while_a_step_holds_its_buffers():
     assert meter.samples <= stopped + 1  # close() stops the sampler
 
 
+def test_jax_meter_sampler_stops_when_the_loop_goes_quiet_and_restarts_on_the_next_batch():
+    import time
+
+    device = FakeJaxDevice(in_use=100 * MiB, peak=100 * MiB)
+    meter = monitor.JaxMeter(device, sample_interval_s=0.001, idle_stop_s=0.05)
+    meter.start()
+    try:
+        assert meter.sampling
+        deadline = time.monotonic() + 30  # a fit that raised: no batch end, no on_train_end
+        while meter.sampling and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not meter.sampling
+        stopped = meter.samples
+        time.sleep(0.1)
+        assert meter.samples == stopped  # no polling of the device once stopped
+        meter.sample()  # the loop is back (a batch end)
+        assert meter.sampling
+    finally:
+        meter.close()
+    assert not meter.sampling
+
+
 def test_jax_meter_separates_compilation_from_the_training_peak():
     device = FakeJaxDevice(in_use=10 * MiB, peak=10 * MiB)
     meter = monitor.JaxMeter(device, sample_interval_s=None)  # samples only where the test says
