@@ -253,10 +253,14 @@ def test_compiled_module_is_estimated_as_its_eager_step():
 
 
 class _FakeMeter:
-    """Allocator counters as a device would report them: outputs plus a workspace of 1000 + 10 * batch."""
+    """Allocator counters as a device would report them: outputs plus a workspace of 1000 + 10 * batch.
 
-    def __init__(self, output_bytes_per_sample: int) -> None:
+    ``batches`` are the batch sizes the probe is expected to run, in order.
+    """
+
+    def __init__(self, output_bytes_per_sample: int, batches: tuple[int, ...] = (1, 2)) -> None:
         self.output = output_bytes_per_sample
+        self.batches = batches
         self.calls = 0
 
     def start(self) -> int:
@@ -264,13 +268,14 @@ class _FakeMeter:
         return 5_000  # what was allocated before the call
 
     def peak(self) -> int:
-        batch = self.calls  # the probe runs batch 1, then batch 2
-        return 5_000 + self.output * batch + 1000 + 10 * batch
+        batch = self.batches[self.calls - 1]
+        return 5_000 + self.output * batch + self.workspace(batch)
+
+    def workspace(self, batch: int) -> int:
+        return 1000 + 10 * batch
 
 
-def test_conv_probe_fits_the_workspace_in_the_batch_and_measures_each_layer_once():
-    out_per_sample = 8 * 6 * 6 * 4
-    probe = cuda_libraries.ConvProbe(torch.device("cpu"), meter=_FakeMeter(out_per_sample))
+def _two_convolutions(probe) -> tuple[list[int], "cuda_libraries.LibraryModel"]:
     model = cuda_libraries.LibraryModel(capability=(9, 0), conv_probe=probe)
     with FakeTensorMode() as mode:
         tracker = StorageTracker("cuda", fake_mode=mode, libraries=model)
@@ -282,12 +287,31 @@ def test_conv_probe_fits_the_workspace_in_the_batch_and_measures_each_layer_once
             second = torch.nn.functional.conv2d(x, w)
             tracker.end()
         result = tracker.result()
-    assert probe.runs == 2 and len(probe.fits) == 1
     assert result.workspace_ops["cuDNN aten.convolution"] == 2
-    sizes = [size for _, size in result.events if size > 0]
-    assert sizes.count(1000 + 10 * 32) == 2
-    assert any("measured on the device" in note and "resets the CUDA peak" in note for note in model.notes({}))
     del first, second
+    return [size for _, size in result.events if size > 0], model
+
+
+def test_conv_probe_measures_a_small_layer_at_the_training_batch_once():
+    class PlanChangesWithTheBatch(_FakeMeter):
+        def workspace(self, batch):  # like cuDNN's heuristics: another plan at batch 32, nothing like batch 1 and 2
+            return 520 * 2**20 if batch >= 16 else 1000
+
+    probe = cuda_libraries.ConvProbe(torch.device("cpu"), meter=PlanChangesWithTheBatch(8 * 6 * 6 * 4, batches=(32,)))
+    sizes, model = _two_convolutions(probe)
+    assert probe.runs == 1 and len(probe.exact) == 1 and not probe.fits
+    assert sizes.count(520 * 2**20) == 2
+    note = next(note for note in model.notes({}) if "measured on the device" in note)
+    assert "at the traced batch" in note and "resets the CUDA peak" in note
+
+
+def test_conv_probe_fits_a_large_layer_from_batch_1_and_2():
+    probe = cuda_libraries.ConvProbe(torch.device("cpu"), meter=_FakeMeter(8 * 6 * 6 * 4), exact_bytes=1024)
+    sizes, model = _two_convolutions(probe)
+    assert probe.runs == 2 and len(probe.fits) == 1 and not probe.exact
+    assert sizes.count(1000 + 10 * 32) == 2
+    note = next(note for note in model.notes({}) if "measured on the device" in note)
+    assert "fitted from batch 1 and 2" in note
 
 
 def test_conv_probe_failure_falls_back_to_the_table():
@@ -351,10 +375,10 @@ def test_conv_probe_measures_with_cudnn_benchmark_off_and_restores_it(monkeypatc
             return super().start()
 
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    probe = cuda_libraries.ConvProbe(torch.device("cpu"), meter=Meter(4 * 3 * 3 * 4))
+    probe = cuda_libraries.ConvProbe(torch.device("cpu"), meter=Meter(4 * 3 * 3 * 4, batches=(8,)))
     x, w = torch.zeros(8, 2, 5, 5), torch.zeros(4, 2, 3, 3)
     probe(torch.ops.aten.convolution, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), None)
-    assert seen == [False, False]
+    assert seen == [False]
     assert torch.backends.cudnn.benchmark is True
 
 

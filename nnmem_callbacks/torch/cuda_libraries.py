@@ -178,10 +178,19 @@ class LibraryModel:
             )
         probe = self.conv_probe
         if self.probed and isinstance(probe, ConvProbe):
+            parts = []
+            if probe.exact:
+                parts.append(f"{len(probe.exact)} call shape(s) at the traced batch")
+            if probe.fits:
+                parts.append(
+                    f"{len(probe.fits)} layer shape(s) whose tensors exceed {format_bytes(probe.exact_bytes)} fitted from "
+                    f"batch {CONV_PROBE_BATCHES[0]} and {CONV_PROBE_BATCHES[1]} (cuDNN may choose another plan at the "
+                    "training batch, with another workspace)"
+                )
             text.append(
                 f"cuDNN convolution workspaces measured on the device ({', '.join(sorted(self.probed))}): "
-                f"{len(probe.fits)} layer shape(s), {probe.runs} real call(s) at batch {CONV_PROBE_BATCHES[0]} and "
-                f"{CONV_PROBE_BATCHES[1]} with zero tensors (bounded probe; it resets the CUDA peak memory statistics)"
+                f"{'; '.join(parts)}; {probe.runs} real call(s) with zero tensors (bounded probe; it resets the CUDA "
+                "peak memory statistics)"
             )
         elif self.probed:
             text.append("cuDNN convolution workspaces measured on the device for: " + ", ".join(sorted(self.probed)))
@@ -289,8 +298,15 @@ class CudaMeter:
         return int(torch.cuda.max_memory_allocated(self.device))
 
 
-#: The batch sizes of the two real calls a convolution's workspace is fitted from.
+#: The batch sizes of the two real calls a convolution's workspace is fitted from (when the training batch's
+#: tensors are above :data:`CONV_PROBE_EXACT_BYTES`).
 CONV_PROBE_BATCHES = (1, 2)
+
+#: A convolution is measured at the training batch itself when its tensors (inputs and outputs of the one call) take
+#: at most this much. cuDNN's heuristics pick a different plan at a different batch, so a fit from small batches can
+#: be far off: on an H200 a Keras Conv1D's backward-weight plan took 520.9 MiB at batch 32, a linear fit from batch
+#: 1 and 2 gave almost none (benchmarks/results/keras_torch_gpu_h200_cbtruth.md).
+CONV_PROBE_EXACT_BYTES = 256 * 2**20
 
 
 @contextlib.contextmanager
@@ -305,25 +321,32 @@ def _cudnn_benchmark_off() -> Iterator[None]:
 
 
 class ConvProbe:
-    """Measures a convolution's cuDNN workspace on the device at batch 1 and 2 and fits it in the batch.
+    """Measures a convolution's cuDNN workspace on the device, at the training batch where that is small.
 
-    The call runs for real with zero tensors of the traced shapes (the batch
-    dimension replaced), under the allocator's peak counter; the workspace is
-    the peak beyond what was allocated before and the call's outputs. It is
-    ``a + b * batch``, evaluated at the traced batch. One fit per distinct
-    layer shape, dtype and arguments; tensors of at most two samples. The
+    The call runs for real with zero tensors of the traced shapes, under the
+    allocator's peak counter; the workspace is the peak beyond what was
+    allocated before and the call's outputs. Where the call's tensors at the
+    traced batch take at most ``exact_bytes``, it runs at that batch (cuDNN's
+    heuristics choose the plan, and so the workspace, by shape: the same layer
+    can need almost nothing at batch 2 and hundreds of MiB at batch 32).
+    Larger calls run at batch 1 and 2 and the workspace is fitted as
+    ``a + b * batch``: a bounded probe, reported as an extrapolation. One
+    measurement per distinct layer shape, dtype, arguments (and batch). The
     probe runs with ``cudnn.benchmark`` off (the algorithm search is not
     bounded), so with benchmark on it measures the heuristics' choice.
 
     Args:
         device: The CUDA device the run trains on.
         meter: Reads allocator counters (default :class:`CudaMeter`; tests pass a fake).
+        exact_bytes: The largest call (inputs and outputs) measured at the training batch.
     """
 
-    def __init__(self, device: torch.device, meter: Any = None) -> None:
+    def __init__(self, device: torch.device, meter: Any = None, exact_bytes: int = CONV_PROBE_EXACT_BYTES) -> None:
         self.device = device
         self.meter = meter or CudaMeter(device)
+        self.exact_bytes = exact_bytes
         self.fits: dict[Any, tuple[float, float]] = {}
+        self.exact: dict[Any, int] = {}
         self.runs = 0
         self.failed: Counter = Counter()
 
@@ -346,42 +369,51 @@ class ConvProbe:
         if packet not in CONV_FORWARD_OPS and packet not in CONV_BACKWARD_OPS:
             return None
         key = self._key(packet, args)
-        fit = self.fits.get(key)
-        if fit is None:
-            try:
-                fit = self.fits[key] = self._measure(packet, args)
-            except (RuntimeError, ValueError) as error:  # the device refuses (OOM, unsupported): use the table
-                self.failed[type(error).__name__] += 1
-                return None
         batch = int(args[0].shape[0]) if packet in CONV_FORWARD_OPS else int(args[1].shape[0])
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        call_bytes = sum(_nbytes(t) for t in args) + sum(_nbytes(t) for t in outputs)
+        try:
+            if call_bytes <= self.exact_bytes:
+                if (key, batch) not in self.exact:
+                    self.exact[(key, batch)] = self._measure_at(packet, args, batch)
+                return self.exact[(key, batch)]
+            if key not in self.fits:
+                self.fits[key] = self._fit(packet, args)
+        except (RuntimeError, ValueError) as error:  # the device refuses (OOM, unsupported): use the table
+            self.failed[type(error).__name__] += 1
+            return None
+        fit = self.fits[key]
         return max(0, int(round(fit[0] + fit[1] * batch)))
 
-    def _measure(self, packet: Any, args: tuple) -> tuple[float, float]:
+    def _measure_at(self, packet: Any, args: tuple, batch: int) -> int:
+        """One real call at ``batch``: the peak beyond what was allocated before and the call's outputs."""
         from nnmem_callbacks.probes.runner import isolated, real_tensor
 
         func = aten.convolution.default if packet in CONV_FORWARD_OPS else aten.convolution_backward.default
         if packet is aten.cudnn_convolution:
             func = aten.cudnn_convolution.default
         batched = self._batched(packet)
-        values = []
         # benchmark off: the search would try workspaces up to the free device memory (not a bounded probe);
         # the heuristics' choice is measured instead (BENCHMARK_NOTE says what the search adds)
         with isolated(), _cudnn_benchmark_off(), torch.autocast("cuda", enabled=False), \
                 torch.utils._python_dispatch._disable_current_modes():
-            for batch in CONV_PROBE_BATCHES:
-                real = [
-                    real_tensor(value, (batch, *value.shape[1:]) if index in batched else None, device=str(self.device))
-                    if isinstance(value, torch.Tensor) else value
-                    for index, value in enumerate(args)
-                ]
-                before = self.meter.start()
-                result = func(*real)
-                peak = self.meter.peak()
-                outputs = sum(_nbytes(t) for t in (result if isinstance(result, (tuple, list)) else (result,)))
-                values.append(max(0, peak - before - outputs))
-                self.runs += 1
-                del real, result
-        (b1, b2), (w1, w2) = CONV_PROBE_BATCHES, values
+            real = [
+                real_tensor(value, (batch, *value.shape[1:]) if index in batched else None, device=str(self.device))
+                if isinstance(value, torch.Tensor) else value
+                for index, value in enumerate(args)
+            ]
+            before = self.meter.start()
+            result = func(*real)
+            peak = self.meter.peak()
+            outputs = sum(_nbytes(t) for t in (result if isinstance(result, (tuple, list)) else (result,)))
+            self.runs += 1
+            del real, result
+        return max(0, peak - before - outputs)
+
+    def _fit(self, packet: Any, args: tuple) -> tuple[float, float]:
+        """``(a, b)`` of ``a + b * batch`` from real calls at :data:`CONV_PROBE_BATCHES`."""
+        (b1, b2) = CONV_PROBE_BATCHES
+        w1, w2 = (self._measure_at(packet, args, batch) for batch in CONV_PROBE_BATCHES)
         slope = (w2 - w1) / (b2 - b1)
         return (w1 - slope * b1, slope)
 
