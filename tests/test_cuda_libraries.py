@@ -314,6 +314,19 @@ def test_conv_probe_fits_a_large_layer_from_batch_1_and_2():
     assert "fitted from batch 1 and 2" in note
 
 
+def test_one_dimensional_convolutions_are_probed_and_not_taken_from_the_2d_table():
+    x, w = torch.zeros(4, 6, 50), torch.zeros(8, 6, 3)
+    args = (x, w, None, [1], [0], [1], False, [0], 1)
+    probe = cuda_libraries.ConvProbe(torch.device("cpu"), meter=_FakeMeter(8 * 48 * 4, batches=(4,)))
+    probed = cuda_libraries.LibraryModel(capability=(9, 0), conv_probe=probe)
+    assert probed.transient(torch.ops.aten.convolution, args, None) == 1000 + 10 * 4
+    assert probed.probed["forward"] == 1
+    table_only = cuda_libraries.LibraryModel(capability=(9, 0))
+    assert table_only.transient(torch.ops.aten.convolution, args, None) == 0
+    assert table_only.unmodelled["forward float32 1-D"] == 1
+    assert any("1-D" in note for note in table_only.notes({}))
+
+
 def test_conv_probe_failure_falls_back_to_the_table():
     class Refusing:
         def start(self):
