@@ -85,7 +85,9 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if truth:
         lines += [
             f"`truth` = the same case's peak measured in fresh processes by `{meta.get('truth_file')}` (median); "
-            "`reading vs truth` = (measured - truth) / truth.",
+            "`reading vs truth` = (measured - truth) / truth. The truth is two `train_on_batch` steps in a fresh "
+            "process; a fit also holds the batches its iterator has put on the device, and each process compiles "
+            "(JAX: autotunes) its own program, which the callback's own prediction follows and the truth's need not.",
             "",
             "| case | batch | epoch | meter | measured MiB | predicted MiB | logged error | exact | samples | truth MiB "
             "| reading vs truth | logs keys every epoch |",
