@@ -11,15 +11,7 @@
 set -u
 OUT=${OUT:-/tmp/nnmem-gpu-out}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
-tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]\+\|a[0-9]\+\|l[0-9]\+' | head -1 | tr A-Z a-z)
-tag=${tag:-gpu}
+. benchmarks/device_env.sh  # wheels, PYTHONPATH, logging, tag
 limit=${LIMIT_S:-400}
 note=${NOTE:-}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; KERAS_BACKEND=jax python3 -c "import keras, jax, torch; print('keras', keras.__version__, 'jax', jax.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"; } >"$OUT/jax.log" 2>&1

@@ -17,15 +17,7 @@ tag=gpu  # set from the GPU below; the archive at exit needs a value even if the
 LOGS=$(mktemp -d)
 mkdir -p "$OUT"
 trap 'cp benchmarks/results/keras_callback_*_gpu_"$tag"*.json benchmarks/results/keras_*_gpu_"$tag"_cbtruth*.json "$LOGS"/ 2>/dev/null; tar czf "$OUT/results.tgz" -C "$LOGS" .' EXIT
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
-tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]\+\|a[0-9]\+\|l[0-9]\+' | head -1 | tr A-Z a-z)
-tag=${tag:-gpu}
+. benchmarks/device_env.sh  # wheels, PYTHONPATH, logging, tag
 limit=${LIMIT_S:-280}
 cases=${CASES:-unet_small,conv1d,transformer,lstm}
 torch_cases=${TORCH_CASES:-lstm,conv1d,unet_small,cnn_bilstm_text}

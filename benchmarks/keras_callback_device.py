@@ -82,6 +82,7 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
     ]
     truth = meta.get("truth_rows") or {}
+    header = ["case", "batch", "epoch", "meter", "measured MiB", "predicted MiB", "logged error", "exact"]
     if truth:
         lines += [
             f"`truth` = the same case's peak measured in fresh processes by `{meta.get('truth_file')}` (median); "
@@ -89,37 +90,27 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             "process; a fit also holds the batches its iterator has put on the device, and each process compiles "
             "(JAX: autotunes) its own program, which the callback's own prediction follows and the truth's need not.",
             "",
-            "| case | batch | epoch | meter | measured MiB | predicted MiB | logged error | exact | samples | truth MiB "
-            "| reading vs truth | logs keys every epoch |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-    else:
-        lines += [
-            "| case | batch | epoch | meter | measured MiB | predicted MiB | logged error | exact | logs keys every epoch |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
+        header += ["samples", "truth MiB", "reading vs truth"]
+    header.append("logs keys every epoch")
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        measured = "-" if r["measured_bytes"] is None else f"{r['measured_bytes'] / 2**20:.1f}"
-        predicted = "-" if r["predicted_bytes"] is None else f"{r['predicted_bytes'] / 2**20:.1f}"
-        error = "-" if r["relative_error"] is None else f"{r['relative_error'] * 100:+.1f}%"
-        exact = "yes" if r["exact"] else "no (floor)"
-        keys = "yes" if r["logs_keys_present"] else "NO"
+        cells = [
+            r["case"], r["batch_size"], r["epoch"], r["kind"],
+            "-" if r["measured_bytes"] is None else f"{r['measured_bytes'] / 2**20:.1f}",
+            "-" if r["predicted_bytes"] is None else f"{r['predicted_bytes'] / 2**20:.1f}",
+            "-" if r["relative_error"] is None else f"{r['relative_error'] * 100:+.1f}%",
+            "yes" if r["exact"] else "no (floor)",
+        ]
         if truth:
             true = truth.get(r["case"])
-            versus = (
-                "-" if true is None or r["measured_bytes"] is None else f"{(r['measured_bytes'] - true) / true * 100:+.1f}%"
-            )
-            true_mib = "-" if true is None else f"{true / 2**20:.1f}"
-            lines.append(
-                f"| {r['case']} | {r['batch_size']} | {r['epoch']} | {r['kind']} | {measured} | {predicted} | {error} | "
-                f"{exact} | {r.get('meter_samples') if r.get('meter_samples') is not None else '-'} | {true_mib} | "
-                f"{versus} | {keys} |"
-            )
-        else:
-            lines.append(
-                f"| {r['case']} | {r['batch_size']} | {r['epoch']} | {r['kind']} | {measured} | {predicted} | {error} | "
-                f"{exact} | {keys} |"
-            )
+            cells += [
+                "-" if r.get("meter_samples") is None else r["meter_samples"],
+                "-" if true is None else f"{true / 2**20:.1f}",
+                "-" if true is None or r["measured_bytes"] is None else f"{(r['measured_bytes'] - true) / true * 100:+.1f}%",
+            ]
+        cells.append("yes" if r["logs_keys_present"] else "NO")
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
