@@ -775,6 +775,9 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
     if exact:
         columns += ["peak is the step's"]
     columns += ["rule MiB", "rule err", "est s", "full-peak pred MiB"]
+    merged = any("run" in r for r in rows)  # benchmarks.merge_results: which run measured the row
+    if merged:
+        columns += ["run"]
     lines.append("| " + " | ".join(columns) + " |")
     lines.append("|" + "---|" * len(columns))
     for r in rows:
@@ -797,6 +800,8 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
         if exact:
             cells += ["yes" if r.get("exact_peak") else "NO (a floor)"]
         cells += [_mib(r["rule_of_thumb_bytes"]), _pct(r["rule_error"]), f"{r['estimate_s']:.2f}", _mib(r["predicted_peak_bytes"])]
+        if merged:
+            cells.append(r.get("run", "-"))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Summary", "", "| estimator | n | median abs error | worst abs error |", "|---|---|---|---|"]
     for key, value in summary.items():
