@@ -153,12 +153,18 @@ def test_jax_estimate_predicts_what_a_gpu_allocator_reports(tmp_path):
                 "mode": est.extra["xla_allocator"], "device": est.device, "peak": est.peak_bytes,
                 "allocator": est.extra["xla_allocator_peak_bytes"], "upper": est.upper_bytes,
                 "temp": est.extra["temp_bytes"], "noted": any("PREALLOCATE=false" in n for n in est.notes),
+                "batch": est.breakdown["inputs"],
             }
             callback = MemoryBudgetCallback(batch_size=256)
             callback.estimate, callback._train_batch_size = est, 256
             callback._meter = monitor.JaxMeter(FakeGpu(), sample_interval_s=None)
             callback._names = monitor.metric_names(callback._meter)
             out[mode]["compared"] = callback._predicted_comparable()
+            keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices("cpu")[:1]))
+            try:  # a distribution feeds batches without fit's one-batch look-ahead
+                out[mode]["compared_distributed"] = callback._predicted_comparable()
+            finally:
+                keras.distribution.set_distribution(None)
             callback._meter.start()
             callback.on_epoch_begin(0)
             logs = {}
@@ -180,8 +186,12 @@ def test_jax_estimate_predicts_what_a_gpu_allocator_reports(tmp_path):
     assert growth["upper"] == growth["peak"] + growth["temp"]
     assert pooled["upper"] == pooled["peak"]
     assert pooled["peak"] <= pooled["allocator"] <= pooled["peak"] * 1.001
-    # the callback compares the meter's reading with what the allocator will count
-    assert growth["compared"] == growth["allocator"] and pooled["compared"] == pooled["allocator"]
+    # the callback compares the meter's reading with what the allocator will count, plus the batch that
+    # fit moves to the device one step ahead (not under a distribution, which feeds batches without it)
+    assert growth["batch"] == 256 * (1000 + 1) * 4
+    assert growth["compared"] == growth["allocator"] + growth["batch"]
+    assert pooled["compared"] == pooled["allocator"] + pooled["batch"]
+    assert growth["compared_distributed"] == growth["allocator"]
     # a reading that is only a floor is logged under the same keys, and said once
     assert growth["floor_warned"] == 1
     assert "memory_measured_peak_mib" in growth["logged"] and "memory_relative_error" in growth["logged"]

@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 #: (the prefetch buffer and the batch being assembled), as measured on CPU.
 INPUT_PIPELINE_BATCHES = 2
 
+#: Batches that Keras' JAX ``fit`` holds on an accelerator beyond the one being trained on:
+#: ``JAXEpochIterator._one_batch_ahead_iterator`` starts the next batch's transfer before the
+#: step runs (not on CPU, and not under a ``keras.distribution``).
+JAX_LOOKAHEAD_BATCHES = 1
+
 
 def _tf_counted(num_bytes: int) -> int:
     from nnmem_callbacks.keras.tf_graph import tf_allocator_bytes
@@ -311,12 +316,29 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             return max(self._meter.baseline - resident, 0) + peak + pipeline
         if self._meter.kind == "jax" and "xla_allocator_peak_bytes" in self.estimate.extra and self.estimate.batch_size == size:
             # peak_bytes_in_use counts the allocator's chunks (whole regions when JAX allocates on demand)
-            return int(self.estimate.extra["xla_allocator_peak_bytes"])
+            return int(self.estimate.extra["xla_allocator_peak_bytes"]) + self._jax_lookahead_bytes(size)
         if self._meter.process_level:
             # what exists before the first step is already in the fit-start RSS
             resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]
             return monitor.predicted_rss_rise(peak, resident)
         return peak
+
+    def _jax_lookahead_bytes(self, size: int) -> int:
+        """The batch Keras' JAX ``fit`` moves to the accelerator while the step before it runs.
+
+        The estimate counts the batch a step reads; ``fit`` on a GPU or TPU also holds the next one
+        (:data:`JAX_LOOKAHEAD_BATCHES`). A ``keras.distribution`` feeds batches without the look-ahead.
+        """
+        assert self.estimate is not None
+        try:
+            from keras import distribution
+
+            if distribution.distribution() is not None:
+                return 0
+        except (ImportError, AttributeError):  # pragma: no cover - Keras without the distribution API
+            pass
+        batch_inputs = self.estimate.breakdown["inputs"] * size // max(self.estimate.batch_size, 1)
+        return batch_inputs * JAX_LOOKAHEAD_BATCHES
 
     def _num_inputs(self) -> int:
         return int((self.estimate.extra if self.estimate else {}).get("inputs", 1) or 1)
