@@ -3,10 +3,10 @@
 A slow host may not measure every case in one session; ``keras_accuracy --cases``
 then runs them in sets, each written to its own file. This joins the sets into one
 table and one summary (median and worst over every case), without measuring
-anything: every row keeps the commit and date of the run that measured it, in a
-``run`` column, and the header lists the runs.
+anything: every row names the run that measured it (its file and commit) in a
+``run`` column, and the header lists the runs with their dates.
 
-    python -m benchmarks.merge_results benchmarks/results/keras_tensorflow_cpu_avx2_onednn0 \\
+    python -m benchmarks.merge_results benchmarks/results/keras_tensorflow_cpu_avx2_all_onednn0 \\
         benchmarks/results/keras_tensorflow_cpu_avx2_subset_onednn0.json \\
         benchmarks/results/keras_tensorflow_cpu_avx2_subset_b_onednn0.json \\
         benchmarks/results/keras_tensorflow_cpu_avx2_subset_c_onednn0.json

@@ -309,7 +309,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             else:
                 resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]
             # fit's tf.data pipeline prefetches: about INPUT_PIPELINE_BATCHES more batches are alive
-            batch_inputs = self.estimate.breakdown["inputs"] * size // max(self.estimate.batch_size, 1)
+            batch_inputs = self._batch_input_bytes(size)
             pipeline = sum(
                 _tf_counted(batch_inputs // max(self._num_inputs(), 1)) for _ in range(self._num_inputs())
             ) * INPUT_PIPELINE_BATCHES
@@ -337,8 +337,12 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
                 return 0
         except (ImportError, AttributeError):  # pragma: no cover - Keras without the distribution API
             pass
-        batch_inputs = self.estimate.breakdown["inputs"] * size // max(self.estimate.batch_size, 1)
-        return batch_inputs * JAX_LOOKAHEAD_BATCHES
+        return self._batch_input_bytes(size) * JAX_LOOKAHEAD_BATCHES
+
+    def _batch_input_bytes(self, size: int) -> int:
+        """One batch of ``size`` samples of the inputs and labels, scaled from the estimate's batch."""
+        assert self.estimate is not None
+        return self.estimate.breakdown["inputs"] * size // max(self.estimate.batch_size, 1)
 
     def _num_inputs(self) -> int:
         return int((self.estimate.extra if self.estimate else {}).get("inputs", 1) or 1)
