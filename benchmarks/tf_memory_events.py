@@ -19,6 +19,19 @@ twice the request is handed out whole), which moves a step's peak by whole work
 buffers from one step to the next:
 
     TF_ENABLE_ONEDNN_OPTS=0 TF_CPU_ALLOCATOR_USE_BFC=true python -m benchmarks.tf_memory_events mobilenetv3small --per-step 8 --large 8
+
+``--regions`` says why a chunk was handed out whole: it profiles the process
+from before the model is built through its first two steps, feeds every
+request to :class:`~nnmem_callbacks.bfc_allocator.BFCSimulator` (which
+reproduces the allocator's own charges, ``benchmarks/results/tf_allocator_fidelity_cpu_avx512.md``),
+and for each large request charged a whole free chunk prints the region it
+landed in: each chunk, free or held, and the op that holds it (with how many
+events earlier it was allocated):
+
+    TF_ENABLE_ONEDNN_OPTS=0 TF_CPU_ALLOCATOR_USE_BFC=true python -m benchmarks.tf_memory_events mobilenetv3small --regions --large 8
+
+(oneDNN off with the BFC allocator only: with oneDNN on, requests under 256 KiB go
+to another pool, and the events do not say which.)
 """
 
 from __future__ import annotations
@@ -91,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grep", default=None, help="also list every event whose op contains this text")
     parser.add_argument("--batch", type=int, default=None, help="the batch size instead of the case's own")
     parser.add_argument("--per-step", type=int, default=0, metavar="N", help="profile N warm steps one by one, no estimate")
-    parser.add_argument("--large", type=float, default=4.0, help="with --per-step: list allocations of this many MiB or more")
+    parser.add_argument("--large", type=float, default=4.0, help="with --per-step or --regions: allocations of this many MiB or more")
+    parser.add_argument("--regions", action="store_true", help="the regions where large requests were charged a whole free chunk")
     args = parser.parse_args(argv)
     import tensorflow as tf
 
@@ -101,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.batch is not None:
         CASES[args.case] = (args.batch, CASES[args.case][1])
+    if args.regions:
+        return _regions(args.case, args.large)
     model, x, y, batch = build_case(args.case)
     if args.per_step:
         return _per_step(model, x, y, args.per_step, args.large)
@@ -180,6 +196,102 @@ def large_allocations(events: list[dict[str, Any]], min_bytes: int) -> list[dict
                      "charged": charged, "charged_over_requested": charged / requested,
                      "in_use_after": int(event.get("bytes_allocated", 0) or 0)})
     return rows
+
+
+#: A request charged at least this many times its size was handed a whole free chunk (the split rule declined).
+WHOLE_CHUNK_RATIO = 1.25
+
+
+def whole_chunk_regions(events: list[dict[str, Any]], min_bytes: int, first: int = 0) -> list[dict[str, Any]]:
+    """Each request of at least ``min_bytes`` (from event ``first`` on) charged a whole free chunk, with its region.
+
+    Every event is fed to a :class:`~nnmem_callbacks.bfc_allocator.BFCSimulator`
+    in order (the full history decides where the chunks lie). For each such
+    request: the charged bytes, and the chunks of its region at that moment, in
+    address order: ``(bytes, op holding it or None when free, index of the
+    event that allocated it)``.
+
+    Example:
+        >>> def alloc(addr, mib, op): return {"kind": "MemoryAllocation", "addr": addr, "requested_bytes": mib << 20, "tf_op": op}
+        >>> events = [alloc(1, 2, "keep"), alloc(2, 30, "a"), {"kind": "MemoryDeallocation", "addr": 2},
+        ...           alloc(3, 12, "b"), alloc(4, 12, "c")]  # a 32 MiB region: b splits it, c gets the 20 MiB left
+        >>> [(row["op"], row["charged"] >> 20) for row in whole_chunk_regions(events, 8 << 20)]
+        [('c', 20)]
+        >>> [(size >> 20, op, at) for size, op, at in whole_chunk_regions(events, 8 << 20)[0]["region"]]
+        [(12, 'b', 3), (20, 'c', 4)]
+    """
+    from nnmem_callbacks.bfc_allocator import BFCSimulator
+
+    simulator = BFCSimulator()
+    live: dict[Any, int] = {}
+    made: dict[int, tuple[str, int]] = {}
+    rows = []
+    for index, event in enumerate(events):
+        address = event.get("addr")
+        if event["kind"] != "MemoryAllocation":
+            chunk = live.pop(address, None)
+            if chunk is not None:
+                simulator.free(chunk)
+            continue
+        requested = int(event.get("requested_bytes", 0) or 0)
+        chunk = live[address] = simulator.alloc(requested)
+        made[chunk] = (str(event.get("tf_op", "?")), index)
+        charged = simulator.chunks[chunk][1]
+        if index < first or requested < min_bytes or charged < WHOLE_CHUNK_RATIO * requested:
+            continue
+        head = chunk
+        while simulator.chunks[head][3] is not None:
+            head = simulator.chunks[head][3]
+        region = []
+        while head is not None:
+            _, size, in_use, _, following = simulator.chunks[head]
+            op, at = made.get(head, ("?", -1)) if in_use else (None, -1)
+            region.append((size, op, at))
+            head = following
+        rows.append({"op": made[chunk][0], "index": index, "requested": requested, "charged": charged, "region": region})
+    return rows
+
+
+def _regions(case: str, large_mib: float) -> int:
+    """Profiles a fresh process from before the build through two steps; prints the whole-chunk charges' regions."""
+    import tensorflow as tf
+
+    from benchmarks.keras_accuracy import build_case, host_fingerprint
+    from benchmarks.provenance import commit_stamp
+
+    from nnmem_callbacks.keras.tf_allocator import tf_cpu_allocator
+
+    if tf_cpu_allocator() != "bfc":
+        print("--regions needs every request in the events: run with TF_ENABLE_ONEDNN_OPTS=0 and "
+              "TF_CPU_ALLOCATOR_USE_BFC=true (oneDNN's allocator sends requests under 256 KiB to another pool, "
+              "and the events do not say which)", file=sys.stderr)
+        return 2
+    host = ", ".join(f"{k} {v}" for k, v in host_fingerprint().items())
+    print(f"# {host}; tensorflow {tf.__version__}; TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}, "
+          f"TF_CPU_ALLOCATOR_USE_BFC={os.environ.get('TF_CPU_ALLOCATOR_USE_BFC', 'unset')}; commit {commit_stamp()}")
+    logdir = tempfile.mkdtemp(prefix="tfmem-")
+    tf.profiler.experimental.start(logdir)
+    model, x, y, _ = build_case(case)
+    x_t, y_t = tf.identity(tf.constant(x)), tf.identity(tf.constant(y))
+    steps_from = tf.zeros([12345])  # a marker: the first event of the steps' window is the one after it
+    del steps_from
+    for _ in range(2):
+        model.train_on_batch(x_t, y_t)
+    tf.profiler.experimental.stop()
+    events = memory_events(logdir)
+    first = next((i for i, e in enumerate(events) if int(e.get("requested_bytes", 0) or 0) == 12345 * 4), 0)
+    peak = max((int(e.get("bytes_allocated", 0) or 0) for e in events[first:]), default=0)
+    print(f"first two steps: {len(events) - first} events, peak bytes_allocated {peak / 2**20:.2f} MiB")
+    rows = whole_chunk_regions(events, int(large_mib * 2**20), first)
+    if not rows:
+        print(f"no request of {large_mib} MiB or more was charged a whole free chunk")
+    for row in rows:
+        print(f"{row['requested'] / 2**20:.2f} MiB requested, {row['charged'] / 2**20:.2f} charged (event {row['index']}): "
+              f"{row['op']}; its region:")
+        for size, op, at in row["region"]:
+            holder = "free" if op is None else f"{op} (allocated {row['index'] - at} events before)"
+            print(f"    {size / 2**20:8.2f} MiB  {holder}")
+    return 0
 
 
 def _per_step(model: Any, x: Any, y: Any, steps: int, large_mib: float) -> int:

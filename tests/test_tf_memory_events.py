@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.tf_memory_events import large_allocations, live_at_peak
+from benchmarks.tf_memory_events import large_allocations, live_at_peak, whole_chunk_regions
 
 MiB = 2**20
 
@@ -39,3 +39,38 @@ def test_large_allocations_keep_order_and_show_the_charge_over_the_request() -> 
     assert rows[1]["charged_over_requested"] == 37 / 20
     assert rows[1]["in_use_after"] == 59 * MiB
     assert large_allocations(EVENTS, 64 * MiB) == []
+
+
+def _request(addr: int, requested: int, op: str) -> dict:
+    return {"kind": "MemoryAllocation", "addr": addr, "requested_bytes": requested, "tf_op": op}
+
+
+def test_whole_chunk_regions_names_the_small_buffer_that_made_the_second_scratch_whole() -> None:
+    # a 64 MiB region: free, the pair of 20 MiB scratch buffers splits it; with 4 MiB held at its front,
+    # the second buffer finds 40 MiB, under twice its size, and is handed all of it
+    events = [
+        _request(1, 2 * MiB, "variable"),       # a 2 MiB region
+        _request(2, 4 * MiB, "warm-up"),        # a 4 MiB region
+        _request(3, 60 * MiB, "opens 64 MiB"),  # a 64 MiB region (4 left)
+        _free(3, 0),
+        _request(4, 20 * MiB, "first/Conv2DBackpropInput"),
+        _request(5, 20 * MiB, "first/Conv2DBackpropFilter"),
+        _free(4, 0),
+        _free(5, 0),
+        _free(2, 0),
+        _request(6, 4 * MiB, "held/Mul"),       # the 4 MiB region is free again: best fit puts it there
+        _request(7, 5 * MiB, "held/Relu"),      # no fit but the 64 MiB region: at its front
+        _request(8, 20 * MiB, "second/Conv2DBackpropInput"),
+        _request(9, 20 * MiB, "second/Conv2DBackpropFilter"),
+    ]
+    rows = whole_chunk_regions(events, 8 * MiB)
+    assert [row["op"] for row in rows] == ["second/Conv2DBackpropFilter"]
+    row = rows[0]
+    assert row["requested"] == 20 * MiB and row["charged"] == 64 * MiB - 5 * MiB - 20 * MiB
+    assert [(size // MiB, op) for size, op, _ in row["region"]] == [
+        (5, "held/Relu"), (20, "second/Conv2DBackpropInput"), (39, "second/Conv2DBackpropFilter")
+    ]
+    assert [at for _, _, at in row["region"]] == [10, 11, 12]
+    # requests before the window, or under the size asked for, are not listed
+    assert whole_chunk_regions(events, 8 * MiB, first=13) == []
+    assert whole_chunk_regions(events, 32 * MiB) == []

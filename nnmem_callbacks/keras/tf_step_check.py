@@ -83,6 +83,21 @@ Known limitations:
       process). Which free chunks there are at that moment depends on the
       interleaving of the steps before
       (``benchmarks/results/tf_memory_events_mobilenetv3small_avx512_onednn0.txt``).
+      On the AVX2 host the regions say which (``python -m
+      benchmarks.tf_memory_events mobilenetv3small --regions --large 8``,
+      ``tf_memory_events_mobilenetv3small_regions_avx2_onednn0.txt``): in 2 of
+      3 processes Adam's update of the last 1x1 convolution's kernel
+      (``AssignSubVariableOp``, 2.25 MiB) ran while that layer's input
+      gradient still read the kernel, so it copied the kernel into the free
+      64 MiB region, and the second step's 20.9 MiB scratch pair found
+      61.8 MiB there instead of 64: the second buffer was handed the 38.6-40.9
+      MiB left whole (peaks 99.7 and 100.6 MiB; the third process, without the
+      copy, 78.4). The replay runs that update after the wave of both
+      gradients, so no read is alive and nothing is copied; and it replays one
+      step, not the second where the moved kernel matters. Modelling both
+      (the update racing its layer's input gradient, and a second step on the
+      same allocator model) was tried and not landed: it needs the race's
+      odds, which one host's three runs do not give.
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
       skips it.
