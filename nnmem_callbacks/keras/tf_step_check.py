@@ -91,8 +91,8 @@ Known limitations:
       gradient still read the kernel, so it copied the kernel into the free
       64 MiB region, and the second step's 20.9 MiB scratch pair found
       61.8 MiB there instead of 64: the second buffer was handed the 38.6-40.9
-      MiB left whole (peaks 99.7 and 100.6 MiB; the third process, without the
-      copy, 78.4). The replay runs that update after the wave of both
+      MiB left whole (peaks 99.7 and 100.6 MiB; the third process, with no
+      whole-chunk charge, 78.4). The replay runs that update after the wave of both
       gradients, so no read is alive and nothing is copied; and it replays one
       step, not the second where the moved kernel matters. Modelling both
       (the update racing its layer's input gradient, and a second step on the
