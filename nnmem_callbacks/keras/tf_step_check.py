@@ -90,7 +90,7 @@ Known limitations:
       (``AssignSubVariableOp``, 2.25 MiB) ran while that layer's input
       gradient still read the kernel, so it copied the kernel into the free
       64 MiB region, and the second step's 20.9 MiB scratch pair found
-      61.8 MiB there instead of 64: the second buffer was handed the 38.6-40.9
+      59.5-61.8 MiB there instead of 64: the second buffer was handed the 38.6-40.9
       MiB left whole (peaks 99.7 and 100.6 MiB; the third process, with no
       whole-chunk charge, 78.4). The replay runs that update after the wave of both
       gradients, so no read is alive and nothing is copied; and it replays one
