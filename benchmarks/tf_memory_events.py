@@ -207,9 +207,11 @@ def whole_chunk_regions(events: list[dict[str, Any]], min_bytes: int, first: int
 
     Every event is fed to a :class:`~nnmem_callbacks.bfc_allocator.BFCSimulator`
     in order (the full history decides where the chunks lie). For each such
-    request: the charged bytes, and the chunks of its region at that moment, in
-    address order: ``(bytes, op holding it or None when free, index of the
-    event that allocated it)``.
+    request (charged a whole chunk by the simulator or, where the event has
+    ``allocation_bytes``, by the allocator itself): the simulator's charge, the
+    allocator's (0 when the event lacks it), and the simulator's chunks of its
+    region at that moment, in address order: ``(bytes, op holding it or None
+    when free, index of the event that allocated it)``.
 
     Example:
         >>> def alloc(addr, mib, op): return {"kind": "MemoryAllocation", "addr": addr, "requested_bytes": mib << 20, "tf_op": op}
@@ -237,7 +239,8 @@ def whole_chunk_regions(events: list[dict[str, Any]], min_bytes: int, first: int
         chunk = live[address] = simulator.alloc(requested)
         made[chunk] = (str(event.get("tf_op", "?")), index)
         charged = simulator.chunks[chunk][1]
-        if index < first or requested < min_bytes or charged < WHOLE_CHUNK_RATIO * requested:
+        real = int(event.get("allocation_bytes", 0) or 0)  # the allocator's own charge, where the event has it
+        if index < first or requested < min_bytes or max(charged, real) < WHOLE_CHUNK_RATIO * requested:
             continue
         head = chunk
         while simulator.chunks[head][3] is not None:
@@ -248,8 +251,36 @@ def whole_chunk_regions(events: list[dict[str, Any]], min_bytes: int, first: int
             op, at = made.get(head, ("?", -1)) if in_use else (None, -1)
             region.append((size, op, at))
             head = following
-        rows.append({"op": made[chunk][0], "index": index, "requested": requested, "charged": charged, "region": region})
+        rows.append({"op": made[chunk][0], "index": index, "requested": requested, "charged": charged,
+                     "real_charged": real, "region": region})
     return rows
+
+
+#: Ops that update a variable: an allocation of theirs is a copy of the variable (copy-on-write: a read of the old
+#: value was still alive), which the variable keeps.
+UPDATE_OPS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceApply")
+
+
+def update_copies(events: list[dict[str, Any]], min_bytes: int, first: int = 0) -> list[dict[str, Any]]:
+    """The allocations of at least ``min_bytes`` made by variable updates (copy-on-write copies), from event ``first``.
+
+    Example:
+        >>> events = [{"kind": "MemoryAllocation", "requested_bytes": 3 << 20, "tf_op": "adam/AssignSubVariableOp_7"},
+        ...           {"kind": "MemoryAllocation", "requested_bytes": 3 << 20, "tf_op": "model/dense/MatMul"}]
+        >>> [(row["op"], row["index"], row["requested"] >> 20) for row in update_copies(events, 1 << 20)]
+        [('adam/AssignSubVariableOp_7', 0, 3)]
+    """
+    rows = []
+    for index, event in enumerate(events[first:], start=first):
+        op = str(event.get("tf_op", ""))
+        requested = int(event.get("requested_bytes", 0) or 0)
+        if event["kind"] == "MemoryAllocation" and requested >= min_bytes and any(kind in op for kind in UPDATE_OPS):
+            rows.append({"op": op, "index": index, "requested": requested})
+    return rows
+
+
+#: The marker tensor allocated before each profiled step (float32 elements; the second step's has one more).
+MARKER_ELEMENTS = 12345
 
 
 def _regions(case: str, large_mib: float) -> int:
@@ -273,20 +304,32 @@ def _regions(case: str, large_mib: float) -> int:
     tf.profiler.experimental.start(logdir)
     model, x, y, _ = build_case(case)
     x_t, y_t = tf.identity(tf.constant(x)), tf.identity(tf.constant(y))
-    steps_from = tf.zeros([12345])  # a marker: the first event of the steps' window is the one after it
-    del steps_from
-    for _ in range(2):
+    for step in range(2):
+        marker = tf.zeros([MARKER_ELEMENTS + step])  # where each step's events start
+        del marker
         model.train_on_batch(x_t, y_t)
     tf.profiler.experimental.stop()
     events = memory_events(logdir)
-    first = next((i for i, e in enumerate(events) if int(e.get("requested_bytes", 0) or 0) == 12345 * 4), 0)
-    peak = max((int(e.get("bytes_allocated", 0) or 0) for e in events[first:]), default=0)
-    print(f"first two steps: {len(events) - first} events, peak bytes_allocated {peak / 2**20:.2f} MiB")
+    starts = [next((i for i, e in enumerate(events) if int(e.get("requested_bytes", 0) or 0) == 4 * (MARKER_ELEMENTS + step)), 0)
+              for step in range(2)]
+    first = starts[0]
+
+    def step_of(index: int) -> int:
+        return 2 if index >= starts[1] else 1
+    peaks = [max((int(e.get("bytes_allocated", 0) or 0) for e in window), default=0)
+             for window in (events[starts[0]:starts[1]], events[starts[1]:])]
+    print(f"first two steps: {len(events) - first} events, peak bytes_allocated {max(peaks) / 2**20:.2f} MiB "
+          f"(step 1 {peaks[0] / 2**20:.2f}, step 2 {peaks[1] / 2**20:.2f})")
+    copies = update_copies(events, 2**20, first)
+    print(f"variable updates that copied a variable of 1 MiB or more (a read still alive): {len(copies)}")
+    for row in copies:
+        print(f"    {row['requested'] / 2**20:8.2f} MiB  {row['op']} (step {step_of(row['index'])})")
     rows = whole_chunk_regions(events, int(large_mib * 2**20), first)
     if not rows:
         print(f"no request of {large_mib} MiB or more was charged a whole free chunk")
     for row in rows:
-        print(f"{row['requested'] / 2**20:.2f} MiB requested, {row['charged'] / 2**20:.2f} charged (event {row['index']}): "
+        print(f"{row['requested'] / 2**20:.2f} MiB requested, {row['charged'] / 2**20:.2f} charged by the simulator, "
+              f"{row['real_charged'] / 2**20:.2f} by the allocator (step {step_of(row['index'])}): "
               f"{row['op']}; its region:")
         for size, op, at in row["region"]:
             holder = "free" if op is None else f"{op} (allocated {row['index'] - at} events before)"

@@ -74,3 +74,12 @@ def test_whole_chunk_regions_names_the_small_buffer_that_made_the_second_scratch
     # requests before the window, or under the size asked for, are not listed
     assert whole_chunk_regions(events, 8 * MiB, first=13) == []
     assert whole_chunk_regions(events, 32 * MiB) == []
+
+
+def test_whole_chunk_regions_also_lists_a_request_the_real_allocator_charged_whole() -> None:
+    # the simulator splits (it saw a 64 MiB chunk), the allocator's event says it handed out 40 MiB: listed, both shown
+    events = [_request(1, 60 * MiB, "opens 64 MiB"), _free(1, 0),
+              {**_request(2, 20 * MiB, "grad/Conv2DBackpropFilter"), "allocation_bytes": 40 * MiB}]
+    rows = whole_chunk_regions(events, 8 * MiB)
+    assert [(row["charged"] // MiB, row["real_charged"] // MiB) for row in rows] == [(20, 40)]
+    assert whole_chunk_regions(events[:2] + [_request(2, 20 * MiB, "grad/Conv2DBackpropFilter")], 8 * MiB) == []

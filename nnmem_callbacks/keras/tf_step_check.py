@@ -83,21 +83,22 @@ Known limitations:
       process). Which free chunks there are at that moment depends on the
       interleaving of the steps before
       (``benchmarks/results/tf_memory_events_mobilenetv3small_avx512_onednn0.txt``).
-      On the AVX2 host the regions say which (``python -m
+      On the AVX2 host, ten profiled processes (``python -m
       benchmarks.tf_memory_events mobilenetv3small --regions --large 8``,
-      ``tf_memory_events_mobilenetv3small_regions_avx2_onednn0.txt``): in 2 of
-      3 processes Adam's update of the last 1x1 convolution's kernel
-      (``AssignSubVariableOp``, 2.25 MiB) ran while that layer's input
-      gradient still read the kernel, so it copied the kernel into the free
-      64 MiB region, and the second step's 20.9 MiB scratch pair found
-      59.5-61.8 MiB there instead of 64: the second buffer was handed the 38.6-40.9
-      MiB left whole (peaks 99.7 and 100.6 MiB; the third process, with no
-      whole-chunk charge, 78.4). The replay runs that update after the wave of both
-      gradients, so no read is alive and nothing is copied; and it replays one
-      step, not the second where the moved kernel matters. Modelling both
-      (the update racing its layer's input gradient, and a second step on the
-      same allocator model) was tried and not landed: it needs the race's
-      odds, which one host's three runs do not give.
+      ``tf_memory_events_mobilenetv3small_regions_avx2_onednn0.txt``): in
+      every one, Adam's update of the last 1x1 convolution's 2.25 MiB kernel
+      (``AssignSubVariableOp``) ran while that layer's input gradient still
+      read the kernel, and copied it, in both steps. In 5 of 10 the second
+      step peaked at the top level (94.2-101.1 MiB): a 20-21 MiB scratch
+      buffer was handed a 38.3-40.9 MiB chunk whole (the allocator's own
+      charge). In two of the three charges the simulated region agrees with,
+      the copy sat in the free 64 MiB region and left 59.5-61.8 MiB for the
+      scratch pair (in the third, a 5.7 MiB buffer since freed did); the
+      other 5 processes peaked at 75.7-79.8 MiB. The replay runs that update
+      after both gradients, so nothing is copied, and it replays one step, not
+      the second where the copy's place matters. Two steps on one allocator
+      model, with a copied variable kept where its copy went, were tried
+      (branch ``wip/two-step-replay``, without the copy itself) and not landed.
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
       skips it.
