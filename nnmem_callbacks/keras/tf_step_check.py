@@ -93,7 +93,7 @@ Known limitations:
       buffer was handed a 38.3-40.9 MiB chunk whole (the allocator's own
       charge). In two of the three charges the simulated region agrees with,
       the copy sat in the free 64 MiB region and left 59.5-61.8 MiB for the
-      scratch pair (in the third, a 5.7 MiB buffer since freed did); the
+      scratch pair (in the third, a 5.7 MiB buffer, freed since, sat there); the
       other 5 processes peaked at 75.7-79.8 MiB. The replay runs that update
       after both gradients, so nothing is copied, and it replays one step, not
       the second where the copy's place matters. Two steps on one allocator
