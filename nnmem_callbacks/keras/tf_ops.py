@@ -367,7 +367,7 @@ def assign_variable(run: Any, op: Any, category: str) -> tuple[int, int]:
     resource = run.inputs_of[op.name][0].ref()
     value = run.values.get(resource)
     if value is not None and value.refs > 0 and value.nbytes:
-        run.take_ownership(value)
+        run.take_ownership(value, resource)
         run.values.pop(resource)
     for t in op.outputs:
         run.allocate(t, 0, category, owned=False)

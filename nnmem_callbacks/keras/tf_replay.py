@@ -22,7 +22,13 @@ from collections import Counter
 from typing import Any, Callable
 
 from nnmem_callbacks.estimate import Category
-from nnmem_callbacks.keras.tf_allocator import BFCSimulator, Buffer, list_counted_bytes, tf_allocator_bytes
+from nnmem_callbacks.keras.tf_allocator import (
+    BFCSimulator,
+    Buffer,
+    VariablePlacement,
+    list_counted_bytes,
+    tf_allocator_bytes,
+)
 from nnmem_callbacks.keras.tf_ops import METADATA_OPS, handler_for
 from nnmem_callbacks.keras.tf_probes import PROBED_OPS as SCRATCH_KERNELS
 from nnmem_callbacks.keras.tf_schedule import (
@@ -52,6 +58,8 @@ class ReplayResult:
     unknown_shapes: Counter = dataclasses.field(default_factory=Counter)
     ops: int = 0
     approximations: Counter = dataclasses.field(default_factory=Counter)
+    #: The allocator-counted peak of each replayed step, where several ran on one allocator model.
+    step_peaks_counted: list[int] = dataclasses.field(default_factory=list)
 
 
 def as_pieces(counted: int | list[int]) -> list[int]:
@@ -181,13 +189,20 @@ class ReplayRun:
             value = self.values[resource] = Buffer(nbytes, 0, category, 0, owned=False)
         return value
 
-    def take_ownership(self, value: Buffer) -> None:
-        """A variable's old value becomes a buffer of the step (copy-on-write: the variable got a new one)."""
+    def take_ownership(self, value: Buffer, resource: Any = None) -> None:
+        """A variable's old value becomes a buffer of the step (copy-on-write: the variable got a new one).
+
+        Where the replayer knows the variable's chunk (:class:`~nnmem_callbacks.keras.tf_allocator.VariablePlacement`),
+        the new value gets a new chunk, which the variable keeps after the step, and the old value keeps the old
+        chunk until its last read is done; otherwise the old value is charged a chunk of its own.
+        """
         value.owned = True
         value.counted = tf_allocator_bytes(value.nbytes)
         self.live[value.category] += value.nbytes
         if value.counted and self.bfc is not None:
-            value.chunk = self.bfc.alloc(value.nbytes)
+            placement = self.replayer.placement
+            old = placement.relocate(resource, value.nbytes) if placement is not None else None
+            value.chunk = old if old is not None else self.bfc.alloc(value.nbytes)
             value.counted = self.bfc.chunks[value.chunk][1]
         self.live_counted += value.counted
 
@@ -395,6 +410,9 @@ class GraphReplayer:
             replays runs where they cannot: the kernel needs the only
             reference to the buffer, and an op still reading it on another
             thread holds one more.
+        placement: Where the variables lie in ``bfc`` (by the graph's resource
+            placeholders): a copy-on-write update moves a variable there, and
+            the next step replayed with the same placement finds it moved.
     """
 
     def __init__(
@@ -408,8 +426,10 @@ class GraphReplayer:
         unlucky: bool = False,
         newest_first: bool = False,
         forwarding: bool = True,
+        placement: VariablePlacement | None = None,
     ) -> None:
         self.lookup = lookup
+        self.placement = placement
         self.n = batch_size
         self.bfc = bfc
         self.parallel_ops = max(1, int(parallel_ops))
