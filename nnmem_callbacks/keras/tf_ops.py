@@ -369,6 +369,8 @@ def assign_variable(run: Any, op: Any, category: str) -> tuple[int, int]:
     if value is not None and value.refs > 0 and value.nbytes:
         run.take_ownership(value, resource)
         run.values.pop(resource)
+    elif value is not None and value.nbytes:
+        run.copy_racing(value, resource)
     for t in op.outputs:
         run.allocate(t, 0, category, owned=False)
     return NO_TRANSIENT

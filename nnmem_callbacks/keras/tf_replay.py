@@ -135,6 +135,7 @@ class ReplayRun:
         self.base_counted = self.bfc.in_use if self.bfc is not None else 0
         self.companions: dict[Any, Any] = {}  # tensor -> a hidden buffer that dies with it
         self.values: dict[Any, Buffer] = {}  # resource -> the buffer its reads alias (the variable's value)
+        self.racing_reads: set[int] = set()  # ids of variable values read by a kernel of a sibling wave
         self.deferred: list = []  # ops of the running wave, whose inputs are released when it is done
         # scratch of the earlier ops of the running wave: bytes, and the counted bytes of each op's own allocation
         self.wave_scratch: tuple[int, list[int]] = (0, [])
@@ -205,6 +206,17 @@ class ReplayRun:
             value.chunk = old if old is not None else self.bfc.alloc(value.nbytes)
             value.counted = self.bfc.chunks[value.chunk][1]
         self.live_counted += value.counted
+
+    def copy_racing(self, value: Buffer, resource: Any) -> bool:
+        """An update that ran while a sibling kernel still read the variable: the variable moves to a new chunk."""
+        if id(value) not in self.racing_reads or self.bfc is None or self.replayer.placement is None:
+            return False
+        self.racing_reads.discard(id(value))
+        old = self.replayer.placement.relocate(resource, value.nbytes)
+        if old is None:
+            return False
+        self.bfc.free(old)  # the sibling finishes soon after: the old value goes
+        return True
 
     def _charge_list(self, buffer: Buffer) -> None:
         """Brings an owned ``TensorList``'s counted bytes up to its current size.
@@ -360,6 +372,16 @@ class ReplayRun:
         if any(done.type in SCRATCH_KERNELS for done in self.deferred):
             self.lingering = (transient + wave_bytes, [*transient_counted, *wave_counted])
         self.wave_scratch = (0, [])
+        kernels = [done for done in self.deferred if done.type in SCRATCH_KERNELS]
+        if len(kernels) > 1:
+            # siblings finish one after the other: an update waiting for one of them may run while another still
+            # reads the variable (a convolution's input gradient reads its kernel while the filter gradient's
+            # update runs), and then copies it
+            for done in kernels:
+                for t in self.inputs_of[done.name]:
+                    buffer = self.buffer_of.get(t.ref())
+                    if buffer is not None and not buffer.owned:
+                        self.racing_reads.add(id(buffer))
         for done_op in self.deferred:
             # free what this op consumed last, and outputs nobody reads
             for t in self.inputs_of[done_op.name] if done_op.type not in METADATA_OPS else ():
