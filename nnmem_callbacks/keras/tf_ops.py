@@ -361,6 +361,10 @@ def assign_variable(run: Any, op: Any, category: str) -> tuple[int, int]:
     its initial value) was modelled until the allocator's per-buffer events
     (``python -m benchmarks.tf_memory_events CASE --fresh --grep Assign``) showed none, in either
     oneDNN mode, on an AVX2 and an AVX-512 host.
+
+    An update whose variable a kernel of a sibling wave read (a convolution's input gradient reads
+    the kernel while the update after its filter gradient runs) copies it too: the variable moves to
+    a new chunk, which the next replayed step finds (:meth:`~nnmem_callbacks.keras.tf_replay.ReplayRun.copy_racing`).
     """
     if not op.inputs:
         return no_alloc_op(run, op, category)
