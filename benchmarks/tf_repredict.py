@@ -1,6 +1,6 @@
 """Screens a change to the TensorFlow estimate against committed measurements, without measuring again.
 
-    python -m benchmarks.tf_repredict benchmarks/results/keras_tensorflow_cpu_avx2_all_onednn0.json --out /tmp/screen0
+    python -m benchmarks.tf_repredict benchmarks/results/keras_tensorflow_cpu_avx2_all_onednn0.json
 
 For each TensorFlow row of a committed :mod:`benchmarks.keras_accuracy` result, a
 fresh process (in the result's oneDNN mode) estimates the case again with this
@@ -84,14 +84,55 @@ def compare(committed: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and worst absolute errors of the committed and the new predictions, and the bound's coverage.
+
+    Example:
+        >>> summary([{"old_error": -0.2, "new_error": 0.01, "new_upper_covers": True},
+        ...          {"old_error": 0.02, "new_error": -0.03, "new_upper_covers": True}])
+        {'cases': 2, 'committed_median': 0.11, 'committed_worst': 0.2, 'new_median': 0.02, 'new_worst': 0.03, 'new_upper_covers': 2}
+    """
+    old = [abs(line["old_error"]) for line in lines]
+    new = [abs(line["new_error"]) for line in lines]
+    return {
+        "cases": len(lines),
+        "committed_median": round(statistics.median(old), 6), "committed_worst": round(max(old), 6),
+        "new_median": round(statistics.median(new), 6), "new_worst": round(max(new), 6),
+        "new_upper_covers": sum(bool(line["new_upper_covers"]) for line in lines),
+    }
+
+
+def to_markdown(lines: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The screen as a table: each case's truth, the committed and the new prediction's errors."""
+    mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
+    out = ["# Screen: this estimator against committed TensorFlow runs (not an accuracy result)", ""]
+    out += [f"- {key}: {value}" for key, value in meta.items()]
+    out += ["", "| case | truth MiB | largest run MiB | committed error | new prediction MiB | new error | new upper >= largest run |",
+            "|---|---|---|---|---|---|---|"]
+    for line in lines:
+        out.append(f"| {line['case']} | {mib(line['truth'])} | {mib(line['largest_run'])} | {line['old_error']:+.1%} | "
+                   f"{mib(line['predicted_bytes'])} | {line['new_error']:+.1%} | {'yes' if line['new_upper_covers'] else 'NO'} |")
+    if lines:
+        total = summary(lines)
+        out += ["", f"Over {total['cases']} cases: committed median {total['committed_median']:.1%}, worst "
+                    f"{total['committed_worst']:.1%}; new median {total['new_median']:.1%}, worst {total['new_worst']:.1%}; "
+                    f"the new upper bound at or above the largest run for {total['new_upper_covers']}."]
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.isolated import run_worker
-    from benchmarks.keras_accuracy import mode_environment
+    from benchmarks.keras_accuracy import host_fingerprint, mode_environment
+    from benchmarks.provenance import commit_stamp, file_commit, write_result
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("result", nargs="?", help="a committed keras_accuracy JSON (TensorFlow)")
     parser.add_argument("--cases", default="", help="comma-separated cases (default: every row)")
-    parser.add_argument("--out", default=None, help="write the screen's JSON lines here (a file)")
+    parser.add_argument("--lines", default=None, help="also append each case's line to this file as it is screened")
+    parser.add_argument("--from-lines", default=None, help="render the result from such a file instead of screening")
+    parser.add_argument("--out", default="benchmarks/results", help="where the result's .json and .md go")
+    parser.add_argument("--host-tag", default="", help="a name for the host in the output file name")
+    parser.add_argument("--note", default="", help="a note for the result's header")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -108,29 +149,46 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"case(s) not in {args.result}: {', '.join(unknown)}; valid: {', '.join(r['case'] for r in rows)}")
     onednn = str(result["meta"].get("TF_ENABLE_ONEDNN_OPTS", "0"))
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", **mode_environment(onednn))
+    started = time.perf_counter()
     screened = []
-    for row in rows:
-        if wanted and row["case"] not in wanted:
-            continue
-        keep = {k: row.get(k) for k in ("step_check_runs", "step_check_batch_size", "allocator")}
-        new = run_worker("benchmarks.tf_repredict", ["--worker", row["case"], "--row", json.dumps(keep)], env=env,
-                         timeout=3600)
-        if "error_text" in new:
-            print(json.dumps({"case": row["case"], "error": new["error_text"]}), flush=True)
-            continue
-        line = {**compare(row, new), **{k: new[k] for k in ("predicted_bytes", "estimate_s")}}
-        screened.append(line)
-        print(json.dumps(line), flush=True)
-        if args.out:
-            with open(args.out, "a") as handle:
-                handle.write(json.dumps(line) + "\n")
-    if screened:
-        old = [abs(s["old_error"]) for s in screened]
-        new_errors = [abs(s["new_error"]) for s in screened]
-        print(f"{len(screened)} cases: committed median {statistics.median(old):.1%} worst {max(old):.1%}; "
-              f"new median {statistics.median(new_errors):.1%} worst {max(new_errors):.1%}; "
-              f"new upper bound covers the largest run for {sum(s['new_upper_covers'] for s in screened)}")
+    if args.from_lines:
+        with open(args.from_lines) as handle:
+            screened = [json.loads(text) for text in handle if text.strip()]
+    else:
+        env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", **mode_environment(onednn))
+        for row in rows:
+            if wanted and row["case"] not in wanted:
+                continue
+            keep = {k: row.get(k) for k in ("step_check_runs", "step_check_batch_size", "allocator")}
+            new = run_worker("benchmarks.tf_repredict", ["--worker", row["case"], "--row", json.dumps(keep)], env=env,
+                             timeout=3600)
+            if "error_text" in new:
+                print(json.dumps({"case": row["case"], "error": new["error_text"]}), flush=True)
+                continue
+            line = {**compare(row, new), **{k: new[k] for k in ("predicted_bytes", "estimate_s")}}
+            screened.append(line)
+            print(json.dumps(line), flush=True)
+            if args.lines:
+                with open(args.lines, "a") as handle:
+                    handle.write(json.dumps(line) + "\n")
+    import keras
+    import tensorflow as tf
+
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "against": f"{os.path.basename(args.result)} (as committed at {file_commit(args.result)})",
+        "estimator": commit_stamp("nnmem_callbacks"),
+        "tensorflow": tf.__version__, "keras": keras.__version__, **host_fingerprint(),
+        "TF_ENABLE_ONEDNN_OPTS": onednn,
+        "method": "each case estimated again in a fresh process; the step check's runs are the committed row's "
+                  "(not run again); truth and runs are the committed row's",
+        "elapsed_s": round(time.perf_counter() - started, 1),
+        **({"notes": args.note} if args.note else {}),
+    }
+    stem = os.path.splitext(os.path.basename(args.result))[0]
+    name = f"tf_repredict_{stem}" + (f"_{args.host_tag}" if args.host_tag else "")
+    record = {"meta": meta, "rows": screened, "summary": summary(screened) if screened else {}}
+    print(write_result(args.out, name, record, to_markdown(screened, meta)))
     return 0
 
 
