@@ -589,6 +589,9 @@ def test_the_upper_bound_takes_the_largest_of_the_unlucky_runs(monkeypatch):
     assert name == "no forwarding" and worst.peak_counted > first.expected.peak_counted
     assert both.worst_tensors.peak > both.expected.peak  # the tensor bytes planning budgets with, too
     assert tf_graph._replay_at(concrete, 1, [], {}, True, unlucky_runs=()).worst_counted[0] == "none"
+    # every replay runs the first two steps on one allocator model; its counted peak is the larger step's
+    steps = first.expected.step_peaks_counted
+    assert len(steps) == tf_graph.REPLAYED_STEPS == 2 and first.expected.peak_counted == max(steps)
 
 
 def test_the_scratch_of_one_wave_is_charged_allocation_by_allocation():
@@ -747,3 +750,39 @@ def test_the_replays_allocator_starts_as_keras_build_left_it():
     # trained values read as random
     model.layers[1].bias.assign(tf.range(1024, dtype="float32"))
     assert build_state(model)[3] == (state[3][0], True)
+
+
+def test_an_update_racing_its_layers_input_gradient_moves_the_variable_for_the_next_step():
+    """A 1x1 convolution's two gradients run as one wave; the kernel's update then copies it (its input gradient may
+    still read it) and the variable keeps the copy's chunk, freeing the old one. With one inter-op thread, no wave,
+    no copy."""
+    from nnmem_callbacks.keras.common import input_specs
+    from nnmem_callbacks.keras.tf_allocator import VariablePlacement, allocator_after_build
+    from nnmem_callbacks.keras.tf_graph import (
+        GraphReplayer, build_state, function_lookup, resource_indices, state_variables,
+    )
+    from nnmem_callbacks.keras.tf_trace import trace_train_step
+
+    model = keras.Sequential([
+        keras.Input((8, 8, 8)), L.Conv2D(256, 3, padding="same"), L.Conv2D(512, 1),
+        L.GlobalAveragePooling2D(), L.Dense(1),
+    ])
+    model.compile(optimizer="adam", loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    x_specs, y_specs, _ = input_specs(model, np.zeros((4, 8, 8, 8), "float32"), np.zeros((4, 1), "float32"))
+    graph = trace_train_step(model, x_specs, y_specs, 4).graph
+    state = build_state(model)
+    resources = resource_indices(graph, model)
+    kernel = [id(v) for v in state_variables(model)[0]].index(id(model.layers[1].kernel))
+    assert kernel in resources.values()  # the placeholder of the kernel's handle maps to its state index
+    moved = {}
+    for threads in (1, 2):
+        bfc, chunks = allocator_after_build(state, min_bytes=0)
+        placement = VariablePlacement(bfc, chunks, resources)
+        GraphReplayer(function_lookup(graph), 4, bfc=bfc, parallel_ops=threads, placement=placement).replay(graph)
+        moved[threads] = placement.chunks[kernel] != chunks[kernel]
+        if moved[threads]:
+            old = bfc.chunks.get(chunks[kernel])
+            assert old is None or not old[2]  # the old value's chunk is free (or merged into a free one)
+            assert bfc.chunks[placement.chunks[kernel]][2]  # the copy is held
+    assert moved == {1: False, 2: True}

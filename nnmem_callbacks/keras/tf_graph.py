@@ -85,6 +85,15 @@ Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`
       (``MaxPoolGrad``) instead. The replay assumes the overlap; the step check
       at half the batch (:mod:`~nnmem_callbacks.keras.tf_step_check`) measures
       which way the runs went there.
+    * Each replay runs the first two steps (:data:`REPLAYED_STEPS`) on one
+      allocator model, as the real window does: an update that copies its
+      variable (a read still alive, or a sibling kernel still reading it,
+      :meth:`~nnmem_callbacks.keras.tf_replay.ReplayRun.copy_racing`) moves
+      it, and the second step's large buffers find the free chunks as the
+      first left them. The copy is assumed whenever a sibling wave read the
+      variable; in real runs it is a race the update usually wins (MobileNetV3-
+      Small: ten of ten processes), and where the copy lands decides whether a
+      later buffer is charged a free chunk whole. Later steps are not replayed.
     * Of Grappler's rewrites only two ``ArithmeticOptimizer`` stages are
       replayed: ``MinimizeBroadcasts``' regrouping of ``Mul`` trees (checked
       against the executed graph) and ``RemoveIdentityTranspose``'s removal of
@@ -144,6 +153,7 @@ from nnmem_callbacks.keras.tf_allocator import (  # noqa: F401 - re-exported
     TF_CPU_ROUNDING,
     BFCSimulator,
     Buffer,
+    VariablePlacement,
     allocator_after_build,
     tf_allocator_bytes,
     tf_cpu_allocator,
@@ -204,16 +214,43 @@ def initialized_at_random(variable: Any) -> bool:
         return False
 
 
-def build_state(model: Any) -> list[tuple[int, bool]]:
-    """``(bytes, initialized_at_random)`` of the model's variables, then the optimizer's, in creation order."""
-    from nnmem_callbacks.keras.common import unique, variable_bytes
+def state_variables(model: Any) -> tuple[list, list]:
+    """The model's variables and the optimizer's own, each in creation order (the order of :func:`build_state`)."""
+    from nnmem_callbacks.keras.common import unique
 
     model_variables = unique(model.variables)
     seen = {id(v) for v in model_variables}
-    optimizer_variables = [v for v in unique(model.optimizer.variables) if id(v) not in seen]
+    return model_variables, [v for v in unique(model.optimizer.variables) if id(v) not in seen]
+
+
+def build_state(model: Any) -> list[tuple[int, bool]]:
+    """``(bytes, initialized_at_random)`` of the model's variables, then the optimizer's, in creation order."""
+    from nnmem_callbacks.keras.common import variable_bytes
+
+    model_variables, optimizer_variables = state_variables(model)
     return [(variable_bytes(v), initialized_at_random(v)) for v in model_variables] + [
         (variable_bytes(v), False) for v in optimizer_variables
     ]
+
+
+def resource_indices(graph: Any, model: Any) -> dict[Any, int]:
+    """The :func:`build_state` index of the variable behind each resource placeholder of ``graph`` (by tensor ref).
+
+    A traced step captures each variable's handle; the graph reads and updates
+    the variable through the placeholder the capture made. Captures of no
+    model or optimizer variable (metrics' counters) are left out.
+    """
+    model_variables, optimizer_variables = state_variables(model)
+    index_of_handle = {}
+    for index, variable in enumerate(model_variables + optimizer_variables):
+        handle = getattr(getattr(variable, "value", variable), "handle", None)
+        if handle is not None:
+            index_of_handle[id(handle)] = index
+    return {
+        internal.ref(): index_of_handle[id(external)]
+        for external, internal in getattr(graph, "captures", ())
+        if id(external) in index_of_handle
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +310,13 @@ class Replays:
         return max((replay for _, replay in self.unlucky), key=lambda replay: replay.peak, default=self.expected)
 
 
+#: How many train steps each replay runs, one after the other on the same allocator model: the first two, the
+#: window the accuracy benchmark and the step check measure. The second finds the variables that a
+#: copy-on-write update of the first moved (:class:`~nnmem_callbacks.keras.tf_allocator.VariablePlacement`), and
+#: the allocator's free chunks as the first left them.
+REPLAYED_STEPS = 2
+
+
 def _replay_at(
     concrete: Any,
     n: int,
@@ -280,10 +324,14 @@ def _replay_at(
     scratch_curves: dict[str, Any],
     onednn: bool,
     unlucky_runs: tuple[UnluckyRun, ...] = UNLUCKY_RUNS,
+    resources: dict[Any, int] | None = None,
 ) -> Replays:
     """The replays of the step traced at batch ``n`` (expected and ``unlucky_runs``), from the allocator as the build left it.
 
-    ``state`` is :func:`build_state`'s ``(bytes, initialized_at_random)`` per variable.
+    ``state`` is :func:`build_state`'s ``(bytes, initialized_at_random)`` per variable; ``resources`` maps the
+    graph's resource placeholders to its indices (:func:`resource_indices`; without it, a variable that an update
+    copies stays where it was). Each replay runs :data:`REPLAYED_STEPS` steps on one allocator model; its
+    allocator-counted peak is the largest of theirs (the tensors are the same in every step).
     """
     graph = concrete.graph
     scratch = {name: curve.at(n) for name, curve in scratch_curves.items()}  # curves are over samples
@@ -291,14 +339,22 @@ def _replay_at(
     def replay(run: UnluckyRun | None) -> Any:
         # the allocator as the step finds it: the variables and slots in their chunks, behind the holes
         # their initializers' temporaries left
-        bfc, _ = allocator_after_build(state)
-        replayer = GraphReplayer(
-            function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads(), scratch=scratch, onednn=onednn,
-            unlucky=run is not None and run.every_phase_at_once,
-            newest_first=run is not None and run.newest_first,
-            forwarding=run is None or run.forwarding,
-        )
-        return replayer.replay(graph)[0]
+        bfc, chunks = allocator_after_build(state)
+        placement = VariablePlacement(bfc, chunks, resources or {})
+        steps = []
+        for _ in range(REPLAYED_STEPS):
+            replayer = GraphReplayer(
+                function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads(), scratch=scratch, onednn=onednn,
+                unlucky=run is not None and run.every_phase_at_once,
+                newest_first=run is not None and run.newest_first,
+                forwarding=run is None or run.forwarding,
+                placement=placement,
+            )
+            steps.append(replayer.replay(graph)[0])
+        first = steps[0]
+        first.step_peaks_counted = [step.peak_counted for step in steps]
+        first.peak_counted = max(first.step_peaks_counted)
+        return first
 
     return Replays(replay(None), tuple((run.name, replay(run)) for run in unlucky_runs))
 
@@ -358,10 +414,22 @@ def estimate_tensorflow(
     else:
         notes.append("TensorFlow kernel scratch from the graph's rules (probe_kernels=False)")
     notes.append(f"TensorFlow kernels: oneDNN {'on' if onednn else 'off'} in this process")
-    replays = {n: _replay_at(concretes[n], n, state, scratch_curves, onednn) for n in (batch_size, 2 * batch_size)}
+    replays = {
+        n: _replay_at(
+            concretes[n], n, state, scratch_curves, onednn, resources=resource_indices(concretes[n].graph, model)
+        )
+        for n in (batch_size, 2 * batch_size)
+    }
     results = {n: r.expected for n, r in replays.items()}
     main = results[batch_size]
     double = results[2 * batch_size]
+    steps = main.step_peaks_counted
+    if len(steps) > 1 and steps[-1] > steps[0]:
+        notes.append(
+            f"the allocator peaks in step {steps.index(max(steps)) + 1} of the {len(steps)} replayed, "
+            f"{(max(steps) - steps[0]) / 2**20:.1f} MiB above the first: variables that the first step's updates "
+            f"copied lie elsewhere, and the free chunks with them"
+        )
     unlucky_name, unlucky_counted = replays[batch_size].worst_counted
     # what the executor's scheduling may add in an unlucky run, as a line in the batch size (tensor bytes: planning)
     spread = {n: max(r.worst_tensors.peak - r.expected.peak, 0) for n, r in replays.items()}
@@ -622,8 +690,10 @@ def _step_check_correction(
         measurement = check.measure_steps(model, x_specs, y_specs, size)
         replay = replays.get(size)
         if replay is None:  # B = 1 checks batch 1, already replayed
+            concrete = trace_train_step(model, x_specs, y_specs, size)
             replay = _replay_at(
-                trace_train_step(model, x_specs, y_specs, size), size, state, scratch_curves, onednn, unlucky_runs=()
+                concrete, size, state, scratch_curves, onednn, unlucky_runs=(),
+                resources=resource_indices(concrete.graph, model),
             ).expected
     except Exception as error:  # noqa: BLE001 - the check never breaks the estimate
         reason = f"{type(error).__name__}: {error}" if not isinstance(error, check.StepCheckError) else str(error)

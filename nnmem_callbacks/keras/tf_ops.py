@@ -361,14 +361,20 @@ def assign_variable(run: Any, op: Any, category: str) -> tuple[int, int]:
     its initial value) was modelled until the allocator's per-buffer events
     (``python -m benchmarks.tf_memory_events CASE --fresh --grep Assign``) showed none, in either
     oneDNN mode, on an AVX2 and an AVX-512 host.
+
+    An update whose variable a kernel of a sibling wave read (a convolution's input gradient reads
+    the kernel while the update after its filter gradient runs) copies it too: the variable moves to
+    a new chunk, which the next replayed step finds (:meth:`~nnmem_callbacks.keras.tf_replay.ReplayRun.copy_racing`).
     """
     if not op.inputs:
         return no_alloc_op(run, op, category)
     resource = run.inputs_of[op.name][0].ref()
     value = run.values.get(resource)
     if value is not None and value.refs > 0 and value.nbytes:
-        run.take_ownership(value)
+        run.take_ownership(value, resource)
         run.values.pop(resource)
+    elif value is not None and value.nbytes:
+        run.copy_racing(value, resource)
     for t in op.outputs:
         run.allocate(t, 0, category, owned=False)
     return NO_TRANSIENT
