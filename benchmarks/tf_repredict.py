@@ -177,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "against": f"{os.path.basename(args.result)} (as committed at {file_commit(args.result)})",
-        "estimator": commit_stamp("nnmem_callbacks"),
+        "estimator": commit_stamp("nnmem_callbacks") if not args.from_lines else "as the notes say (rendered from a run's lines)",
         "tensorflow": tf.__version__, "keras": keras.__version__, **host_fingerprint(),
         "TF_ENABLE_ONEDNN_OPTS": onednn,
         "method": "each case estimated again in a fresh process; the step check's runs are the committed row's "
                   "(not run again); truth and runs are the committed row's",
-        "elapsed_s": round(time.perf_counter() - started, 1),
+        **({} if args.from_lines else {"elapsed_s": round(time.perf_counter() - started, 1)}),
         **({"notes": args.note} if args.note else {}),
     }
     stem = os.path.splitext(os.path.basename(args.result))[0]

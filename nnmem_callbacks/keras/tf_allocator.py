@@ -186,13 +186,14 @@ class VariablePlacement:
     old value is freed when its last read is done. The variable keeps the new
     buffer: the next step finds it there, in a region the first step's large
     buffers had to themselves. That decides what a later large buffer is
-    charged. Measured on MobileNetV3-Small with oneDNN off at batch 8: the
-    2.25 MiB kernel of its last 1x1 convolution moved into the free 64 MiB
-    region during the first step, so in the second the 20.88 MiB scratch of a
-    convolution's filter gradient was handed the whole 40.9 MiB left there
-    (under twice its size: no split) and the step peaked at 101.0 MiB against
-    78.7 in the first (``python -m benchmarks.tf_memory_events mobilenetv3small
-    --per-step 8 --large 8``).
+    charged. Measured on MobileNetV3-Small with oneDNN off at batch 8, ten
+    profiled processes (``python -m benchmarks.tf_memory_events
+    mobilenetv3small --regions --large 8``): Adam copied the 2.25 MiB kernel
+    of its last 1x1 convolution in both steps of all ten; in half of them the
+    second step's 20.9 MiB scratch was handed a 38.3-40.9 MiB chunk whole
+    (under twice its size: no split) and the step peaked at 94.2-101.1 MiB,
+    against 75.7-79.8 in the others; where the simulated region agrees, the
+    copy sat in the free 64 MiB region.
 
     Args:
         bfc: The allocator model the variables' chunks belong to.

@@ -94,11 +94,14 @@ Known limitations:
       charge). In two of the three charges the simulated region agrees with,
       the copy sat in the free 64 MiB region and left 59.5-61.8 MiB for the
       scratch pair (in the third, a 5.7 MiB buffer, freed since, sat there); the
-      other 5 processes peaked at 75.7-79.8 MiB. The replay runs that update
-      after both gradients, so nothing is copied, and it replays one step, not
-      the second where the copy's place matters. Two steps on one allocator
-      model, with a copied variable kept where its copy went, were tried
-      (branch ``wip/two-step-replay``, without the copy itself) and not landed.
+      other 5 processes peaked at 75.7-79.8 MiB. Since 2026-11-27 the replay
+      models both halves: the update's copy and two steps on one allocator
+      model (:mod:`~nnmem_callbacks.keras.tf_graph`'s Known limitations), so
+      its own expected peak is the top level. Re-predicted against the
+      committed AVX2 runs, with their check runs reused (``python -m
+      benchmarks.tf_repredict
+      benchmarks/results/keras_tensorflow_cpu_avx2_all_onednn0.json``):
+      -0.5%, was -22.7%.
     * The check costs a TensorFlow import and one trace per repeat in the child
       (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
       skips it.
