@@ -279,16 +279,13 @@ def update_copies(events: list[dict[str, Any]], min_bytes: int, first: int = 0) 
     return rows
 
 
-#: The marker tensor allocated before each profiled step (float32 elements; the second step's has one more).
-MARKER_ELEMENTS = 12345
-
-
 def _regions(case: str, large_mib: float) -> int:
     """Profiles a fresh process from before the build through two steps; prints the whole-chunk charges' regions."""
     import tensorflow as tf
 
     from benchmarks.keras_accuracy import build_case, host_fingerprint
     from benchmarks.provenance import commit_stamp
+    from benchmarks.tf_allocator_fidelity import MARKER_ELEMENTS  # the window's marker (the second step's: one more)
 
     from nnmem_callbacks.keras.tf_allocator import tf_cpu_allocator
 

@@ -380,10 +380,10 @@ class ReplayRun:
         if held:
             self.wave_scratch = (wave_bytes + transient, [*wave_counted, *transient_counted])
             return
-        if any(done.type in SCRATCH_KERNELS for done in self.deferred):
+        kernels = [done for done in self.deferred if done.type in SCRATCH_KERNELS]
+        if kernels:
             self.lingering = (transient + wave_bytes, [*transient_counted, *wave_counted])
         self.wave_scratch = (0, [])
-        kernels = [done for done in self.deferred if done.type in SCRATCH_KERNELS]
         if len(kernels) > 1:
             # siblings finish one after the other: an update waiting for one of them may run while another still
             # reads the variable (a convolution's input gradient reads its kernel while the filter gradient's
