@@ -56,9 +56,12 @@ def worker(case: str, batch: int, runs: list[int]) -> dict[str, Any]:
     answers = [tuple(runs[:FIRST_RUNS]), tuple(runs[FIRST_RUNS:])]
     asked: list[int] = []
 
-    def recorded(model: Any, x_specs: Any, y_specs: Any, batch_size: int, **_: Any) -> StepMeasurement:
+    def recorded(model: Any, x_specs: Any, y_specs: Any, batch_size: int, optimizer_built: bool = True, **_: Any) -> StepMeasurement:
         if batch_size != batch:
             raise StepCheckError(f"the check would run at batch {batch_size}, recorded at {batch}")
+        if not optimizer_built:
+            # the recorded runs (before 2026-11-27) had their copies' optimizer built before the first step
+            raise StepCheckError("the check's copies would build their optimizer in the first step; the recorded runs had it built before")
         asked.append(batch_size)
         if len(asked) > len(answers) or not answers[len(asked) - 1]:
             raise StepCheckError("no further recorded runs")

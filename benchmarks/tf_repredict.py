@@ -19,7 +19,11 @@ Known limitations:
     * Rows without ``step_check_runs`` (the check skipped or failed there) are
       re-estimated without the check.
     * If the new estimate asks for the check at another batch than the row's,
-      the row is reported as not comparable.
+      or for copies whose optimizer starts otherwise than the row's did
+      (rows measured before 2026-11-27 have no ``step_check_optimizer_built``:
+      their copies had it built before the first step; the estimator's check
+      now builds it in the first step when the model's was unbuilt), the row
+      is reported as not comparable.
 """
 
 from __future__ import annotations
@@ -43,17 +47,30 @@ def worker(case: str, row: dict[str, Any]) -> dict[str, Any]:
     check_batch = row.get("step_check_batch_size")
     asked: list[int] = []
 
-    def committed_runs(model: Any, x_specs: Any, y_specs: Any, batch_size: int, **_: Any) -> Any:
+    # rows measured before 2026-11-27 have no such key: their check's copies had the optimizer built first
+    row_built = bool(row.get("step_check_optimizer_built", True))
+
+    def committed_runs(model: Any, x_specs: Any, y_specs: Any, batch_size: int, optimizer_built: bool = True, **_: Any) -> Any:
         asked.append(batch_size)
         if batch_size != check_batch:
             raise tf_step_check.StepCheckError(f"the check asked for batch {batch_size}, the row has {check_batch}")
-        return tf_step_check.StepMeasurement(batch_size, tuple(int(r) for r in runs), 0.0, row.get("allocator", "?"))
+        if optimizer_built != row_built:
+            raise tf_step_check.StepCheckError(
+                f"the check's copies would start with the optimizer {'built' if optimizer_built else 'unbuilt'}; "
+                f"the row's runs started with it {'built' if row_built else 'unbuilt'}"
+            )
+        return tf_step_check.StepMeasurement(
+            batch_size, tuple(int(r) for r in runs), 0.0, row.get("allocator", "?"), optimizer_built=row_built
+        )
 
     tf_step_check.measure_steps = committed_runs  # type: ignore[assignment]
     tf_step_check.unsettled = lambda *_: False  # type: ignore[assignment] - the row's runs hold any extra ones
     model, x, y, batch = build_case(case)
     started = time.perf_counter()
     estimate = estimate_training(model, batch, x=x, y=y, check_steps=bool(runs))
+    if runs and "step_check_runs" not in estimate.extra:
+        reason = next((note for note in estimate.notes if note.startswith("not checked")), "the check did not run")
+        raise RuntimeError(f"{case} is not comparable: {reason}")
     return {
         "case": case,
         "predicted_bytes": int(estimate.extra["tf_allocator_peak_bytes"]),

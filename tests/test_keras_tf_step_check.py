@@ -239,3 +239,47 @@ def test_combining_runs_of_different_batches_is_refused():
     first = StepMeasurement(batch_size=4, runs=(1, 2, 3), seconds=0.0, allocator="bfc")
     with pytest.raises(ValueError, match="batch 4 .* batch 8"):
         first.combined(StepMeasurement(batch_size=8, runs=(1,), seconds=0.0, allocator="bfc"))
+
+
+def test_combining_runs_whose_optimizer_started_otherwise_is_refused():
+    first = StepMeasurement(batch_size=4, runs=(1, 2, 3), seconds=0.0, allocator="bfc", optimizer_built=False)
+    with pytest.raises(ValueError, match="optimizer built before: False"):
+        first.combined(StepMeasurement(batch_size=4, runs=(1,), seconds=0.0, allocator="bfc"))
+
+
+def test_the_copies_start_with_the_optimizer_as_the_users_model_did(monkeypatch):
+    """Keras's TensorFlow fit builds an unbuilt optimizer in its first step; the check's copies must too."""
+    seen = []
+
+    def fake(model, x_specs, y_specs, batch_size, *, repeats=tf_step_check.DEFAULT_REPEATS, optimizer_built=True, **kwargs):
+        seen.append(optimizer_built)
+        return StepMeasurement(batch_size, (1_000_000,) * repeats, 0.1, "bfc", optimizer_built=optimizer_built)
+
+    monkeypatch.setattr(tf_step_check, "measure_steps", fake)
+    fresh = conv_model()
+    assert not fresh.optimizer.built
+    unbuilt = estimate_training(fresh, batch_size=16)
+    assert fresh.optimizer.built  # the estimate built it, as the first fit step would
+    again = estimate_training(fresh, batch_size=16)  # now built before the estimate
+    assert seen == [False, True]
+    assert unbuilt.extra["step_check_optimizer_built"] is False
+    assert again.extra["step_check_optimizer_built"] is True
+    assert any("their optimizer built by the first step" in note for note in unbuilt.notes)
+    assert not any("their optimizer built by the first step" in note for note in again.notes)
+
+
+def test_the_child_copy_leaves_an_unbuilt_optimizer_to_the_first_step():
+    model = conv_model()
+    request = tf_step_check.request_for(model, *_specs(model), batch_size=4, repeats=1, optimizer_built=False)
+    copy = tf_step_check.compiled_copy(request)
+    assert not copy.optimizer.built
+    copy.train_on_batch(np.ones((4, 400, 4), "float32"), np.ones((4,), "int32"))
+    assert copy.optimizer.built
+    assert tf_step_check.compiled_copy({**request, "optimizer_built": True}).optimizer.built
+
+
+def _specs(model):
+    from nnmem_callbacks.keras.common import input_specs
+
+    x_specs, y_specs, _ = input_specs(model, None, None)
+    return x_specs, y_specs

@@ -94,6 +94,9 @@ def estimate_training(
         batch_size = example_batch
     if batch_size is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise KerasEstimationError(f"batch_size must be a positive integer (or pass x=...), got {batch_size!r}")
+    # before the build below: Keras's TensorFlow fit builds an unbuilt optimizer in its first step's trace,
+    # and the step check's copies must start that way too
+    optimizer_built = bool(getattr(model.optimizer, "built", True))
     _symbolic_build(model, batch_size, x_specs, y_specs)
     notes: list[str] = []
     backend = backend_name()
@@ -104,7 +107,8 @@ def estimate_training(
         return estimate_layer_rules(model, batch_size, x_specs, y_specs, notes)
     try:
         return _backend_estimate(
-            backend, model, batch_size, x_specs, y_specs, notes, check_scaling, probe_kernels, check_steps
+            backend, model, batch_size, x_specs, y_specs, notes, check_scaling, probe_kernels, check_steps,
+            optimizer_built,
         )
     except KerasEstimationError:
         raise
@@ -129,12 +133,14 @@ def _backend_estimate(
     check_scaling: bool = True,
     probe_kernels: bool = True,
     check_steps: bool = True,
+    optimizer_built: bool = True,
 ) -> MemoryEstimate:
     if backend == "tensorflow":
         from nnmem_callbacks.keras.tf_graph import estimate_tensorflow
 
         return estimate_tensorflow(
-            model, batch_size, x_specs, y_specs, notes, probe_kernels=probe_kernels, check_steps=check_steps
+            model, batch_size, x_specs, y_specs, notes, probe_kernels=probe_kernels, check_steps=check_steps,
+            optimizer_built=optimizer_built,
         )
     if backend == "jax":
         from nnmem_callbacks.keras.jax_xla import estimate_jax
@@ -148,10 +154,13 @@ def _backend_estimate(
 
 
 def _symbolic_build(model: Any, batch_size: int, x_specs: Any, y_specs: Any) -> None:
-    """What ``fit`` does first: build the model, the compiled loss and metrics, and the optimizer.
+    """Builds the model, the compiled loss and metrics, and the optimizer, as ``fit`` does before its first step.
 
     Keras' own ``_symbolic_build`` runs on symbolic tensors: variables are
-    created (if they do not exist yet) but none changes its value.
+    created (if they do not exist yet) but none changes its value. (On the
+    TensorFlow backend without a distribution strategy, ``fit`` itself defers
+    this to its first step's trace; the estimate records whether the
+    optimizer was built before, for the step check.)
     """
     import keras
 

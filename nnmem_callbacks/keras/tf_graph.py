@@ -368,6 +368,7 @@ def estimate_tensorflow(
     *,
     probe_kernels: bool = True,
     check_steps: bool = True,
+    optimizer_built: bool | None = None,
 ) -> Any:
     """Estimates the TensorFlow train step by graph replay (see the module docstring).
 
@@ -375,7 +376,10 @@ def estimate_tensorflow(
     host (:mod:`nnmem_callbacks.keras.tf_probes`); without, the graph's rules apply.
     With ``check_steps`` real steps of a copy of the model at a smaller batch,
     in a child process, correct the replay by what it does not model
-    (:mod:`nnmem_callbacks.keras.tf_step_check`).
+    (:mod:`nnmem_callbacks.keras.tf_step_check`). ``optimizer_built`` says
+    whether the optimizer had its slots before the estimate began (default:
+    as found here); if not, the check's copies build them in their first
+    step, as Keras's ``fit`` does.
     """
     from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine, upper_envelope
     from nnmem_callbacks.keras.common import accumulation_steps, precision_of, static_bytes, tree_leaves, unique
@@ -437,7 +441,8 @@ def estimate_tensorflow(
     correction = None
     if check_steps:
         correction = _step_check_correction(
-            model, x_specs, y_specs, batch_size, counted_static, results, state, scratch_curves, onednn, notes
+            model, x_specs, y_specs, batch_size, counted_static, results, state, scratch_curves, onednn, notes,
+            optimizer_built=was_built if optimizer_built is None else optimizer_built,
         )
     offset = correction.offset if correction is not None else 0
     run_spread = correction.headroom if correction is not None else 0  # the largest run above the corrected replay
@@ -501,6 +506,7 @@ def estimate_tensorflow(
             "step_check_replay_bytes": correction.replay_bytes,
             "step_check_offset_bytes": correction.offset,
             "step_check_difference_bytes": correction.difference,
+            "step_check_optimizer_built": correction.measurement.optimizer_built,
             "replay_peak_bytes": int(static_total + main.peak),
         }
     return MemoryEstimate(
@@ -661,11 +667,14 @@ def _step_check_correction(
     scratch_curves: dict[str, Any],
     onednn: bool,
     notes: list[str],
+    optimizer_built: bool = True,
 ) -> StepCorrection | None:
     """Runs :mod:`~nnmem_callbacks.keras.tf_step_check` and replays its batch; ``None`` (with a note) when it cannot.
 
     ``replays`` holds the expected replays at ``batch_size`` and twice it; the check's batch is
-    replayed only when it is not one of them.
+    replayed only when it is not one of them. ``optimizer_built``: whether the optimizer had its
+    slots before the estimate (if not, the check's copies build them in their first step, as a
+    fresh ``fit`` does).
     """
     from nnmem_callbacks.keras import tf_step_check as check
 
@@ -687,7 +696,7 @@ def _step_check_correction(
         )
         return None
     try:
-        measurement = check.measure_steps(model, x_specs, y_specs, size)
+        measurement = check.measure_steps(model, x_specs, y_specs, size, optimizer_built=optimizer_built)
         replay = replays.get(size)
         if replay is None:  # B = 1 checks batch 1, already replayed
             concrete = trace_train_step(model, x_specs, y_specs, size)
@@ -704,7 +713,9 @@ def _step_check_correction(
         first = len(measurement.runs)
         try:
             measurement = measurement.combined(
-                check.measure_steps(model, x_specs, y_specs, size, repeats=check.EXTRA_REPEATS)
+                check.measure_steps(
+                    model, x_specs, y_specs, size, repeats=check.EXTRA_REPEATS, optimizer_built=optimizer_built
+                )
             )
             notes.append(
                 f"the step check's first {first} runs spread wider than their median lies from the replay, so "
@@ -718,7 +729,8 @@ def _step_check_correction(
     where = "from the step-check cache" if measurement.cached else f"in a child process, {measurement.seconds:.1f} s"
     text = (
         f"checked by real steps: the first two train steps of {len(runs)} fresh cop{'y' if len(runs) == 1 else 'ies'} "
-        f"of the model at batch {size} ({where}; {measurement.allocator} allocator) peaked at "
+        f"of the model at batch {size} ({where}; {measurement.allocator} allocator"
+        f"{'' if optimizer_built else '; their optimizer built by the first step, as a fresh fit builds it'}) peaked at "
         f"{measurement.median / MiB:.1f} MiB (runs {min(runs) / MiB:.1f}-{max(runs) / MiB:.1f}); the replay of that "
         f"batch gives {correction.replay_bytes / MiB:.1f} MiB; "
     )

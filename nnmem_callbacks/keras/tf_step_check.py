@@ -15,7 +15,9 @@ So the replay is checked by the real thing, small:
    TensorFlow, oneDNN mode, thread counts and mixed-precision policy; weights
    are not copied (memory does not depend on their values). The user's process,
    its variables, optimizer, RNG and allocator are untouched.
-2. The child rebuilds the model, compiles it, makes a batch of
+2. The child rebuilds the model, compiles it (leaving the optimizer unbuilt
+   when the user's was, so that the first step's trace builds its slots as
+   Keras's ``fit`` does; :func:`compiled_copy`), makes a batch of
    :func:`check_batch_size` samples (random floats, ones for integer inputs
    and labels) and runs the first two ``train_on_batch`` steps, measuring the
    allocator's peak as the benchmark's truth does: allocator-counted bytes of
@@ -160,6 +162,8 @@ class StepMeasurement:
     seconds: float
     allocator: str
     cached: bool = False
+    #: Whether the copies' optimizer had its slots before the first step (else the first step built them).
+    optimizer_built: bool = True
 
     @property
     def median(self) -> int:
@@ -180,13 +184,15 @@ class StepMeasurement:
             >>> both.runs, both.median, both.seconds
             ((100, 130, 110, 105, 108), 108, 1.5)
         """
-        if (more.batch_size, more.allocator) != (self.batch_size, self.allocator):
+        if (more.batch_size, more.allocator, more.optimizer_built) != (self.batch_size, self.allocator, self.optimizer_built):
             raise ValueError(
-                f"cannot combine runs at batch {self.batch_size} ({self.allocator}) with runs at batch "
-                f"{more.batch_size} ({more.allocator})"
+                f"cannot combine runs at batch {self.batch_size} ({self.allocator}, optimizer built before: "
+                f"{self.optimizer_built}) with runs at batch {more.batch_size} ({more.allocator}, optimizer built "
+                f"before: {more.optimizer_built})"
             )
         return StepMeasurement(
-            self.batch_size, self.runs + more.runs, self.seconds + more.seconds, self.allocator, self.cached and more.cached
+            self.batch_size, self.runs + more.runs, self.seconds + more.seconds, self.allocator,
+            self.cached and more.cached, self.optimizer_built,
         )
 
 
@@ -263,8 +269,13 @@ def _specs_json(specs: Any) -> Any:
     raise StepCheckError(f"cannot describe the input {type(specs).__name__} to the child process")
 
 
-def request_for(model: Any, x_specs: Any, y_specs: Any, batch_size: int, repeats: int) -> dict[str, Any]:
-    """What the child needs: architecture, compile configuration, input specs, batch, dtype policy.
+def request_for(
+    model: Any, x_specs: Any, y_specs: Any, batch_size: int, repeats: int, optimizer_built: bool = True
+) -> dict[str, Any]:
+    """What the child needs: architecture, compile configuration, input specs, batch, dtype policy, optimizer state.
+
+    ``optimizer_built`` says whether the model's optimizer had its slots before the estimate (the
+    estimate's tracing builds them): the child's copies start the same way (:func:`compiled_copy`).
 
     Raises:
         StepCheckError: When the model cannot be described by its configuration.
@@ -287,6 +298,7 @@ def request_for(model: Any, x_specs: Any, y_specs: Any, batch_size: int, repeats
         "batch_size": int(batch_size),
         "repeats": int(repeats),
         "dtype_policy": keras.config.dtype_policy().name,
+        "optimizer_built": bool(optimizer_built),
     }
 
 
@@ -304,6 +316,7 @@ def measure_steps(
     repeats: int = DEFAULT_REPEATS,
     time_budget: float = DEFAULT_TIME_BUDGET,
     cache: Any = None,
+    optimizer_built: bool = True,
 ) -> StepMeasurement:
     """Runs the first two train steps of fresh copies of ``model`` at ``batch_size`` in a child process.
 
@@ -317,6 +330,9 @@ def measure_steps(
         time_budget: Seconds for the child; runs finished by then count.
         cache: A :class:`~nnmem_callbacks.probes.cache.ProbeCache`; default
             the one of this host's TensorFlow fingerprint.
+        optimizer_built: Whether the model's optimizer had its slot
+            variables before the estimate; if not, the copies' first step
+            builds them, as a fresh ``fit`` does.
 
     Raises:
         StepCheckError: When the child cannot rebuild or run the model, or
@@ -325,14 +341,16 @@ def measure_steps(
     from nnmem_callbacks.keras.tf_probes import child_environment, host_fingerprint
     from nnmem_callbacks.probes.cache import ProbeCache
 
-    request = request_for(model, x_specs, y_specs, batch_size, repeats)
+    request = request_for(model, x_specs, y_specs, batch_size, repeats, optimizer_built=optimizer_built)
     allocator = child_allocator()
     if cache is None:
         cache = ProbeCache(host_fingerprint())
     key = _cache_key({**request, "allocator": allocator})
     entry = cache.load().get(key)
     if entry is not None and entry.get("runs"):
-        return StepMeasurement(batch_size, tuple(int(r) for r in entry["runs"]), 0.0, allocator, cached=True)
+        return StepMeasurement(
+            batch_size, tuple(int(r) for r in entry["runs"]), 0.0, allocator, cached=True, optimizer_built=optimizer_built
+        )
     env = child_environment(bfc=allocator == "bfc")
     started = time.perf_counter()
     try:
@@ -353,7 +371,7 @@ def measure_steps(
         cache.save({key: {"runs": runs}})
     except OSError:  # a read-only cache directory: the measurement still counts for this estimate
         pass
-    return StepMeasurement(batch_size, tuple(runs), seconds, allocator)
+    return StepMeasurement(batch_size, tuple(runs), seconds, allocator, optimizer_built=optimizer_built)
 
 
 def _parse(stdout: str) -> tuple[list[int], str | None]:
@@ -390,6 +408,37 @@ def _build_data(description: Any, batch_size: int, rng: Any) -> Any:  # pragma: 
     return items if "list" in description else tuple(items)
 
 
+def compiled_copy(request: dict[str, Any]) -> Any:
+    """The child's copy of the model: rebuilt from its configuration and compiled, its optimizer as the user's was.
+
+    ``compile_from_config`` builds the optimizer's slot variables at once. A model whose optimizer
+    was not built before the estimate gets them in its first train step instead (Keras builds the
+    optimizer when it traces that step), after the batch and with the step's own allocations
+    around them, and the allocator's free chunks then differ for the rest of the run: the GRU text
+    model of ``benchmarks.keras_accuracy`` with oneDNN on peaked at 16.8 MiB in its first two steps
+    with the slots built before and at 18.9-21.9 MiB with them built by the first step (batch 16
+    and 32, fresh processes, 2026-11-27). So the copy keeps the user's order.
+
+    Example:
+        >>> import keras
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> model.compile(optimizer="adam", loss="mse")
+        >>> request = {"architecture": model.to_json(), "compile_config": model.get_compile_config()}
+        >>> compiled_copy({**request, "optimizer_built": False}).optimizer.built
+        False
+        >>> compiled_copy({**request, "optimizer_built": True}).optimizer.built
+        True
+    """
+    import keras
+
+    model = keras.models.model_from_json(request["architecture"])
+    if request.get("optimizer_built", True):
+        model.compile_from_config(request["compile_config"])
+    else:
+        model.compile(**keras.saving.deserialize_keras_object(request["compile_config"]))
+    return model
+
+
 def _measure_once(request: dict[str, Any]) -> int:  # pragma: no cover - runs in the child
     import gc
 
@@ -400,8 +449,7 @@ def _measure_once(request: dict[str, Any]) -> int:  # pragma: no cover - runs in
     from nnmem_callbacks.keras.common import tree_leaves, unique, variable_bytes
     from nnmem_callbacks.keras.tf_allocator import tf_allocator_bytes
 
-    model = keras.models.model_from_json(request["architecture"])
-    model.compile_from_config(request["compile_config"])
+    model = compiled_copy(request)
     rng = np.random.default_rng(0)
     x = _build_data(request["x"], request["batch_size"], rng)
     y = _build_data(request["y"], request["batch_size"], rng)

@@ -1,0 +1,138 @@
+"""Does it matter when the optimizer's slots are made? A Keras model's first two TensorFlow steps, both ways.
+
+    TF_ENABLE_ONEDNN_OPTS=1 python -m benchmarks.tf_optimizer_build gru_text --batches 16,32 --repeats 3
+
+Keras's TensorFlow ``fit`` (and ``train_on_batch``) builds an unbuilt optimizer
+when it traces the first step: the slot variables are made then, after the model's
+variables and the batch. ``compile_from_config`` (and the estimate, which builds
+the optimizer as ``fit``'s symbolic build does) makes them before. Each process
+here builds a :mod:`benchmarks.keras_accuracy` case, optionally builds the
+optimizer (``built before``) or leaves it to the first step (``built by the
+first step``, as the benchmark's truth and a fresh ``fit`` do), and measures the
+first two steps as the truth does (allocator-counted state plus the allocator's
+peak over the steps), then each of four steps alone (peak above the bytes in use
+before the first). ``--inter-op 1`` adds runs with one inter-op thread, which
+takes the executor's races out.
+
+Found on 2026-11-27 for the GRU text model with oneDNN on (``tf_optimizer_build_gru_text_avx2_onednn1.md``):
+with the slots built before, every process peaked at the replay's figure; with
+them built by the first step, higher. The step check's copies
+(:func:`nnmem_callbacks.keras.tf_step_check.compiled_copy`) now start as the
+user's model does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+PATHS = ("built before", "built by the first step")
+
+
+def worker(case: str, batch: int, built_before: bool, inter_op: int) -> dict[str, Any]:
+    """One fresh process: the case at ``batch``, its optimizer built before or by the first step."""
+    import tensorflow as tf
+
+    if inter_op:
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    from benchmarks import keras_accuracy
+
+    keras_accuracy.CASES[case] = (batch, keras_accuracy.CASES[case][1])
+    model, x, y, _ = keras_accuracy.build_case(case)
+    if built_before:
+        model.optimizer.build(model.trainable_variables)
+    info = tf.config.experimental.get_memory_info
+    xt, yt = tf.identity(tf.constant(x)), tf.identity(tf.constant(y))
+    state = keras_accuracy._state_bytes(model, [x, y], counted=True)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    base = info("CPU:0")["current"]
+    step_peaks = []
+    for _ in range(4):
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        model.train_on_batch(xt, yt)
+        step_peaks.append(int(info("CPU:0")["peak"] - base))
+    return {
+        "case": case, "batch_size": batch, "path": PATHS[0] if built_before else PATHS[1], "inter_op": inter_op or "default",
+        "first_two_steps_bytes": int(state + max(step_peaks[:2])), "step_peaks_above_start": step_peaks,
+    }
+
+
+def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """Each setting's processes: the first two steps as the benchmark's truth counts them, and each step alone."""
+    mib = lambda b: f"{b / 2**20:.2f}"  # noqa: E731
+    out = ["# When the optimizer's slots are made: a model's first two TensorFlow steps", ""]
+    out += [f"- {key}: {value}" for key, value in meta.items()]
+    out += ["", "| batch | optimizer | inter-op threads | first two steps MiB (per process) | median | each of 4 steps above the start MiB (per process) |",
+            "|---|---|---|---|---|---|"]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["batch_size"], row["inter_op"] != "default", row["path"], str(row["inter_op"])), []).append(row)
+    for (batch, _, path, inter_op), group in sorted(groups.items()):
+        firsts = [r["first_two_steps_bytes"] for r in group]
+        steps = "; ".join(" ".join(mib(p) for p in r["step_peaks_above_start"]) for r in group)
+        out.append(f"| {batch} | {path} | {inter_op} | {', '.join(mib(f) for f in firsts)} | {mib(statistics.median(firsts))} | {steps} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.isolated import run_worker
+    from benchmarks.keras_accuracy import CASES, host_fingerprint, mode_environment
+    from benchmarks.provenance import commit_stamp, write_result
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("case", nargs="?", help=f"a benchmarks.keras_accuracy case: {', '.join(CASES)}")
+    parser.add_argument("--batches", default="", help="comma-separated batch sizes (default: the case's)")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per setting")
+    parser.add_argument("--inter-op", type=int, default=0, help="also run with this many inter-op threads (0: no)")
+    parser.add_argument("--host-tag", default="", help="a name for the host in the output file")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        case, batch, built, inter_op = args.worker
+        print(json.dumps(worker(case, int(batch), built == "1", int(inter_op))), flush=True)
+        return 0
+    if args.case not in CASES:
+        parser.error(f"unknown case {args.case!r}; valid: {', '.join(CASES)}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be 1 or more, got {args.repeats}")
+    try:
+        batches = [int(b) for b in args.batches.split(",") if b] or [CASES[args.case][0]]
+    except ValueError:
+        parser.error(f"--batches takes comma-separated integers, got {args.batches!r}")
+    if any(b < 1 for b in batches):
+        parser.error(f"batch sizes must be positive, got {batches}")
+    import tensorflow as tf
+
+    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "")
+    if onednn not in ("0", "1"):
+        parser.error("set TF_ENABLE_ONEDNN_OPTS=0 or 1: the oneDNN mode decides the allocator this measures")
+    env = {**os.environ, **mode_environment(onednn)}
+    rows = []
+    for batch in batches:
+        for built in (True, False):
+            for inter_op in (0, args.inter_op) if args.inter_op else (0,):
+                for _ in range(args.repeats):
+                    row = run_worker("benchmarks.tf_optimizer_build", ["--worker", args.case, str(batch), "1" if built else "0", str(inter_op)], env=env)
+                    print(json.dumps(row), flush=True)
+                    if "error_text" not in row:
+                        rows.append(row)
+    meta = {
+        **host_fingerprint(), "tensorflow": tf.__version__, "TF_ENABLE_ONEDNN_OPTS": onednn,
+        "allocator": "bfc (TF_CPU_ALLOCATOR_USE_BFC=true)" if onednn == "0" else "oneDNN's (counts allocations of 256 KiB and more)",
+        "repeats": args.repeats, "python": sys.version.split()[0], "commit": commit_stamp("benchmarks", "nnmem_callbacks"),
+        "command": f"TF_ENABLE_ONEDNN_OPTS={onednn} python -m benchmarks.tf_optimizer_build {args.case} --batches "
+                   f"{','.join(map(str, batches))} --repeats {args.repeats}" + (f" --inter-op {args.inter_op}" if args.inter_op else ""),
+    }
+    tag = f"_{args.host_tag}" if args.host_tag else ""
+    stem = write_result(args.out, f"tf_optimizer_build_{args.case}{tag}_onednn{onednn}", {"meta": meta, "rows": rows}, to_markdown(rows, meta))
+    print(stem)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
