@@ -12,7 +12,9 @@ first step``, as the benchmark's truth and a fresh ``fit`` do), and measures the
 first two steps as the truth does (allocator-counted state plus the allocator's
 peak over the steps), then each of four steps alone (peak above the bytes in use
 before the first). ``--inter-op 1`` adds runs with one inter-op thread, which
-takes the executor's races out.
+takes the executor's races out. ``--after-estimate`` adds processes that run
+``estimate_training`` first (which builds the optimizer), as the Keras
+callback's run does.
 
 Found on 2026-11-27 for the GRU text model with oneDNN on (``tf_optimizer_build_gru_text_avx2_onednn1.md``):
 with the slots built before, every process peaked at the replay's figure; with
@@ -30,11 +32,11 @@ import statistics
 import sys
 from typing import Any
 
-PATHS = ("built before", "built by the first step")
+PATHS = ("built before", "built by the first step", "built by the estimate")
 
 
-def worker(case: str, batch: int, built_before: bool, inter_op: int) -> dict[str, Any]:
-    """One fresh process: the case at ``batch``, its optimizer built before or by the first step."""
+def worker(case: str, batch: int, path: str, inter_op: int) -> dict[str, Any]:
+    """One fresh process: the case at ``batch``, its optimizer built as ``path`` (one of :data:`PATHS`) says."""
     import tensorflow as tf
 
     if inter_op:
@@ -43,8 +45,13 @@ def worker(case: str, batch: int, built_before: bool, inter_op: int) -> dict[str
 
     keras_accuracy.CASES[case] = (batch, keras_accuracy.CASES[case][1])
     model, x, y, _ = keras_accuracy.build_case(case)
-    if built_before:
+    if path == PATHS[0]:
         model.optimizer.build(model.trainable_variables)
+    elif path == PATHS[2]:
+        # what a run after the estimate in the same process finds (the Keras callback's run)
+        from nnmem_callbacks.keras import estimate_training
+
+        estimate_training(model, batch, x=x, y=y)
     info = tf.config.experimental.get_memory_info
     xt, yt = tf.identity(tf.constant(x)), tf.identity(tf.constant(y))
     state = keras_accuracy._state_bytes(model, [x, y], counted=True)
@@ -56,7 +63,7 @@ def worker(case: str, batch: int, built_before: bool, inter_op: int) -> dict[str
         model.train_on_batch(xt, yt)
         step_peaks.append(int(info("CPU:0")["peak"] - base))
     return {
-        "case": case, "batch_size": batch, "path": PATHS[0] if built_before else PATHS[1], "inter_op": inter_op or "default",
+        "case": case, "batch_size": batch, "path": path, "inter_op": inter_op or "default",
         "first_two_steps_bytes": int(state + max(step_peaks[:2])), "step_peaks_above_start": step_peaks,
     }
 
@@ -90,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inter-op", type=int, default=0, help="also run with this many inter-op threads (0: no)")
     parser.add_argument("--host-tag", default="", help="a name for the host in the output file")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--after-estimate", action="store_true",
+                        help="also run processes that estimate first (estimate_training, as the Keras callback does)")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        case, batch, built, inter_op = args.worker
-        print(json.dumps(worker(case, int(batch), built == "1", int(inter_op))), flush=True)
+        case, batch, path, inter_op = args.worker
+        print(json.dumps(worker(case, int(batch), PATHS[int(path)], int(inter_op))), flush=True)
         return 0
     if args.case not in CASES:
         parser.error(f"unknown case {args.case!r}; valid: {', '.join(CASES)}")
@@ -114,10 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, **mode_environment(onednn)}
     rows = []
     for batch in batches:
-        for built in (True, False):
-            for inter_op in (0, args.inter_op) if args.inter_op else (0,):
+        for path in range(3 if args.after_estimate else 2):
+            for inter_op in (0, args.inter_op) if args.inter_op and path < 2 else (0,):
                 for _ in range(args.repeats):
-                    row = run_worker("benchmarks.tf_optimizer_build", ["--worker", args.case, str(batch), "1" if built else "0", str(inter_op)], env=env)
+                    row = run_worker("benchmarks.tf_optimizer_build", ["--worker", args.case, str(batch), str(path), str(inter_op)], env=env)
                     print(json.dumps(row), flush=True)
                     if "error_text" not in row:
                         rows.append(row)
@@ -126,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         "allocator": "bfc (TF_CPU_ALLOCATOR_USE_BFC=true)" if onednn == "0" else "oneDNN's (counts allocations of 256 KiB and more)",
         "repeats": args.repeats, "python": sys.version.split()[0], "commit": commit_stamp("benchmarks", "nnmem_callbacks"),
         "command": f"TF_ENABLE_ONEDNN_OPTS={onednn} python -m benchmarks.tf_optimizer_build {args.case} --batches "
-                   f"{','.join(map(str, batches))} --repeats {args.repeats}" + (f" --inter-op {args.inter_op}" if args.inter_op else ""),
+                   f"{','.join(map(str, batches))} --repeats {args.repeats}" + (f" --inter-op {args.inter_op}" if args.inter_op else "")
+                   + (" --after-estimate" if args.after_estimate else ""),
     }
     tag = f"_{args.host_tag}" if args.host_tag else ""
     stem = write_result(args.out, f"tf_optimizer_build_{args.case}{tag}_onednn{onednn}", {"meta": meta, "rows": rows}, to_markdown(rows, meta))

@@ -21,6 +21,7 @@ traced or compiled with them.
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Any
 
 from nnmem_callbacks.estimate import MemoryEstimate
@@ -94,10 +95,10 @@ def estimate_training(
         batch_size = example_batch
     if batch_size is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise KerasEstimationError(f"batch_size must be a positive integer (or pass x=...), got {batch_size!r}")
-    # before the build below: Keras's TensorFlow fit builds an unbuilt optimizer in its first step's trace,
-    # and the step check's copies must start that way too
-    optimizer_built = bool(getattr(model.optimizer, "built", True))
+    optimizer_built = optimizer_built_by_user(model.optimizer)
     _symbolic_build(model, batch_size, x_specs, y_specs)
+    if not optimizer_built:
+        _BUILT_BY_AN_ESTIMATE.add(model.optimizer)
     notes: list[str] = []
     backend = backend_name()
     if method == "layer-rules":
@@ -151,6 +152,38 @@ def _backend_estimate(
 
         return estimate_torch(model, batch_size, x_specs, y_specs, notes, check_scaling)
     raise NotImplementedError(f"no estimator for the Keras backend {backend!r}")
+
+
+#: Optimizers that an estimate built (Keras builds an unbuilt one at the first train step, the estimate before it).
+_BUILT_BY_AN_ESTIMATE: weakref.WeakSet = weakref.WeakSet()
+
+
+def optimizer_built_by_user(optimizer: Any) -> bool:
+    """Whether a fresh ``fit`` of the model would find ``optimizer`` built (its slot variables made).
+
+    Keras's TensorFlow ``fit`` builds an unbuilt optimizer when it traces its
+    first step, after the model's variables and the batch, and with TensorFlow
+    that order moves the peak (:func:`~nnmem_callbacks.keras.tf_step_check.compiled_copy`).
+    The estimate builds the optimizer itself, so an optimizer it built counts
+    as unbuilt until a train step has run: a second estimate predicts the
+    same run as the first.
+
+    Example:
+        >>> import keras
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> model.compile(optimizer="adam", loss="mse")
+        >>> optimizer_built_by_user(model.optimizer)
+        False
+    """
+    if not bool(getattr(optimizer, "built", True)):
+        return False
+    if optimizer in _BUILT_BY_AN_ESTIMATE:
+        iterations = getattr(optimizer, "iterations", None)
+        try:
+            return int(iterations.numpy()) > 0 if iterations is not None else True
+        except Exception:  # noqa: BLE001 - a backend without .numpy(): treat it as trained
+            return True
+    return True
 
 
 def _symbolic_build(model: Any, batch_size: int, x_specs: Any, y_specs: Any) -> None:
