@@ -285,3 +285,22 @@ def _specs(model):
 
     x_specs, y_specs, _ = input_specs(model, None, None)
     return x_specs, y_specs
+
+
+def test_the_callback_predicts_its_own_run_which_finds_the_optimizer_built(monkeypatch):
+    """The callback's fit runs after its estimate, which builds the optimizer: its check's copies start built."""
+    from nnmem_callbacks.keras import MemoryBudgetCallback
+
+    seen = []
+
+    def fake(model, x_specs, y_specs, batch_size, *, repeats=tf_step_check.DEFAULT_REPEATS, optimizer_built=True, **kwargs):
+        seen.append(optimizer_built)
+        return StepMeasurement(batch_size, (1_000_000,) * repeats, 0.1, "bfc", optimizer_built=optimizer_built)
+
+    monkeypatch.setattr(tf_step_check, "measure_steps", fake)
+    model = conv_model()
+    assert not model.optimizer.built
+    callback = MemoryBudgetCallback(batch_size=8, budget="8GiB")
+    model.fit(np.ones((16, 400, 4), "float32"), np.ones((16,), "int32"), batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    assert seen == [True]
+    assert callback.estimate.extra["step_check_optimizer_built"] is True

@@ -180,7 +180,8 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             try:
                 from nnmem_callbacks.keras.estimator import estimate_training
 
-                self.estimate = estimate_training(self.model, batch_size, self.x, self.y)
+                # this fit runs after the estimate, which builds the optimizer: its first step finds the slots made
+                self.estimate = estimate_training(self.model, batch_size, self.x, self.y, optimizer_built=True)
             except Exception as error:  # noqa: BLE001 - never break training
                 self.failure = f"{type(error).__name__}: {error}"
         if self.estimate is None:

@@ -48,6 +48,7 @@ def estimate_training(
     check_scaling: bool = True,
     probe_kernels: bool = True,
     check_steps: bool = True,
+    optimizer_built: bool | None = None,
 ) -> MemoryEstimate:
     """Predicts the peak memory of ``model.fit`` at ``batch_size``, before it runs.
 
@@ -76,6 +77,17 @@ def estimate_training(
             in a child process, and add what the replay misses
             (:mod:`nnmem_callbacks.keras.tf_step_check`); ``notes`` gives the
             runs and the correction. ``False`` keeps the replay alone.
+        optimizer_built: Whether the ``fit`` predicted finds the optimizer's
+            slot variables made. Default: as a fresh ``fit`` of the model as it
+            stands would (:func:`optimizer_built_by_user`; an optimizer only
+            this or an earlier estimate built counts as unbuilt). Keras's
+            TensorFlow ``fit`` builds an unbuilt one in its first step, and the
+            step check's copies then do too. Pass ``True`` for a ``fit`` in this
+            process after the estimate (which builds it): the Keras callback
+            does. With TensorFlow the two can differ: the benchmark's GRU text
+            model with oneDNN on peaked at 16.8 MiB after an estimate and at
+            18.9-21.9 MiB in fresh processes
+            (``benchmarks/results/tf_optimizer_build_gru_text_avx2*_onednn1.md``).
 
     Returns:
         A :class:`~nnmem_callbacks.MemoryEstimate`; ``method`` is
@@ -95,9 +107,11 @@ def estimate_training(
         batch_size = example_batch
     if batch_size is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise KerasEstimationError(f"batch_size must be a positive integer (or pass x=...), got {batch_size!r}")
-    optimizer_built = optimizer_built_by_user(model.optimizer)
+    built_by_user = optimizer_built_by_user(model.optimizer)
+    if optimizer_built is None:
+        optimizer_built = built_by_user
     _symbolic_build(model, batch_size, x_specs, y_specs)
-    if not optimizer_built:
+    if not built_by_user:
         _BUILT_BY_AN_ESTIMATE.add(model.optimizer)
     notes: list[str] = []
     backend = backend_name()
