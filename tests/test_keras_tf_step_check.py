@@ -247,8 +247,8 @@ def test_combining_runs_whose_optimizer_started_otherwise_is_refused():
         first.combined(StepMeasurement(batch_size=4, runs=(1,), seconds=0.0, allocator="bfc"))
 
 
-def test_the_copies_start_with_the_optimizer_as_the_users_model_did(monkeypatch):
-    """Keras's TensorFlow fit builds an unbuilt optimizer in its first step; the check's copies must too."""
+def _record_starts(monkeypatch):
+    """Replaces the child process; returns the list of ``optimizer_built`` each check asked for."""
     seen = []
 
     def fake(model, x_specs, y_specs, batch_size, *, repeats=tf_step_check.DEFAULT_REPEATS, optimizer_built=True, **kwargs):
@@ -256,6 +256,12 @@ def test_the_copies_start_with_the_optimizer_as_the_users_model_did(monkeypatch)
         return StepMeasurement(batch_size, (1_000_000,) * repeats, 0.1, "bfc", optimizer_built=optimizer_built)
 
     monkeypatch.setattr(tf_step_check, "measure_steps", fake)
+    return seen
+
+
+def test_the_copies_start_with_the_optimizer_as_the_users_model_did(monkeypatch):
+    """Keras's TensorFlow fit builds an unbuilt optimizer in its first step; the check's copies must too."""
+    seen = _record_starts(monkeypatch)
     fresh = conv_model()
     assert not fresh.optimizer.built
     unbuilt = estimate_training(fresh, batch_size=16)
@@ -291,13 +297,7 @@ def test_the_callback_predicts_its_own_run_which_finds_the_optimizer_built(monke
     """The callback's fit runs after its estimate, which builds the optimizer: its check's copies start built."""
     from nnmem_callbacks.keras import MemoryBudgetCallback
 
-    seen = []
-
-    def fake(model, x_specs, y_specs, batch_size, *, repeats=tf_step_check.DEFAULT_REPEATS, optimizer_built=True, **kwargs):
-        seen.append(optimizer_built)
-        return StepMeasurement(batch_size, (1_000_000,) * repeats, 0.1, "bfc", optimizer_built=optimizer_built)
-
-    monkeypatch.setattr(tf_step_check, "measure_steps", fake)
+    seen = _record_starts(monkeypatch)
     model = conv_model()
     assert not model.optimizer.built
     callback = MemoryBudgetCallback(batch_size=8, budget="8GiB")
