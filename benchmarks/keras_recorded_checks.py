@@ -59,9 +59,8 @@ def worker(case: str, batch: int, runs: list[int]) -> dict[str, Any]:
     def recorded(model: Any, x_specs: Any, y_specs: Any, batch_size: int, optimizer_built: bool = True, **_: Any) -> StepMeasurement:
         if batch_size != batch:
             raise StepCheckError(f"the check would run at batch {batch_size}, recorded at {batch}")
-        if not optimizer_built:
-            # the recorded runs (before 2026-11-27) had their copies' optimizer built before the first step
-            raise StepCheckError("the check's copies would build their optimizer in the first step; the recorded runs had it built before")
+        # the recorded runs (before 2026-11-27) had their copies' optimizer built before the first step
+        tf_step_check.require_same_start(optimizer_built, True)
         asked.append(batch_size)
         if len(asked) > len(answers) or not answers[len(asked) - 1]:
             raise StepCheckError("no further recorded runs")

@@ -54,11 +54,7 @@ def worker(case: str, row: dict[str, Any]) -> dict[str, Any]:
         asked.append(batch_size)
         if batch_size != check_batch:
             raise tf_step_check.StepCheckError(f"the check asked for batch {batch_size}, the row has {check_batch}")
-        if optimizer_built != row_built:
-            raise tf_step_check.StepCheckError(
-                f"the check's copies would start with the optimizer {'built' if optimizer_built else 'unbuilt'}; "
-                f"the row's runs started with it {'built' if row_built else 'unbuilt'}"
-            )
+        tf_step_check.require_same_start(optimizer_built, row_built)
         return tf_step_check.StepMeasurement(
             batch_size, tuple(int(r) for r in runs), 0.0, row.get("allocator", "?"), optimizer_built=row_built
         )

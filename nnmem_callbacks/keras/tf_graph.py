@@ -730,7 +730,7 @@ def _step_check_correction(
     text = (
         f"checked by real steps: the first two train steps of {len(runs)} fresh cop{'y' if len(runs) == 1 else 'ies'} "
         f"of the model at batch {size} ({where}; {measurement.allocator} allocator"
-        f"{'' if optimizer_built else '; their optimizer built by the first step, as a fresh fit builds it'}) peaked at "
+        f"{'' if measurement.optimizer_built else '; their optimizer built by the first step, as a fresh fit builds it'}) peaked at "
         f"{measurement.median / MiB:.1f} MiB (runs {min(runs) / MiB:.1f}-{max(runs) / MiB:.1f}); the replay of that "
         f"batch gives {correction.replay_bytes / MiB:.1f} MiB; "
     )

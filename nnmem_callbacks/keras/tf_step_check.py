@@ -196,6 +196,27 @@ class StepMeasurement:
         )
 
 
+def require_same_start(asked_built: bool, runs_built: bool) -> None:
+    """Refuses runs measured with the optimizer started otherwise than the check asks (recorded runs reused).
+
+    Raises:
+        StepCheckError: When ``asked_built`` (the copies the estimate asks for) differs from ``runs_built``.
+
+    Example:
+        >>> require_same_start(True, True)
+        >>> require_same_start(False, True)
+        Traceback (most recent call last):
+        ...
+        nnmem_callbacks.keras.tf_step_check.StepCheckError: the check's copies would start with the optimizer unbuilt; the runs started with it built
+    """
+    if asked_built != runs_built:
+        state = lambda built: "built" if built else "unbuilt"  # noqa: E731
+        raise StepCheckError(
+            f"the check's copies would start with the optimizer {state(asked_built)}; the runs started with it "
+            f"{state(runs_built)}"
+        )
+
+
 def unsettled(measurement: StepMeasurement, replay_bytes: int) -> bool:
     """Whether the runs spread at least as wide as their median lies from ``replay_bytes`` (and spread at all).
 
