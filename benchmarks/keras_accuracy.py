@@ -534,7 +534,8 @@ def worker(name: str, part: str = "both") -> dict[str, Any]:
 
         row["allocator"] = tf_cpu_allocator()
         for key in (
-            "step_check_batch_size", "step_check_runs", "step_check_offset_bytes", "step_check_difference_bytes",
+            "step_check_batch_size", "step_check_runs", "step_check_runs_missing", "step_check_offset_bytes",
+            "step_check_difference_bytes",
             "step_check_optimizer_built", "replay_peak_bytes",
         ):
             if key in estimate.extra:

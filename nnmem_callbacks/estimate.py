@@ -220,6 +220,20 @@ class MemoryEstimate:
             )
             object.__setattr__(self, "peak_phase", self.peak_phase or "peak")
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The notes that say a measurement is missing or cut short (they begin with ``"warning: "``).
+
+        Adapters show these as warnings, so a missing measurement is never silent.
+
+        Example:
+            >>> est = MemoryEstimate(peak_bytes=10, breakdown={}, batch_size=1,
+            ...                      notes=("checked by real steps", "warning: only 1 of 3 runs finished"))
+            >>> est.warnings
+            ('warning: only 1 of 3 runs finished',)
+        """
+        return tuple(note for note in self.notes if note.startswith("warning: "))
+
     # -- batch scaling -----------------------------------------------------
     @property
     def _peak_line(self) -> PhaseLine:

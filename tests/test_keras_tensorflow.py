@@ -420,6 +420,26 @@ def test_failed_estimate_lets_training_go_on(monkeypatch):
     assert callback.failure and callback.metric_names.measured in history.history
 
 
+def test_the_estimates_missing_measurements_are_warnings_of_the_callback(monkeypatch):
+    import dataclasses
+
+    import nnmem_callbacks.keras.estimator as estimator
+
+    real = estimator.estimate_training
+
+    def cut_short(*args, **kwargs):
+        estimate = real(*args, **{**kwargs, "probe_kernels": False, "check_steps": False})
+        note = "warning: only 1 of the step check's 3 runs finished within its 300 s budget"
+        return dataclasses.replace(estimate, notes=estimate.notes + (note,))
+
+    monkeypatch.setattr(estimator, "estimate_training", cut_short)
+    x, y = data(64)
+    callback = MemoryBudgetCallback(batch_size=32, budget="8GiB")
+    with pytest.warns(UserWarning, match="MemoryBudgetCallback: warning: only 1 of the step check's 3 runs"):
+        history = mlp().fit(x, y, batch_size=32, epochs=1, callbacks=[callback], verbose=0)
+    assert callback.estimate is not None and len(history.history["loss"]) == 1
+
+
 def test_tensorboard_files_read_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -156,7 +156,7 @@ def test_a_model_that_cannot_be_rebuilt_keeps_the_replay_and_says_why():
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     estimate = estimate_training(model, batch_size=8)
     assert "step_check_offset_bytes" not in estimate.extra
-    reasons = [note for note in estimate.notes if note.startswith("not checked by real steps")]
+    reasons = [note for note in estimate.warnings if note.startswith("warning: not checked by real steps")]
     assert reasons and "replay alone" in reasons[0]
 
 
@@ -165,7 +165,7 @@ def test_over_the_cap_no_child_runs(monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("child ran")))
     estimate = estimate_training(conv_model(), batch_size=8, probe_kernels=False)
     assert "step_check_offset_bytes" not in estimate.extra
-    assert any("over the" in note and "cap of the check" in note for note in estimate.notes), "\n".join(estimate.notes)
+    assert any("over the" in note and "cap of the check" in note for note in estimate.warnings), "\n".join(estimate.notes)
 
 
 def test_the_users_model_is_untouched():
@@ -304,3 +304,60 @@ def test_the_callback_predicts_its_own_run_which_finds_the_optimizer_built(monke
     model.fit(np.ones((16, 400, 4), "float32"), np.ones((16,), "int32"), batch_size=8, epochs=1, verbose=0, callbacks=[callback])
     assert seen == [True]
     assert callback.estimate.extra["step_check_optimizer_built"] is True
+
+
+def test_a_check_cut_short_by_its_budget_warns_and_says_how_to_give_it_more_time(monkeypatch):
+    budgets = []
+
+    def fake(model, x_specs, y_specs, batch_size, *, repeats=tf_step_check.DEFAULT_REPEATS, time_budget=None, **kwargs):
+        budgets.append(time_budget)
+        return StepMeasurement(batch_size, (1_000_000,), 300.0, "bfc", optimizer_built=False, requested=repeats)
+
+    monkeypatch.setattr(tf_step_check, "measure_steps", fake)
+    short = estimate_training(conv_model(), batch_size=16, probe_kernels=False, step_check_seconds=42)
+    assert budgets == [42.0]
+    warned = [note for note in short.warnings if "runs finished within its 42 s budget" in note]
+    assert warned and "only 1 of the step check's 3" in warned[0] and "step_check_seconds" in warned[0]
+    assert "no spread from the check" in warned[0]
+    assert short.extra["step_check_runs_missing"] == 2
+
+    def complete(model, x_specs, y_specs, batch_size, *, repeats=tf_step_check.DEFAULT_REPEATS, **kwargs):
+        return StepMeasurement(batch_size, (1_000_000,) * repeats, 1.0, "bfc", optimizer_built=False, requested=repeats)
+
+    monkeypatch.setattr(tf_step_check, "measure_steps", complete)
+    assert not estimate_training(conv_model(), batch_size=16, probe_kernels=False).warnings
+
+
+@pytest.mark.parametrize("bad", [0, -5, "300", True, float("nan")])
+def test_a_step_check_budget_that_is_not_a_positive_number_is_refused(bad):
+    from nnmem_callbacks.keras.estimator import KerasEstimationError
+
+    with pytest.raises(KerasEstimationError, match="step_check_seconds must be a positive number"):
+        estimate_training(conv_model(), batch_size=16, step_check_seconds=bad)
+
+
+def test_a_child_that_runs_out_of_time_keeps_its_finished_runs_and_is_measured_again_with_more_time(monkeypatch):
+    calls = []
+
+    def child(*args, timeout, **kwargs):
+        calls.append(timeout)
+        raise subprocess.TimeoutExpired(args[0], timeout, output='{"measured": 5000000}\n')
+
+    monkeypatch.setattr(subprocess, "run", child)
+    model = conv_model()
+    from nnmem_callbacks.keras.common import input_specs
+
+    x_specs, y_specs, _ = input_specs(model, None, None)
+    first = tf_step_check.measure_steps(model, x_specs, y_specs, 8, time_budget=10.0, optimizer_built=False)
+    assert first.runs == (5_000_000,) and first.missing == tf_step_check.DEFAULT_REPEATS - 1
+    again = tf_step_check.measure_steps(model, x_specs, y_specs, 8, time_budget=10.0, optimizer_built=False)
+    assert again.cached and again.missing == first.missing and calls == [10.0]  # same budget: the cut-short runs stand
+    longer = tf_step_check.measure_steps(model, x_specs, y_specs, 8, time_budget=20.0, optimizer_built=False)
+    assert not longer.cached and calls == [10.0, 20.0]  # more time: measured again
+
+
+def test_runs_combined_keep_count_of_the_runs_that_did_not_finish():
+    first = StepMeasurement(4, (1, 2, 3), 1.0, "bfc", requested=3)
+    more = StepMeasurement(4, (5,), 300.0, "bfc", requested=4)
+    assert first.combined(more).missing == 3
+    assert first.combined(more).requested == 7

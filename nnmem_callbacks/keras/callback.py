@@ -190,6 +190,8 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
                 f"callback only measures: {self.failure}"
             )
         else:
+            for note in self.estimate.warnings:  # a missing or cut-short measurement is never silent
+                self._warn(f"MemoryBudgetCallback: {note}")
             self._plan()
         self._safe(self._meter.start, "reading the memory at fit start")
         self._open_writer()

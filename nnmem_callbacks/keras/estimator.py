@@ -49,6 +49,7 @@ def estimate_training(
     probe_kernels: bool = True,
     check_steps: bool = True,
     optimizer_built: bool | None = None,
+    step_check_seconds: float | None = None,
 ) -> MemoryEstimate:
     """Predicts the peak memory of ``model.fit`` at ``batch_size``, before it runs.
 
@@ -88,6 +89,12 @@ def estimate_training(
             model with oneDNN on peaked at 16.8 MiB after an estimate and at
             18.9-21.9 MiB in fresh processes
             (``benchmarks/results/tf_optimizer_build_gru_text_avx2*_onednn1.md``).
+        step_check_seconds: TensorFlow: seconds the step check's child may
+            take (default
+            :data:`~nnmem_callbacks.keras.tf_step_check.DEFAULT_TIME_BUDGET`).
+            Runs finished by then count; ``notes`` warns when fewer than asked
+            finished. Raise it for a large graph on a slow host (NASNetMobile
+            finished one of three copies in 300 s on a 2-core AVX2 EPYC).
 
     Returns:
         A :class:`~nnmem_callbacks.MemoryEstimate`; ``method`` is
@@ -96,10 +103,18 @@ def estimate_training(
 
     Raises:
         KerasEstimationError: For an uncompiled model, a missing batch size, a
-            subclassed model without ``x``, or an unknown ``method``.
+            subclassed model without ``x``, an unknown ``method`` or a
+            ``step_check_seconds`` that is not a positive number.
     """
     if method not in METHODS:
         raise KerasEstimationError(f"unknown method {method!r}; valid methods are {', '.join(map(repr, METHODS))}")
+    if step_check_seconds is not None and (
+        isinstance(step_check_seconds, bool) or not isinstance(step_check_seconds, (int, float))
+        or not step_check_seconds > 0
+    ):
+        raise KerasEstimationError(
+            f"step_check_seconds must be a positive number of seconds (or None for the default), got {step_check_seconds!r}"
+        )
     if not is_compiled(model):
         raise KerasEstimationError("compile the model first (model.compile(optimizer=..., loss=...)): its optimizer and loss are estimated")
     x_specs, y_specs, example_batch = input_specs(model, x, y)
@@ -123,7 +138,7 @@ def estimate_training(
     try:
         return _backend_estimate(
             backend, model, batch_size, x_specs, y_specs, notes, check_scaling, probe_kernels, check_steps,
-            optimizer_built,
+            optimizer_built, step_check_seconds,
         )
     except KerasEstimationError:
         raise
@@ -149,13 +164,14 @@ def _backend_estimate(
     probe_kernels: bool = True,
     check_steps: bool = True,
     optimizer_built: bool = True,
+    step_check_seconds: float | None = None,
 ) -> MemoryEstimate:
     if backend == "tensorflow":
         from nnmem_callbacks.keras.tf_graph import estimate_tensorflow
 
         return estimate_tensorflow(
             model, batch_size, x_specs, y_specs, notes, probe_kernels=probe_kernels, check_steps=check_steps,
-            optimizer_built=optimizer_built,
+            optimizer_built=optimizer_built, step_check_seconds=step_check_seconds,
         )
     if backend == "jax":
         from nnmem_callbacks.keras.jax_xla import estimate_jax

@@ -369,6 +369,7 @@ def estimate_tensorflow(
     probe_kernels: bool = True,
     check_steps: bool = True,
     optimizer_built: bool | None = None,
+    step_check_seconds: float | None = None,
 ) -> Any:
     """Estimates the TensorFlow train step by graph replay (see the module docstring).
 
@@ -379,7 +380,8 @@ def estimate_tensorflow(
     (:mod:`nnmem_callbacks.keras.tf_step_check`). ``optimizer_built`` says
     whether the optimizer had its slots before the estimate began (default:
     as found here); if not, the check's copies build them in their first
-    step, as Keras's ``fit`` does.
+    step, as Keras's ``fit`` does. ``step_check_seconds``: the check's time
+    budget (default :data:`~nnmem_callbacks.keras.tf_step_check.DEFAULT_TIME_BUDGET`).
     """
     from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine, upper_envelope
     from nnmem_callbacks.keras.common import accumulation_steps, precision_of, static_bytes, tree_leaves, unique
@@ -414,7 +416,7 @@ def estimate_tensorflow(
             report.skipped += undescribed
             notes.append(report.note())
         except Exception as error:  # noqa: BLE001 - probing never breaks the estimate
-            notes.append(f"TensorFlow kernel scratch not probed ({type(error).__name__}: {error}); graph rules apply")
+            notes.append(f"warning: TensorFlow kernel scratch not probed ({type(error).__name__}: {error}); graph rules apply")
     else:
         notes.append("TensorFlow kernel scratch from the graph's rules (probe_kernels=False)")
     notes.append(f"TensorFlow kernels: oneDNN {'on' if onednn else 'off'} in this process")
@@ -443,6 +445,7 @@ def estimate_tensorflow(
         correction = _step_check_correction(
             model, x_specs, y_specs, batch_size, counted_static, results, state, scratch_curves, onednn, notes,
             optimizer_built=was_built if optimizer_built is None else optimizer_built,
+            time_budget=step_check_seconds,
         )
     offset = correction.offset if correction is not None else 0
     run_spread = correction.headroom if correction is not None else 0  # the largest run above the corrected replay
@@ -503,6 +506,7 @@ def estimate_tensorflow(
         checked = {
             "step_check_batch_size": correction.measurement.batch_size,
             "step_check_runs": list(correction.measurement.runs),
+            "step_check_runs_missing": correction.measurement.missing,
             "step_check_replay_bytes": correction.replay_bytes,
             "step_check_offset_bytes": correction.offset,
             "step_check_difference_bytes": correction.difference,
@@ -668,15 +672,19 @@ def _step_check_correction(
     onednn: bool,
     notes: list[str],
     optimizer_built: bool = True,
+    time_budget: float | None = None,
 ) -> StepCorrection | None:
     """Runs :mod:`~nnmem_callbacks.keras.tf_step_check` and replays its batch; ``None`` (with a note) when it cannot.
 
     ``replays`` holds the expected replays at ``batch_size`` and twice it; the check's batch is
     replayed only when it is not one of them. ``optimizer_built``: whether the optimizer had its
     slots before the estimate (if not, the check's copies build them in their first step, as a
-    fresh ``fit`` does).
+    fresh ``fit`` does). ``time_budget``: seconds for each of the check's children (default
+    :data:`~nnmem_callbacks.keras.tf_step_check.DEFAULT_TIME_BUDGET`).
     """
     from nnmem_callbacks.keras import tf_step_check as check
+
+    budget = {} if time_budget is None else {"time_budget": float(time_budget)}
 
     MiB = 2**20
     peak_counted = replays[batch_size].peak_counted
@@ -691,12 +699,12 @@ def _step_check_correction(
     size = check.check_batch_size(batch_size, predicted, cap)
     if size is None:
         notes.append(
-            f"not checked by real steps: one sample is predicted over the {cap / MiB:.0f} MiB cap of the check; "
+            f"warning: not checked by real steps: one sample is predicted over the {cap / MiB:.0f} MiB cap of the check; "
             f"the replay alone"
         )
         return None
     try:
-        measurement = check.measure_steps(model, x_specs, y_specs, size, optimizer_built=optimizer_built)
+        measurement = check.measure_steps(model, x_specs, y_specs, size, optimizer_built=optimizer_built, **budget)
         replay = replays.get(size)
         if replay is None:  # B = 1 checks batch 1, already replayed
             concrete = trace_train_step(model, x_specs, y_specs, size)
@@ -706,7 +714,7 @@ def _step_check_correction(
             ).expected
     except Exception as error:  # noqa: BLE001 - the check never breaks the estimate
         reason = f"{type(error).__name__}: {error}" if not isinstance(error, check.StepCheckError) else str(error)
-        notes.append(f"not checked by real steps ({reason}); the replay alone, which misses runtime memory")
+        notes.append(f"warning: not checked by real steps ({reason}); the replay alone, which misses runtime memory")
         return None
     replay_bytes = int(counted_static + replay.peak_counted)
     if check.unsettled(measurement, replay_bytes):
@@ -714,7 +722,8 @@ def _step_check_correction(
         try:
             measurement = measurement.combined(
                 check.measure_steps(
-                    model, x_specs, y_specs, size, repeats=check.EXTRA_REPEATS, optimizer_built=optimizer_built
+                    model, x_specs, y_specs, size, repeats=check.EXTRA_REPEATS, optimizer_built=optimizer_built,
+                    **budget,
                 )
             )
             notes.append(
@@ -743,4 +752,13 @@ def _step_check_correction(
     if check.unsettled(measurement, replay_bytes):
         text += f" (the runs spread wider, {measurement.range / MiB:.1f} MiB; the upper bound allows for it)"
     notes.append(text)
+    if measurement.missing:
+        seconds = check.DEFAULT_TIME_BUDGET if time_budget is None else float(time_budget)
+        notes.append(
+            f"warning: only {len(runs)} of the step check's {len(runs) + measurement.missing} runs finished within "
+            f"its {seconds:g} s budget; "
+            + ("one run cannot show how TensorFlow's peak moves between runs, so the upper bound has no spread "
+               "from the check" if len(runs) == 1 else "fewer runs show less of how TensorFlow's peak moves between runs")
+            + "; estimate_training(..., step_check_seconds=...) gives it more time"
+        )
     return correction

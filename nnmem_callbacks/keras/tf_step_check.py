@@ -105,8 +105,14 @@ Known limitations:
       benchmarks/results/keras_tensorflow_cpu_avx2_all_onednn0.json``):
       -0.5%, was -22.7%.
     * The check costs a TensorFlow import and one trace per repeat in the child
-      (seconds to tens of seconds); ``estimate_training(..., check_steps=False)``
-      skips it.
+      (seconds to tens of seconds; minutes for a graph as large as NASNetMobile's
+      on a slow host); ``estimate_training(..., check_steps=False)`` skips it.
+      The child has :data:`DEFAULT_TIME_BUDGET` seconds
+      (``estimate_training(..., step_check_seconds=...)``); runs finished by
+      then count, and ``notes`` warns when fewer than asked finished: with one
+      run the check cannot show the executor's race, and the upper bound then
+      has no spread of its own from the check (NASNetMobile on a 2-core AVX2
+      EPYC: one of three copies in 300 s, 2026-11-27).
 
 Example:
     >>> check_batch_size(32, lambda n: n * 2**20, memory_cap=2**30)
@@ -164,6 +170,20 @@ class StepMeasurement:
     cached: bool = False
     #: Whether the copies' optimizer had its slots before the first step (else the first step built them).
     optimizer_built: bool = True
+    #: Copies asked for; more than ``len(runs)`` when the child ran out of its time budget. ``None``: as many as ran.
+    requested: int | None = None
+
+    @property
+    def missing(self) -> int:
+        """Copies asked for that did not finish (the child's time budget ran out first).
+
+        Example:
+            >>> StepMeasurement(batch_size=4, runs=(100,), seconds=300.0, allocator="bfc", requested=3).missing
+            2
+            >>> StepMeasurement(batch_size=4, runs=(100, 104), seconds=1.0, allocator="bfc").missing
+            0
+        """
+        return max((self.requested or len(self.runs)) - len(self.runs), 0)
 
     @property
     def median(self) -> int:
@@ -193,6 +213,7 @@ class StepMeasurement:
         return StepMeasurement(
             self.batch_size, self.runs + more.runs, self.seconds + more.seconds, self.allocator,
             self.cached and more.cached, self.optimizer_built,
+            requested=len(self.runs) + self.missing + len(more.runs) + more.missing,
         )
 
 
@@ -348,7 +369,8 @@ def measure_steps(
         y_specs: Target specs.
         batch_size: Samples per step.
         repeats: Fresh model copies measured.
-        time_budget: Seconds for the child; runs finished by then count.
+        time_budget: Seconds for the child; runs finished by then count
+            (:attr:`StepMeasurement.missing` says how many did not).
         cache: A :class:`~nnmem_callbacks.probes.cache.ProbeCache`; default
             the one of this host's TensorFlow fingerprint.
         optimizer_built: Whether the model's optimizer had its slot
@@ -368,9 +390,15 @@ def measure_steps(
         cache = ProbeCache(host_fingerprint())
     key = _cache_key({**request, "allocator": allocator})
     entry = cache.load().get(key)
+    # a check cut short by its budget is measured again when this one has more time
+    cut_short = entry is not None and int(entry.get("requested", 0)) > len(entry.get("runs", ()))
+    if cut_short and time_budget > float(entry.get("time_budget", time_budget)):
+        entry = None
     if entry is not None and entry.get("runs"):
+        runs = tuple(int(r) for r in entry["runs"])
         return StepMeasurement(
-            batch_size, tuple(int(r) for r in entry["runs"]), 0.0, allocator, cached=True, optimizer_built=optimizer_built
+            batch_size, runs, 0.0, allocator, cached=True, optimizer_built=optimizer_built,
+            requested=int(entry.get("requested", len(runs))),
         )
     env = child_environment(bfc=allocator == "bfc")
     started = time.perf_counter()
@@ -389,10 +417,12 @@ def measure_steps(
         tail = (stderr or "").strip().splitlines()
         raise StepCheckError(error or (tail[-1] if tail else f"exit status {returncode}"))
     try:
-        cache.save({key: {"runs": runs}})
+        cache.save({key: {"runs": runs, "requested": repeats, "time_budget": time_budget}})
     except OSError:  # a read-only cache directory: the measurement still counts for this estimate
         pass
-    return StepMeasurement(batch_size, tuple(runs), seconds, allocator, optimizer_built=optimizer_built)
+    return StepMeasurement(
+        batch_size, tuple(runs), seconds, allocator, optimizer_built=optimizer_built, requested=repeats
+    )
 
 
 def _parse(stdout: str) -> tuple[list[int], str | None]:
