@@ -684,7 +684,7 @@ def _step_check_correction(
     """
     from nnmem_callbacks.keras import tf_step_check as check
 
-    budget = {} if time_budget is None else {"time_budget": float(time_budget)}
+    time_budget = check.DEFAULT_TIME_BUDGET if time_budget is None else float(time_budget)
 
     MiB = 2**20
     peak_counted = replays[batch_size].peak_counted
@@ -704,7 +704,7 @@ def _step_check_correction(
         )
         return None
     try:
-        measurement = check.measure_steps(model, x_specs, y_specs, size, optimizer_built=optimizer_built, **budget)
+        measurement = check.measure_steps(model, x_specs, y_specs, size, optimizer_built=optimizer_built, time_budget=time_budget)
         replay = replays.get(size)
         if replay is None:  # B = 1 checks batch 1, already replayed
             concrete = trace_train_step(model, x_specs, y_specs, size)
@@ -723,7 +723,7 @@ def _step_check_correction(
             measurement = measurement.combined(
                 check.measure_steps(
                     model, x_specs, y_specs, size, repeats=check.EXTRA_REPEATS, optimizer_built=optimizer_built,
-                    **budget,
+                    time_budget=time_budget,
                 )
             )
             notes.append(
@@ -753,10 +753,9 @@ def _step_check_correction(
         text += f" (the runs spread wider, {measurement.range / MiB:.1f} MiB; the upper bound allows for it)"
     notes.append(text)
     if measurement.missing:
-        seconds = check.DEFAULT_TIME_BUDGET if time_budget is None else float(time_budget)
         notes.append(
             f"warning: only {len(runs)} of the step check's {len(runs) + measurement.missing} runs finished within "
-            f"its {seconds:g} s budget; "
+            f"its {time_budget:g} s budget; "
             + ("one run cannot show how TensorFlow's peak moves between runs, so the upper bound has no spread "
                "from the check" if len(runs) == 1 else "fewer runs show less of how TensorFlow's peak moves between runs")
             + "; estimate_training(..., step_check_seconds=...) gives it more time"
