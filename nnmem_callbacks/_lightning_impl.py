@@ -261,6 +261,8 @@ class MemoryBudgetCallbackMixin:
             return
         self.estimate, self.plan = estimate, plan
         self._train_batch_size = batch_size
+        for note in estimate.warnings:  # a measurement that went missing or was cut short is never silent
+            self._warn(f"MemoryBudgetCallback: {note}")
 
         if self._restored is not None and self._restored.get("applied"):
             self._apply_restored(trainer, pl_module)

@@ -284,6 +284,22 @@ def test_estimator_exception_warns_once_and_training_goes_on(tmp_path, monkeypat
     assert len(callback.measurements) == 2 and "predicted_peak_bytes" not in callback.measurements[0]
 
 
+def test_a_failed_kernel_probe_is_warned_at_fit_start_and_training_goes_on(tmp_path, monkeypatch):
+    from nnmem_callbacks.probes.session import ProbeSession
+
+    def fail(self, *args):
+        raise RuntimeError("probe kernel crashed")
+
+    monkeypatch.setenv("NNMEM_CACHE_DIR", str(tmp_path / "cache"))  # a cold cache: every kernel is probed
+    monkeypatch.setattr(ProbeSession, "_measure", fail)
+    callback = MemoryBudgetCallback(budget=HUGE)
+    trainer, messages = fit(tmp_path, MLP(), callback, DataModule(batch_size=32), limit_train_batches=2)
+    assert callback.estimate is not None and callback.estimate.warnings
+    warned = [m for m in ours(messages) if "the probe of" in m and "probe kernel crashed" in m]
+    assert len(warned) == len(callback.estimate.warnings)
+    assert trainer.global_step == 2
+
+
 def test_training_step_returning_none_is_a_failure_not_a_crash(tmp_path):
     class SkipsEverything(MLP):
         def training_step(self, batch, batch_idx):

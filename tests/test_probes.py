@@ -237,7 +237,29 @@ def test_a_failed_probe_falls_back_to_the_rule_with_a_note(cache_env, monkeypatc
     monkeypatch.setattr(ProbeSession, "_measure", fail)
     estimate = estimate_training(_small_cnn(), torch.zeros(4, 3, 16, 16), optimizer="sgd")
     assert estimate.method == "trace"
-    assert any("not probed: the probe of aten.convolution failed" in note for note in estimate.notes)
+    assert any("not probed: the probe of aten.convolution failed" in note for note in estimate.warnings)
+
+
+def test_a_cache_that_cannot_be_written_is_a_warning_and_the_estimate_stands(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("NNMEM_CACHE_DIR", str(blocker / "cache"))  # mkdir under a file fails
+    estimate = estimate_training(_small_cnn(), torch.zeros(4, 3, 16, 16), optimizer="sgd")
+    assert estimate.method == "trace" and estimate.extra["kernel_probes"]["probed"] > 0
+    assert any(note.startswith("warning: the kernel probe cache was not updated") for note in estimate.warnings)
+
+
+def test_a_profiler_that_blocks_the_probes_is_a_warning_but_probe_kernels_false_is_not(cache_env, monkeypatch):
+    from nnmem_callbacks.probes.session import ProfilerBusy
+
+    def busy(self, *args):
+        raise ProfilerBusy("the user's profiler is running")
+
+    model, batch = _small_cnn(), torch.zeros(4, 3, 16, 16)
+    assert not estimate_training(model, batch, optimizer="sgd", probe_kernels=False).warnings
+    monkeypatch.setattr(ProbeSession, "_measure", busy)
+    blocked = estimate_training(model, batch, optimizer="sgd")
+    assert any("not probed: another profiler is running" in note for note in blocked.warnings)
 
 
 def test_a_kernel_the_device_cannot_run_is_an_error_not_an_estimate(cache_env, monkeypatch):

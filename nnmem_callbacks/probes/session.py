@@ -69,6 +69,9 @@ DEFAULT_TIME_BUDGET = 20.0
 #: device types whose kernels can be probed
 PROBED_DEVICE_TYPES = ("cpu",)
 
+#: Why probing stopped when the user's own profiler holds the profiler (probes need it to see the kernel's allocations).
+PROFILER_BUSY = "another profiler is running"
+
 
 def default_memory_cap() -> int:
     """:data:`DEFAULT_MEMORY_CAP`, or a quarter of the available RAM if less."""
@@ -317,7 +320,7 @@ class ProbeSession:
             try:
                 curve.points[n] = self._measure(func, args, kwargs, plan, n)
             except ProfilerBusy:
-                self.disabled_reason = "another profiler is running"
+                self.disabled_reason = PROFILER_BUSY
                 break
             except RuntimeError as error:
                 first = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -386,7 +389,10 @@ class ProbeSession:
         """Lines for ``MemoryEstimate.notes``."""
         notes: list[str] = []
         if self.disabled_reason is not None and self.fallbacks:
-            notes.append(f"kernel workspaces from rules, not probed: {self.disabled_reason}")
+            # the user's choice and an unprobed device type (its own tables apply) are notes; a profiler that
+            # blocked the probes is a measurement that went missing
+            prefix = "warning: " if self.disabled_reason == PROFILER_BUSY else ""
+            notes.append(f"{prefix}kernel workspaces from rules, not probed: {self.disabled_reason}")
             return notes
         if self.probed or self.from_cache:
             where = f" ({self.cache.path})" if self.cache is not None else ""
@@ -399,7 +405,10 @@ class ProbeSession:
         for reason, names in sorted(self.extrapolated.items()):
             notes.append(f"kernel workspaces interpolated or extrapolated from other probed sizes ({reason}): {', '.join(sorted(names))}")
         for name, error in sorted(self.failed.items()):
-            notes.append(f"kernel workspaces from rules, not probed: the probe of {name} failed ({error})")
+            if name == "cache":
+                notes.append(f"warning: the kernel probe cache was not updated ({error}); the next estimate probes again")
+            else:
+                notes.append(f"warning: kernel workspaces from rules, not probed: the probe of {name} failed ({error})")
         return notes
 
 
