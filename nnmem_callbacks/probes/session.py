@@ -159,6 +159,7 @@ class ProbeSession:
         self.skipped: dict[str, set[str]] = {}  # reason -> op names left to the rules
         self.extrapolated: dict[str, set[str]] = {}  # reason -> op names extrapolated from smaller probes
         self.failed: dict[str, str] = {}  # op name -> error
+        self.cache_error: str | None = None  # why the probes could not be saved to the cache
         self.fallbacks: Counter = Counter()  # op name -> rule-based workspaces
 
     @property
@@ -382,7 +383,7 @@ class ProbeSession:
             try:
                 self.cache.save(self._new)
             except OSError as error:  # a read-only cache dir must not end the estimate
-                self.failed["cache"] = f"could not write {self.cache.path}: {error}"
+                self.cache_error = f"could not write {self.cache.path}: {error}"
             self._new = {}
 
     def notes(self) -> list[str]:
@@ -405,10 +406,9 @@ class ProbeSession:
         for reason, names in sorted(self.extrapolated.items()):
             notes.append(f"kernel workspaces interpolated or extrapolated from other probed sizes ({reason}): {', '.join(sorted(names))}")
         for name, error in sorted(self.failed.items()):
-            if name == "cache":
-                notes.append(f"warning: the kernel probe cache was not updated ({error}); the next estimate probes again")
-            else:
-                notes.append(f"warning: kernel workspaces from rules, not probed: the probe of {name} failed ({error})")
+            notes.append(f"warning: kernel workspaces from rules, not probed: the probe of {name} failed ({error})")
+        if self.cache_error is not None:
+            notes.append(f"warning: the kernel probe cache was not updated ({self.cache_error}); the next estimate probes again")
         return notes
 
 
