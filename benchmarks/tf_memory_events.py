@@ -32,6 +32,14 @@ events earlier it was allocated):
 
 (oneDNN off with the BFC allocator only: with oneDNN on, requests under 256 KiB go
 to another pool, and the events do not say which.)
+
+``--timeline`` prints when each kernel of the kinds the probes measure ran in
+one warm step (start and end in ms from the first, and the executor thread):
+which kernels' work buffers were alive together, the evidence for the replay's
+waves and for the kernel that outlives its wave
+(:meth:`~nnmem_callbacks.keras.tf_replay.ReplayRun.op_done`):
+
+    TF_ENABLE_ONEDNN_OPTS=0 TF_CPU_ALLOCATOR_USE_BFC=true python -m benchmarks.tf_memory_events unet_small --timeline
 """
 
 from __future__ import annotations
@@ -106,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-step", type=int, default=0, metavar="N", help="profile N warm steps one by one, no estimate")
     parser.add_argument("--large", type=float, default=4.0, help="with --per-step or --regions: allocations of this many MiB or more")
     parser.add_argument("--regions", action="store_true", help="the regions where large requests were charged a whole free chunk")
+    parser.add_argument("--timeline", action="store_true", help="when each probed kind of kernel ran in a warm step, and on which thread")
     args = parser.parse_args(argv)
     import tensorflow as tf
 
@@ -118,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.regions:
         return _regions(args.case, args.large)
     model, x, y, batch = build_case(args.case)
+    if args.timeline:
+        return _timeline(model, x, y)
     if args.per_step:
         return _per_step(model, x, y, args.per_step, args.large)
     traces: list = []
@@ -174,6 +185,61 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replay: peak allocator in use {best / 2**20:.2f} MiB (variables and slots included)")
         for name, size in sorted(best_live.items(), key=lambda kv: -kv[1])[: args.top]:
             print(f"  {size / 2**20:8.2f} MiB  {name}")
+    return 0
+
+
+def kernel_intervals(space: Any, kinds: frozenset[str]) -> list[tuple[int, int, str, str]]:
+    """``(start_ps, end_ps, thread, op name)`` of every op event of ``kinds`` in a profile's ``XSpace``, by start.
+
+    TensorFlow's executor names an op event ``"<op name>:<op type>"``.
+
+    Example:
+        >>> from types import SimpleNamespace as N
+        >>> meta = {1: N(name="g/conv/Conv2DBackpropFilter:Conv2DBackpropFilter"), 2: N(name="g/relu:ReluGrad")}
+        >>> line = N(name="tf_Compute/12", timestamp_ns=10, events=[N(metadata_id=1, offset_ps=5, duration_ps=7),
+        ...                                                        N(metadata_id=2, offset_ps=0, duration_ps=1)])
+        >>> kernel_intervals(N(planes=[N(event_metadata=meta, lines=[line])]), frozenset({"Conv2DBackpropFilter"}))
+        [(10005, 10012, 'tf_Compute/12', 'g/conv/Conv2DBackpropFilter')]
+    """
+    rows = []
+    for plane in space.planes:
+        for line in plane.lines:
+            for event in line.events:
+                name, _, kind = plane.event_metadata[event.metadata_id].name.rpartition(":")
+                if kind in kinds and name:
+                    start = line.timestamp_ns * 1000 + event.offset_ps
+                    rows.append((start, start + event.duration_ps, line.name, name))
+    return sorted(rows)
+
+
+def _timeline(model: Any, x: Any, y: Any) -> int:
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from nnmem_callbacks.keras.tf_probes import PROBED_OPS
+
+    x_t, y_t = tf.constant(x), tf.constant(y)
+    for _ in range(2):
+        model.train_on_batch(x_t, y_t)  # warm: trace, build, the first step's copies
+    logdir = tempfile.mkdtemp(prefix="tfmem-")
+    tf.profiler.experimental.start(logdir)
+    model.train_on_batch(x_t, y_t)
+    tf.profiler.experimental.stop()
+    rows = []
+    for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
+        space = xplane_pb2.XSpace()
+        with open(path, "rb") as handle:
+            space.ParseFromString(handle.read())
+        rows += kernel_intervals(space, PROBED_OPS | {"_FusedConv2D"})
+    rows.sort()
+    if not rows:
+        print("no kernel events in the profile")
+        return 1
+    first = rows[0][0]
+    threads = {thread: index for index, thread in enumerate(dict.fromkeys(row[2] for row in rows))}
+    print("start ms    end ms   ms  thread  op")
+    for start, end, thread, name in rows:
+        print(f"{(start - first) / 1e9:8.2f} {(end - first) / 1e9:8.2f} {(end - start) / 1e9:5.2f}  {threads[thread]:>6}  {name}")
     return 0
 
 

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             if wanted and row["case"] not in wanted:
                 continue
-            keep = {k: row.get(k) for k in ("step_check_runs", "step_check_batch_size", "allocator")}
+            keep = {k: row[k] for k in ("step_check_runs", "step_check_batch_size", "allocator", "step_check_optimizer_built") if k in row}
             new = run_worker("benchmarks.tf_repredict", ["--worker", row["case"], "--row", json.dumps(keep)], env=env,
                              timeout=3600)
             if "error_text" in new:

@@ -552,6 +552,42 @@ def test_an_unlucky_run_keeps_a_slow_kernels_scratch_while_the_next_kernel_runs(
     assert peaks[True] >= (10 << 20)
 
 
+def test_the_kernel_a_wave_hands_to_the_pool_outlives_the_wave_by_one_kernel():
+    """Expected replay: a wave's last kernel started late; its scratch is alive while the next kernel runs, not beyond."""
+    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+
+    first, second = tf.Variable(tf.random.uniform((3, 3, 8, 8))), tf.Variable(tf.random.uniform((3, 3, 8, 8)))
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.conv2d(tf.nn.relu(tf.nn.conv2d(x, first, 1, "SAME")), second, 1, "SAME"))
+        return tape.gradient(loss, [first, second])
+
+    graph = step.get_concrete_function(tf.TensorSpec((2, 16, 16, 8))).graph
+    gradients = [op.name for op in graph.get_operations() if op.type in ("Conv2DBackpropInput", "Conv2DBackpropFilter")]
+    mib = 1 << 20
+
+    def replay(threads: int, last_kernel_mib: int) -> tuple[int, list[str]]:
+        probe = GraphReplayer(function_lookup(graph), 2, parallel_ops=threads)
+        probe.replay(graph)
+        kernels = [name for name in probe.order if name in gradients]
+        scratch = {name: 3 * mib for name in kernels[:-1]} | {kernels[-1]: last_kernel_mib * mib}
+        replayer = GraphReplayer(function_lookup(graph), 2, parallel_ops=threads, scratch=scratch)
+        return replayer.replay(graph)[0].peak, kernels
+
+    tensors = 256 << 10  # the step's own tensors: 16 KiB each
+    peak, kernels = replay(2, 5)
+    # the second convolution's two gradients (a wave), then the first's filter gradient (its input gradient is pruned)
+    assert len(kernels) == 3 and "Conv2DBackpropFilter" in kernels[-1]
+    # two inter-op threads: the wave (3 + 3 MiB), then the last kernel (5 MiB) beside the wave's pool kernel (3 MiB)
+    assert 8 * mib <= peak < 8 * mib + tensors
+    # with a small last kernel the wave's two work buffers are the peak: no three kernels at once
+    assert 6 * mib <= replay(2, 1)[0] < 6 * mib + tensors
+    # one thread: no waves, one work buffer at a time
+    assert 5 * mib <= replay(1, 5)[0] < 5 * mib + tensors
+
+
 def test_newest_first_runs_the_op_that_became_ready_last():
     """The upper bound's newest-first order (Eigen's work-stealing queues) follows a branch down before the older ready op."""
     from nnmem_callbacks.keras.tf_schedule import _schedule

@@ -84,7 +84,13 @@ Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`
       filter gradient's scratch overlaps the next ops of the chain
       (``MaxPoolGrad``) instead. The replay assumes the overlap; the step check
       at half the batch (:mod:`~nnmem_callbacks.keras.tf_step_check`) measures
-      which way the runs went there.
+      which way the runs went there. The wave's last kernel (handed to the
+      pool, started later) also outlives the wave: if it takes scratch, its
+      scratch and inputs stay alive while the next kernel runs
+      (:meth:`~nnmem_callbacks.keras.tf_replay.ReplayRun.op_done`; the U-Net
+      with oneDNN off was -15% without it). Kernel durations are not modelled:
+      a pool kernel that ends first, or one that outlasts two later kernels,
+      is replayed the same way.
     * Each replay runs the first two steps (:data:`REPLAYED_STEPS`) on one
       allocator model, as the real window does: an update that copies its
       variable (a read still alive, or a sibling kernel still reading it,
