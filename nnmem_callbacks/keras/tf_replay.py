@@ -378,12 +378,12 @@ class ReplayRun:
         moved oneDNN-on estimates both ways, -11.5% to +0.5% for Conv1D, +2.3%
         to +18.6% for the U-Net, screened against the committed runs.) The profiler's op
         timeline of the U-Net with oneDNN off (2 inter-op threads,
-        ``python -m benchmarks.tf_memory_events unet_small --timeline``) shows
-        it at six of its seven convolutions: the filter gradient starts
-        0.3-1 ms after the input gradient and ends 0.5-5 ms after it, beside
-        the next layer's first gradient kernel, and the step peaks there (the
-        seventh's filter gradient ends first: then the replay keeps its
-        scratch for one kernel too long).
+        ``benchmarks/results/tf_kernel_timeline_unet_small_zen4_avx512_onednn0.txt``)
+        shows it at each of its seven convolutions: the filter gradient ends
+        0.3-8.3 ms after the input gradient, while the other thread runs the
+        next kernels of the chain (beside the largest, 13 ms, five of them
+        ran), and the step peaks there. Kernel durations are not modelled, so
+        one that outlasts several kernels is kept for one only.
         In an unlucky replay a kernel that takes scratch may also still run
         when the ops after it do (a convolution's filter gradient, slow, beside
         the next layer's gradients): the scratch of the last wave of kernels
