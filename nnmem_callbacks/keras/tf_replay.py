@@ -141,9 +141,9 @@ class ReplayRun:
         self.wave_scratch: tuple[int, list[int]] = (0, [])
         # unlucky runs: the scratch of the last wave of kernels, still running while the next ops run
         self.lingering: tuple[int, list[int]] = (0, [])
-        # the expected run: the scratch of the kernel a wave handed to the pool, still running when the next kernel starts
-        self.outliving: tuple[int, list[int]] = (0, [])
-        self.outliving_op: Any = None  # that kernel: it still reads its inputs
+        # the kernel a wave handed to the pool, still running when the next kernel starts: the op (it still reads
+        # its inputs), its scratch bytes and the counted bytes of its scratch
+        self.outliving: tuple[Any, int, list[int]] | None = None
         # counted bytes of live buffers the allocator model does not place in chunks (TensorList elements)
         self.unchunked_counted = 0
 
@@ -388,20 +388,25 @@ class ReplayRun:
         when the ops after it do (a convolution's filter gradient, slow, beside
         the next layer's gradients): the scratch of the last wave of kernels
         (:data:`SCRATCH_KERNELS`) stays alive until the next such wave is done.
+        The kernel handed to the pool is recorded there too: its scratch is
+        already counted by that rule, and its inputs stay alive until the next
+        kernel has run, as in the expected replay (a running kernel still reads
+        them), which keeps the upper bound at or above the expected peak.
         """
+        outliving = self.outliving if op.type in SCRATCH_KERNELS else None
         if self.replayer.unlucky:
             lingering = self.lingering
-        elif op.type in SCRATCH_KERNELS:
-            lingering, self.outliving = self.outliving, (0, [])
+        elif outliving is not None:
+            lingering = (outliving[1], outliving[2])
         else:
             lingering = (0, [])
         wave_bytes, wave_counted = self.wave_scratch
         transient_counted = as_pieces(transient_counted)
         self.record(phase, transient + wave_bytes + lingering[0], [*transient_counted, *wave_counted, *lingering[1]])
-        if self.outliving_op is not None and op.type in SCRATCH_KERNELS:
+        if outliving is not None:
             # the kernel that outlived its wave is done now
-            self._release_inputs(self.outliving_op)
-            self.outliving_op = None
+            self._release_inputs(outliving[0])
+            self.outliving = None
         self.deferred.append(op)
         if held:
             self.wave_scratch = (wave_bytes + transient, [*wave_counted, *transient_counted])
@@ -412,8 +417,7 @@ class ReplayRun:
         if len(kernels) > 1 and op.type in SCRATCH_KERNELS and transient > 0:
             # the wave's last kernel was handed to the inter-op pool and started after the others: it is still
             # running, with its work buffer, when the thread that ran the first starts the next kernel
-            self.outliving = (transient, transient_counted)
-            self.outliving_op = op
+            self.outliving = (op, transient, transient_counted)
         self.wave_scratch = (0, [])
         if len(kernels) > 1:
             # siblings finish one after the other: an update waiting for one of them may run while another still
@@ -426,7 +430,7 @@ class ReplayRun:
                         self.racing_reads.add(id(buffer))
         for done_op in self.deferred:
             # free what this op consumed last, and outputs nobody reads
-            if done_op is not self.outliving_op:
+            if self.outliving is None or done_op is not self.outliving[0]:
                 self._release_inputs(done_op)
             for t in done_op.outputs:
                 if self.remaining.get(t.ref(), 0) <= 0:
@@ -444,9 +448,9 @@ class ReplayRun:
 
     def finish(self) -> tuple[ReplayResult, dict[Any, int]]:
         """The result, and the sizes of the graph's ``TensorList`` outputs."""
-        if self.outliving_op is not None:  # no kernel ran after it: it is done by the end of the graph
-            self._release_inputs(self.outliving_op)
-            self.outliving_op = None
+        if self.outliving is not None:  # no kernel ran after it: it is done by the end of the graph
+            self._release_inputs(self.outliving[0])
+            self.outliving = None
         self.result.unknown_shapes = Counter(self.replayer.unknown)
         self.result.approximations = Counter(self.replayer.approx)
         lists = {t.ref(): self.list_bytes.get(t.ref(), 0) for t in self.outputs if t.dtype.name == "variant"}
