@@ -20,7 +20,7 @@ repaired frees is reported per run.
 Set ``NNMEM_DIST_DUMP=/some/prefix`` to write each rank's allocation timeline
 (``prefix.<pid>``: size, running total, the ops around it) for debugging.
 
-The prediction is :func:`nnmem_callbacks.torch.distributed.estimate_per_rank`
+The prediction is :func:`nnmem_callbacks.estimators.torch.distributed.estimate_per_rank`
 with the same model, one rank's batch and the rank's index, made in the parent
 process before the workers start.
 """
@@ -114,7 +114,7 @@ CASES: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
     "transformer": _transformer,
 }
 
-#: Strategy name -> (kind, options) for nnmem_callbacks.strategy.Strategy
+#: Strategy name -> (kind, options) for nnmem_callbacks.core.strategy.Strategy
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ddp": {"kind": "ddp"},
     "ddp_bucket_view": {"kind": "ddp", "gradient_as_bucket_view": True},
@@ -295,8 +295,8 @@ def measure(case: str, strategy: str, world_size: int, out_dir: str, timeout: fl
 
 
 def predict(case: str, strategy: str, world_size: int, rank: int) -> dict[str, Any]:
-    from nnmem_callbacks.strategy import Strategy
-    from nnmem_callbacks.torch.distributed import estimate_per_rank
+    from nnmem_callbacks.core.strategy import Strategy
+    from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 
     model, batch = build(case)
     options = dict(STRATEGIES[strategy])

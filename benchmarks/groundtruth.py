@@ -37,7 +37,7 @@ the backward thread's one (data_dependent: 11.03 MiB at step1/forward, 40.18
 MiB at step1/optimizer over 3.39 MiB).
 
 Phases are named ``step{1,2}/{forward,backward,optimizer,zero_grad}``, the same
-convention as :class:`nnmem_callbacks.estimate.PhaseLine`.
+convention as :class:`nnmem_callbacks.core.estimate.PhaseLine`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 For every case of a committed ``keras_accuracy --device gpu`` result, the model is built
 here (CPU) for its arrays' sizes and creation order; XLA's buffer sizes on the GPU
 (arguments, outputs, aliases, temporaries) come from the committed row, which the GPU
-estimate recorded. :func:`nnmem_callbacks.keras.jax_xla.allocator_peak` then predicts
+estimate recorded. :func:`nnmem_callbacks.estimators.keras.jax_xla.allocator_peak` then predicts
 ``peak_bytes_in_use`` under the result's allocator mode, and the table compares it with
 the measured peak and with XLA's buffers alone (the estimate's tensor peak).
 
@@ -28,7 +28,7 @@ from benchmarks.provenance import commit_stamp, write_result
 def replay_case(row: dict[str, Any], mode: str) -> dict[str, Any]:
     """The allocator's predicted peak for one committed GPU row (the model rebuilt here for its arrays)."""
     from benchmarks.keras_accuracy import build_case
-    from nnmem_callbacks.keras.jax_xla import allocator_peak, state_array_bytes
+    from nnmem_callbacks.estimators.keras.jax_xla import allocator_peak, state_array_bytes
 
     model, x, y, batch = build_case(row["case"])
     model.optimizer.build(model.trainable_variables)

@@ -19,7 +19,7 @@ Each case runs ``--repeats`` times, each time in a fresh process; the measured t
 the median of those runs (the allocator's peak over the same steps varies with the
 executor's thread interleaving), and the Markdown shows the range. On TensorFlow the
 estimate runs once, in its own process with an empty probe cache (a cold estimate:
-kernel probes and the step check of :mod:`nnmem_callbacks.keras.tf_step_check` run),
+kernel probes and the step check of :mod:`nnmem_callbacks.estimators.keras.tensorflow.step_check` run),
 and the truth comes from ``--repeats`` other processes that never ran the estimator.
 
 Truth per backend (CPU):
@@ -268,7 +268,7 @@ def build_case(name: str) -> tuple[Any, Any, Any, int]:
 
 def rule_of_thumb(model: Any, batch_size: int) -> int:
     """The seeds' rule: 4 B x (3 x params + 2 x activations x batch)."""
-    from nnmem_callbacks.keras.layer_rules import layer_activation_bytes
+    from nnmem_callbacks.estimators.keras.layer_rules import layer_activation_bytes
 
     params = int(sum(int(__import__("numpy").prod(v.shape)) for v in model.trainable_variables))
     _, _, _, outputs_bytes = layer_activation_bytes(model)
@@ -278,8 +278,8 @@ def rule_of_thumb(model: Any, batch_size: int) -> int:
 
 # -- truth per backend (run inside the worker process) ----------------------------
 def _state_bytes(model: Any, arrays: list[Any], counted: bool = False) -> int:
-    from nnmem_callbacks.keras.common import unique, variable_bytes
-    from nnmem_callbacks.keras.tf_graph import tf_allocator_bytes
+    from nnmem_callbacks.estimators.keras.common import unique, variable_bytes
+    from nnmem_callbacks.allocators.tensorflow_cpu import tf_allocator_bytes
 
     sizes = [variable_bytes(v) for v in unique(model.variables) + unique(model.optimizer.variables)]
     sizes += [int(a.nbytes) for a in arrays]
@@ -312,7 +312,7 @@ def measure_tensorflow(model: Any, x: Any, y: Any) -> dict[str, Any]:
 def measure_jax(model: Any, x: Any, y: Any) -> dict[str, Any]:
     import jax.numpy as jnp
 
-    from nnmem_callbacks import devices
+    from nnmem_callbacks.hardware import devices
 
     xj, yj = jnp.asarray(x), jnp.asarray(y)
     model.train_on_batch(xj, yj)  # compile + one step
@@ -342,9 +342,9 @@ def measure_jax_device(model: Any, x: Any, y: Any, batch: int) -> dict[str, Any]
     """
     import jax
 
-    from nnmem_callbacks.keras.common import input_specs
-    from nnmem_callbacks.keras.estimator import _symbolic_build
-    from nnmem_callbacks.keras.jax_xla import compile_train_step
+    from nnmem_callbacks.estimators.keras.common import input_specs
+    from nnmem_callbacks.estimators.keras.estimator import build_like_fit
+    from nnmem_callbacks.estimators.keras.jax_xla import compile_train_step
 
     device = jax.devices()[0]
 
@@ -355,7 +355,7 @@ def measure_jax_device(model: Any, x: Any, y: Any, batch: int) -> dict[str, Any]
         raise RuntimeError(f"{device.platform} device {device} keeps no memory_stats(); use --device cpu")
     xj, yj = jax.device_put(x), jax.device_put(y)
     x_specs, y_specs, _ = input_specs(model, x, y)
-    _symbolic_build(model, batch, x_specs, y_specs)  # builds the optimizer's slots, as fit does before its steps
+    build_like_fit(model, batch, x_specs, y_specs)  # builds the optimizer's slots, as fit does before its steps
     built = stats()
     compile_train_step(model, batch, x_specs, y_specs)
     compiled = stats()
@@ -530,7 +530,7 @@ def worker(name: str, part: str = "both") -> dict[str, Any]:
     if backend == "tensorflow":
         row["predicted_bytes"] = int(estimate.extra.get("tf_allocator_peak_bytes", estimate.peak_bytes))
         row["predicted_upper_bytes"] = int(estimate.extra.get("tf_allocator_peak_upper_bytes", row["predicted_bytes"]))
-        from nnmem_callbacks.keras.tf_graph import tf_cpu_allocator
+        from nnmem_callbacks.allocators.tensorflow_cpu import tf_cpu_allocator
 
         row["allocator"] = tf_cpu_allocator()
         for key in (

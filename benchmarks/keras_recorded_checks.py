@@ -11,7 +11,7 @@ change with a new draw of that noise.
 
 This benchmark replays a committed result instead. Each case is estimated in a
 fresh process, in the recorded oneDNN mode, by the current code, except that
-the step check does not run: :func:`~nnmem_callbacks.keras.tf_step_check.measure_steps`
+the step check does not run: :func:`~nnmem_callbacks.estimators.keras.tensorflow.step_check.measure_steps`
 returns the runs the recorded estimate measured (its first runs on the first
 call, the further runs on the second, as the adaptive check asks for them).
 The prediction is compared with the recorded truth runs. So the only thing
@@ -50,8 +50,8 @@ def worker(case: str, batch: int, runs: list[int]) -> dict[str, Any]:
     """Estimates ``case`` in this process with the step check answered by ``runs`` (recorded at ``batch``)."""
     from benchmarks.keras_accuracy import build_case
     from nnmem_callbacks.keras import estimate_training
-    from nnmem_callbacks.keras import tf_step_check
-    from nnmem_callbacks.keras.tf_step_check import StepCheckError, StepMeasurement
+    from nnmem_callbacks.estimators.keras.tensorflow import step_check as tf_step_check
+    from nnmem_callbacks.estimators.keras.tensorflow.step_check import StepCheckError, StepMeasurement
 
     answers = [tuple(runs[:FIRST_RUNS]), tuple(runs[FIRST_RUNS:])]
     asked: list[int] = []

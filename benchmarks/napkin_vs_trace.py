@@ -2,7 +2,7 @@
 
 For GPT-2 and BERT models built from ``transformers`` configs (random
 weights, nothing downloaded) and for MLPs, compare the closed-form estimate of
-:mod:`nnmem_callbacks.napkin` with ``estimate_training`` on the same step
+:mod:`nnmem_callbacks.estimators.napkin` with ``estimate_training`` on the same step
 (same batch, optimizer, precision and CUDA target; the loss is the model's own
 cross-entropy over ``labels``). Writes ``benchmarks/results/napkin_vs_trace.md``
 and ``.json``.
@@ -26,9 +26,10 @@ from typing import Any, Callable
 
 import torch
 
-from nnmem_callbacks import estimate_training, napkin
-from nnmem_callbacks.estimate import MemoryEstimate
-from nnmem_callbacks.units import format_bytes
+from nnmem_callbacks import estimate_training
+from nnmem_callbacks.estimators import napkin
+from nnmem_callbacks.core.estimate import MemoryEstimate
+from nnmem_callbacks.core.units import format_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")

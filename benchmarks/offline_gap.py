@@ -4,11 +4,11 @@ Two views of the same model (transformers' GPT-2 small by default, batch 8 x
 1024, bf16-mixed, AdamW), all on fake tensors, no GPU:
 
 1. **Estimates** with parts of the CUDA emulation switched off
-   (:func:`nnmem_callbacks.torch.emulation.emulation_parts`): CPU semantics,
+   (:func:`nnmem_callbacks.estimators.torch.cuda.emulation.emulation_parts`): CPU semantics,
    attention and dropout only (what the emulation did before), autocast only,
    everything. The activations column shows which part closes the gap.
 2. **Saved tensors per op**: one forward under CPU autocast and one under CUDA
-   autocast (:func:`nnmem_callbacks.torch.cuda_autocast.cuda_autocast_on_cpu`),
+   autocast (:func:`nnmem_callbacks.estimators.torch.cuda.autocast.cuda_autocast_on_cpu`),
    both with CUDA's attention; every tensor autograd saves for backward is
    attributed to the aten op that produced it (``saved_tensors_hooks``). Ops
    whose saved bytes differ are listed.
@@ -31,9 +31,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nnmem_callbacks import estimate_training
-from nnmem_callbacks.torch.cuda_autocast import cuda_autocast_on_cpu
-from nnmem_callbacks.torch.emulation import cuda_kernel_emulation, emulation_parts
-from nnmem_callbacks.units import format_bytes
+from nnmem_callbacks.estimators.torch.cuda.autocast import cuda_autocast_on_cpu
+from nnmem_callbacks.estimators.torch.cuda.emulation import cuda_kernel_emulation, emulation_parts
+from nnmem_callbacks.core.units import format_bytes
 
 VARIANTS = {
     "cpu semantics (no emulation)": (),

@@ -2,7 +2,7 @@
 
 Reads the JSON that ``python -m benchmarks.accuracy --device cuda`` wrote on a
 GPU machine, re-estimates each case on this host for a CUDA target (CPU
-kernels, the GPU's libraries from :mod:`nnmem_callbacks.cuda_tables`), and
+kernels, the GPU's libraries from :mod:`nnmem_callbacks.hardware.cuda_tables`), and
 prints predicted against measured tensor peak and device total.
 
 Only the rows measured in a fresh process are fair truths (see
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 
 from benchmarks import zoo
-from nnmem_callbacks.torch.estimator import estimate_training
+from nnmem_callbacks.estimators.torch.estimator import estimate_training
 
 MiB = 2**20
 

@@ -9,7 +9,7 @@ For each of the four seed questions (see ``examples/cli_examples.md``) this reco
 * a measured peak where one is feasible on a CPU-only machine: two real training
   steps under the profiler (:func:`benchmarks.groundtruth.measure_cpu_peak`),
   with the model from the same factory, the same optimizer the CLI's name maps to
-  (``nnmem_callbacks.torch.inputs.OPTIMIZER_NAMES``) and the CLI's loss (the
+  (``nnmem_callbacks.estimators.torch.inputs.OPTIMIZER_NAMES``) and the CLI's loss (the
   model's ``.loss`` for BERT, the output summed otherwise).
 
 CUDA-target answers (``--device a100-40gb`` or no ``--device``) are predictions only:
@@ -141,7 +141,7 @@ def _factory(name: str) -> Callable[..., Any]:
 
 
 def _optimizer(name: str) -> Callable[[Any], Any]:
-    from nnmem_callbacks.torch.inputs import OPTIMIZER_NAMES
+    from nnmem_callbacks.estimators.torch.inputs import OPTIMIZER_NAMES
 
     return OPTIMIZER_NAMES[name]
 

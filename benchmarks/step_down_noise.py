@@ -16,7 +16,7 @@ The same at the commit before the step-down's fallback for noisy misses (8d9fc5b
 from a worktree of it with this file and ``provenance.py`` copied in:
 ``python -m benchmarks.step_down_noise --out benchmarks/results --stem step_down_noise_8d9fc5b``.
 
-The figures are a property of :func:`nnmem_callbacks.verification.verify_batch_size`
+The figures are a property of :func:`nnmem_callbacks.core.verification.verify_batch_size`
 alone: they do not depend on the host.
 """
 
@@ -30,8 +30,8 @@ import statistics
 from pathlib import Path
 
 from benchmarks.provenance import commit_stamp
-from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
-from nnmem_callbacks.verification import verify_batch_size
+from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+from nnmem_callbacks.core.verification import verify_batch_size
 
 FIXED, PER_SAMPLE, USABLE, REQUESTED = 1_884_664, 8_558, 3_939_384, 512
 MiB = 2**20

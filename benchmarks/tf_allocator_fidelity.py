@@ -5,7 +5,7 @@
 The replay predicts what ``get_memory_info('CPU:0')['peak']`` reports over the
 first two train steps in two parts: the stream of allocation requests the
 kernels make (the graph replay), and what the best-fit-with-coalescing allocator
-charges for that stream (:class:`~nnmem_callbacks.keras.tf_allocator.BFCSimulator`,
+charges for that stream (:class:`~nnmem_callbacks.allocators.tensorflow_cpu.BFCSimulator`,
 whole chunks, doubling regions). This benchmark separates them. Each case runs
 in a fresh process with oneDNN off and ``TF_CPU_ALLOCATOR_USE_BFC=true`` under
 ``tf.profiler.experimental``, from before the model is built to after the two
@@ -23,7 +23,7 @@ minus bytes in use when the window opens):
   been freed before (the difference from the full history is what the
   process's earlier, freed allocations change in where the chunks lie);
 * **simulator, as the replay starts**: the same, from
-  :func:`~nnmem_callbacks.keras.tf_allocator.allocator_after_build` of the
+  :func:`~nnmem_callbacks.allocators.tensorflow_cpu.allocator_after_build` of the
   model's variables (the estimator's own start: each randomly initialized
   variable made through its initializer's two temporaries).
 
@@ -101,7 +101,8 @@ def start_from_build(state: list[tuple[int, bool]], live: dict[Any, dict[str, An
         >>> sorted(chunks), bfc.in_use  # w on the state's chunk; h and x after it
         (['h', 'w', 'x'], 5376)
     """
-    from nnmem_callbacks.keras.tf_allocator import BFCSimulator, allocator_after_build
+    from nnmem_callbacks.allocators.bfc import BFCSimulator
+    from nnmem_callbacks.allocators.tensorflow_cpu import allocator_after_build
 
     simulator, state_chunks = allocator_after_build(state, min_bytes=0)
     placed = [(BFCSimulator.rounded(size), chunk) for (size, _), chunk in zip(state, state_chunks) if chunk is not None]
@@ -126,8 +127,8 @@ def worker(name: str, batch_size: int | None = None) -> dict[str, Any]:
 
     from benchmarks.keras_accuracy import CASES, build_case
     from benchmarks.tf_memory_events import memory_events
-    from nnmem_callbacks.keras.tf_allocator import BFCSimulator
-    from nnmem_callbacks.keras.tf_graph import build_state
+    from nnmem_callbacks.allocators.bfc import BFCSimulator
+    from nnmem_callbacks.estimators.keras.tensorflow.graph import build_state
 
     if batch_size is not None:
         CASES[name] = (batch_size, CASES[name][1])

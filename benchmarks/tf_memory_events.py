@@ -22,7 +22,7 @@ buffers from one step to the next:
 
 ``--regions`` says why a chunk was handed out whole: it profiles the process
 from before the model is built through its first two steps, feeds every
-request to :class:`~nnmem_callbacks.bfc_allocator.BFCSimulator` (which
+request to :class:`~nnmem_callbacks.allocators.bfc.BFCSimulator` (which
 reproduces the allocator's own charges, ``benchmarks/results/tf_allocator_fidelity_cpu_avx512.md``),
 and for each large request charged a whole free chunk prints the region it
 landed in: each chunk, free or held, and the op that holds it (with how many
@@ -37,7 +37,7 @@ to another pool, and the events do not say which.)
 one warm step (start and end in ms from the first, and the executor thread):
 which kernels' work buffers were alive together, the evidence for the replay's
 waves and for the kernel that outlives its wave
-(:meth:`~nnmem_callbacks.keras.tf_replay.ReplayRun.op_done`):
+(:meth:`~nnmem_callbacks.estimators.keras.tensorflow.replay.ReplayRun.op_done`):
 
     TF_ENABLE_ONEDNN_OPTS=0 TF_CPU_ALLOCATOR_USE_BFC=true python -m benchmarks.tf_memory_events unet_small --timeline
 """
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.keras_accuracy import CASES, build_case
     from nnmem_callbacks.keras import estimate_training
-    from nnmem_callbacks.keras import tf_graph
+    from nnmem_callbacks.estimators.keras.tensorflow import graph as tf_graph
 
     if args.batch is not None:
         CASES[args.case] = (args.batch, CASES[args.case][1])
@@ -216,7 +216,7 @@ def _timeline(model: Any, x: Any, y: Any) -> int:
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    from nnmem_callbacks.keras.tf_probes import PROBED_OPS
+    from nnmem_callbacks.estimators.keras.tensorflow.probes import PROBED_OPS
 
     x_t, y_t = tf.constant(x), tf.constant(y)
     for _ in range(2):
@@ -271,7 +271,7 @@ WHOLE_CHUNK_RATIO = 1.25
 def whole_chunk_regions(events: list[dict[str, Any]], min_bytes: int, first: int = 0) -> list[dict[str, Any]]:
     """Each request of at least ``min_bytes`` (from event ``first`` on) charged a whole free chunk, with its region.
 
-    Every event is fed to a :class:`~nnmem_callbacks.bfc_allocator.BFCSimulator`
+    Every event is fed to a :class:`~nnmem_callbacks.allocators.bfc.BFCSimulator`
     in order (the full history decides where the chunks lie). For each such
     request (charged a whole chunk by the simulator or, where the event has
     ``allocation_bytes``, by the allocator itself): the simulator's charge, the
@@ -288,7 +288,7 @@ def whole_chunk_regions(events: list[dict[str, Any]], min_bytes: int, first: int
         >>> [(size >> 20, op, at) for size, op, at in whole_chunk_regions(events, 8 << 20)[0]["region"]]
         [(12, 'b', 3), (20, 'c', 4)]
     """
-    from nnmem_callbacks.bfc_allocator import BFCSimulator
+    from nnmem_callbacks.allocators.bfc import BFCSimulator
 
     simulator = BFCSimulator()
     live: dict[Any, int] = {}
@@ -353,7 +353,7 @@ def _regions(case: str, large_mib: float) -> int:
     from benchmarks.provenance import commit_stamp
     from benchmarks.tf_allocator_fidelity import MARKER_ELEMENTS  # the window's marker (the second step's: one more)
 
-    from nnmem_callbacks.keras.tf_allocator import tf_cpu_allocator
+    from nnmem_callbacks.allocators.tensorflow_cpu import tf_cpu_allocator
 
     if tf_cpu_allocator() != "bfc":
         print("--regions needs every request in the events: run with TF_ENABLE_ONEDNN_OPTS=0 and "

@@ -19,7 +19,7 @@ callback's run does.
 Found on 2026-11-27 for the GRU text model with oneDNN on (``tf_optimizer_build_gru_text_avx2_onednn1.md``):
 with the slots built before, every process peaked at the replay's figure; with
 them built by the first step, higher. The step check's copies
-(:func:`nnmem_callbacks.keras.tf_step_check.compiled_copy`) now start as the
+(:func:`nnmem_callbacks.estimators.keras.tensorflow.step_check.compiled_copy`) now start as the
 user's model does.
 """
 

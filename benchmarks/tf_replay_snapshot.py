@@ -41,7 +41,7 @@ class _FixedCurve:
 
 
 def _fixed_measure(probes: dict[str, Any], batch_sizes: tuple[int, ...], **_: Any) -> tuple[dict[str, Any], Any]:
-    from nnmem_callbacks.keras.tf_probes import ProbeReport
+    from nnmem_callbacks.estimators.keras.tensorflow.probes import ProbeReport
 
     report = ProbeReport()
     report.probed = len(probes)
@@ -68,7 +68,8 @@ def run_cases(cases: list[str]) -> dict[str, Any]:
     import hashlib as _hashlib
 
     from benchmarks.keras_accuracy import build_case
-    from nnmem_callbacks.keras import estimate_training, tf_graph, tf_probes
+    from nnmem_callbacks.keras import estimate_training
+    from nnmem_callbacks.estimators.keras.tensorflow import graph as tf_graph, probes as tf_probes
 
     orders: list[list[str]] = []
     original_replay = tf_graph.GraphReplayer.replay

@@ -41,7 +41,7 @@ def worker(case: str, row: dict[str, Any]) -> dict[str, Any]:
     """Re-estimates ``case`` in this process with the row's step-check runs injected."""
     from benchmarks.keras_accuracy import build_case
     from nnmem_callbacks.keras import estimate_training
-    from nnmem_callbacks.keras import tf_step_check
+    from nnmem_callbacks.estimators.keras.tensorflow import step_check as tf_step_check
 
     runs = row.get("step_check_runs")
     check_batch = row.get("step_check_batch_size")

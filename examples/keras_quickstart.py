@@ -22,8 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 
 from nnmem_callbacks.keras import MemoryBudgetCallback, estimate_training, fit_plan  # noqa: E402
-from nnmem_callbacks.report import format_summary  # noqa: E402
-from nnmem_callbacks.units import format_bytes  # noqa: E402
+from nnmem_callbacks.core.formatting import format_summary  # noqa: E402
+from nnmem_callbacks.core.units import format_bytes  # noqa: E402
 
 L = keras.layers
 

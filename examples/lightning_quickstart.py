@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     pl.seed_everything(0, workers=True)
-    budget = args.budget  # a size ('10GiB') or a fraction ('0.5'), read by nnmem_callbacks.plan.parse_budget_text
+    budget = args.budget  # a size ('10GiB') or a fraction ('0.5'), read by nnmem_callbacks.core.plan.parse_budget_text
     train("mlp", Classifier(mlp(), (1000,)), args.log_dir, args.epochs, budget, args.policy)
     train("cnn", Classifier(cnn(), (3, 32, 32), batch_size=128, samples=2048), args.log_dir, args.epochs, budget, args.policy)
     print(f"\nTensorBoard logs: {args.log_dir}  (tensorboard --logdir {args.log_dir})")

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine
-from nnmem_callbacks.plan import MemoryBudgetExceeded, Plan
-from nnmem_callbacks.strategy import Strategy
-from nnmem_callbacks.units import format_bytes, parse_bytes
+from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine
+from nnmem_callbacks.core.plan import MemoryBudgetExceeded, Plan
+from nnmem_callbacks.core.strategy import Strategy
+from nnmem_callbacks.core.units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"
 
@@ -44,11 +44,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "estimate_training":
-        from nnmem_callbacks.torch import estimate_training
+        from nnmem_callbacks.estimators.torch.estimator import estimate_training
 
         return estimate_training
     if name == "estimate_per_rank":
-        from nnmem_callbacks.torch.distributed import estimate_per_rank
+        from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 
         return estimate_per_rank
     raise AttributeError(f"module 'nnmem_callbacks' has no attribute {name!r}")

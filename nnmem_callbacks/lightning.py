@@ -23,8 +23,9 @@ Example:
 
 from __future__ import annotations
 
-from nnmem_callbacks._lightning_impl import MemoryBudgetCallbackMixin, Namespace
-from nnmem_callbacks.plan import MemoryBudgetExceeded
+from nnmem_callbacks.adapters.lightning.callback import MemoryBudgetCallbackMixin
+from nnmem_callbacks.adapters.lightning.namespace import Namespace
+from nnmem_callbacks.core.plan import MemoryBudgetExceeded
 
 _NAMESPACE = Namespace("pytorch_lightning")
 

@@ -23,5 +23,5 @@ def pytest_collection_modifyitems(config, items):
         has_cuda = False
     skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "cuda" in item.keywords and not has_cuda:
+        if item.get_closest_marker("cuda") is not None and not has_cuda:
             item.add_marker(skip_cuda)

@@ -1,7 +1,7 @@
 """The allocation log scaled to another batch and replayed through the CUDA allocator model.
 
 Every expected reserve below is worked out by hand from the caching allocator's
-rules as :mod:`nnmem_callbacks.torch.allocator` states them (512-byte rounding;
+rules as :mod:`nnmem_callbacks.allocators.cuda_caching` states them (512-byte rounding;
 requests up to 1 MiB in 2 MiB small-pool segments; larger ones in a 20 MiB
 segment below 10 MiB and in a segment rounded up to 2 MiB from 10 MiB; best fit;
 large blocks split only when more than 1 MiB remains).
@@ -14,9 +14,9 @@ import pickle
 
 import pytest
 
-from nnmem_callbacks.allocation_log import AllocationLog
-from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
-from nnmem_callbacks.torch import allocator
+from nnmem_callbacks.core.allocation_log import AllocationLog
+from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+from nnmem_callbacks.allocators import cuda_caching as allocator
 
 MiB = 2**20
 
@@ -143,7 +143,7 @@ def test_the_estimate_pickles_with_its_log_and_without_its_verifier():
 
 
 def _trace(events, phase_ranges):
-    from nnmem_callbacks.torch.tracer import TraceResult
+    from nnmem_callbacks.estimators.torch.tracer import TraceResult
 
     return TraceResult({phase: 0 for phase in phase_ranges}, {}, events, [], phase_ranges, 0, None, 0)
 
@@ -161,7 +161,7 @@ def _step_events(n, extra_free=False):
 
 
 def test_build_log_pairs_step_one_and_reuses_its_growth_in_step_two():
-    from nnmem_callbacks.torch.scaled_log import build_allocation_log
+    from nnmem_callbacks.estimators.torch.scaled_log import build_allocation_log
 
     events, ranges, forward2, optimizer = _step_events(8)
     start = len(events)
@@ -177,7 +177,7 @@ def test_build_log_pairs_step_one_and_reuses_its_growth_in_step_two():
 
 
 def test_build_log_refuses_phases_that_run_other_events_at_another_batch():
-    from nnmem_callbacks.torch.scaled_log import build_allocation_log
+    from nnmem_callbacks.estimators.torch.scaled_log import build_allocation_log
 
     events, ranges, _, _ = _step_events(8)
     fit_events, fit_ranges, _, _ = _step_events(16, extra_free=True)
@@ -267,7 +267,7 @@ def _two_step_trace(n, reorder=False, extra=False):
 
 
 def test_step_two_in_another_order_pairs_by_size_and_rank():
-    from nnmem_callbacks.torch.scaled_log import build_allocation_log
+    from nnmem_callbacks.estimators.torch.scaled_log import build_allocation_log
 
     fit = _trace(_two_step_trace(16).events[:6], {"step1/forward": (2, 6)})
     log, unpaired = build_allocation_log(_two_step_trace(8, reorder=True), 8, fit, 16)

@@ -9,9 +9,9 @@ import pytest
 
 matplotlib = pytest.importorskip("matplotlib")
 
-from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine  # noqa: E402
-from nnmem_callbacks.tensorboard_report import breakdown_figure  # noqa: E402
-from nnmem_callbacks.units import GiB, MiB  # noqa: E402
+from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine  # noqa: E402
+from nnmem_callbacks.monitoring.tensorboard import breakdown_figure  # noqa: E402
+from nnmem_callbacks.core.units import GiB, MiB  # noqa: E402
 
 #: matplotlib's default colour cycle, in the order the bars are drawn
 CYCLE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]

@@ -10,10 +10,12 @@ import textwrap
 
 import pytest
 
-from nnmem_callbacks import cli, gpus, napkin
+from nnmem_callbacks import cli
+from nnmem_callbacks.hardware import gpus
+from nnmem_callbacks.estimators import napkin
 from nnmem_callbacks.cli import demo as cli_demo
-from nnmem_callbacks.estimate import MAX_BATCH_SEARCH_LIMIT
-from nnmem_callbacks.plan import DEFAULT_MARGIN, make_plan, resolve_budget
+from nnmem_callbacks.core.batch_search import MAX_BATCH_SEARCH_LIMIT
+from nnmem_callbacks.core.plan import DEFAULT_MARGIN, make_plan, resolve_budget
 
 FACTORIES = textwrap.dedent(
     """
@@ -354,7 +356,7 @@ def test_wrong_input_shape_for_the_model(capsys, factory_file):
 def test_keras_model_gives_a_clear_message(capsys, tmp_path, monkeypatch):
     saved = tmp_path / "model.keras"
     saved.write_bytes(b"not really a model")
-    monkeypatch.setitem(sys.modules, "nnmem_callbacks.keras", None)  # as if the Keras estimator were missing
+    monkeypatch.setitem(sys.modules, "nnmem_callbacks.estimators.keras.estimator", None)  # as if Keras were missing
     code, out, err = run_cli(capsys, "estimate", str(saved), "-b", "8")
     assert code == 2
     assert "needs Keras and TensorFlow" in err and "pip install 'nnmem_callbacks[keras,tensorflow]'" in err

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nnmem_callbacks import cli, gpus, napkin, plan, vocabulary
+from nnmem_callbacks import cli
+from nnmem_callbacks.hardware import gpus
+from nnmem_callbacks.estimators import napkin
+from nnmem_callbacks.core import plan, vocabulary
 from nnmem_callbacks.cli import parsers
 from nnmem_callbacks.cli.render import readable_note
 
@@ -213,7 +216,7 @@ def _cli_precision(capsys, command, precision, mlp_file):
 def test_each_precision_spelling_gets_one_answer_everywhere(capsys, mlp_file, precision):
     torch = pytest.importorskip("torch")
     from nnmem_callbacks import estimate_training
-    from nnmem_callbacks.torch.inputs import resolve_precision
+    from nnmem_callbacks.estimators.torch.inputs import resolve_precision
 
     try:
         expected, message = vocabulary.canonical_precision(precision), None
@@ -248,7 +251,7 @@ def test_fp32_is_32_true_and_fp16_is_ambiguous_everywhere():
 @pytest.mark.parametrize("optimizer", [*vocabulary.OPTIMIZERS, *vocabulary.OPTIMIZER_ALIASES, "AdamW", "adamm", "lamb"])
 def test_each_optimizer_name_gets_one_answer_everywhere(capsys, mlp_file, optimizer):
     pytest.importorskip("torch")
-    from nnmem_callbacks.torch.inputs import check_optimizer_spec
+    from nnmem_callbacks.estimators.torch.inputs import check_optimizer_spec
 
     try:
         expected, message = vocabulary.canonical_optimizer(optimizer), None
@@ -272,7 +275,7 @@ def test_each_optimizer_name_gets_one_answer_everywhere(capsys, mlp_file, optimi
 
 
 def test_the_vocabularies_are_the_estimators_tables():
-    torch_inputs = pytest.importorskip("nnmem_callbacks.torch.inputs")
+    torch_inputs = pytest.importorskip("nnmem_callbacks.estimators.torch.inputs")
     assert set(torch_inputs.PRECISIONS) == set(vocabulary.PRECISIONS) == set(napkin.PRECISIONS)
     assert set(torch_inputs.OPTIMIZER_NAMES) == set(vocabulary.OPTIMIZERS) | set(vocabulary.OPTIMIZER_ALIASES)
     assert set(vocabulary.OPTIMIZERS) <= set(napkin.OPTIMIZER_STATE)
@@ -309,7 +312,7 @@ def test_napkin_mlp_phases_read_as_words():
 
 
 def test_notes_show_bytes_with_units(capsys):
-    from nnmem_callbacks.estimate import MemoryEstimate
+    from nnmem_callbacks.core.estimate import MemoryEstimate
     from rich.console import Console
     import io
 
@@ -325,13 +328,13 @@ def test_notes_show_bytes_with_units(capsys):
 
 def test_a_kernel_the_device_cannot_run_is_a_clear_error_not_an_internal_one(capsys, monkeypatch, tmp_path):
     pytest.importorskip("torch")
-    import nnmem_callbacks
+    from nnmem_callbacks.estimators.torch import estimator
     from nnmem_callbacks.probes.runner import UnsupportedKernelError
 
     def refuses(*args, **kwargs):
         raise UnsupportedKernelError("aten.mkldnn_rnn_layer", "bfloat16", "cpu", "could not create a primitive descriptor")
 
-    monkeypatch.setattr(nnmem_callbacks, "estimate_training", refuses)
+    monkeypatch.setattr(estimator, "estimate_training", refuses)
     factories = tmp_path / "lstm_models.py"
     factories.write_text("import torch\n\ndef lstm():\n    return torch.nn.LSTM(8, 8)\n")
     code = cli.main(["estimate", f"{factories}:lstm", "-i", "4,8", "-b", "2", "--device", "cpu"])

@@ -13,10 +13,16 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from nnmem_callbacks import estimate_training, gpus
-from nnmem_callbacks.torch.cuda_autocast import cpu_autocast_ops, cuda_autocast_on_cpu, cuda_autocast_ops, probe_cuda_autocast
-from nnmem_callbacks.torch.emulation import cuda_kernel_emulation
-from nnmem_callbacks.torch.sdpa_backends import SdpaCall, SdpaSwitches, select_backend
+from nnmem_callbacks import estimate_training
+from nnmem_callbacks.hardware import gpus
+from nnmem_callbacks.estimators.torch.cuda.autocast import (
+    cpu_autocast_ops,
+    cuda_autocast_on_cpu,
+    cuda_autocast_ops,
+    probe_cuda_autocast,
+)
+from nnmem_callbacks.estimators.torch.cuda.emulation import cuda_kernel_emulation
+from nnmem_callbacks.estimators.torch.cuda.sdpa_backends import SdpaCall, SdpaSwitches, select_backend
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU emulation of CUDA kernels")
 
@@ -327,7 +333,7 @@ def test_a_backend_switch_in_the_forward_is_honoured():
 def test_probing_is_invisible_to_dispatch_modes():
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from nnmem_callbacks.torch import cuda_autocast
+    from nnmem_callbacks.estimators.torch.cuda import autocast as cuda_autocast
 
     class Seen(TorchDispatchMode):
         def __init__(self):

@@ -13,11 +13,12 @@ nn = torch.nn
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from nnmem_callbacks import cuda_tables  # noqa: E402
-from nnmem_callbacks.estimate import Category  # noqa: E402
-from nnmem_callbacks.torch import allocator, cuda_libraries  # noqa: E402
-from nnmem_callbacks.torch.estimator import estimate_training  # noqa: E402
-from nnmem_callbacks.torch.tracer import StorageTracker  # noqa: E402
+from nnmem_callbacks.hardware import cuda_tables  # noqa: E402
+from nnmem_callbacks.core.estimate import Category  # noqa: E402
+from nnmem_callbacks.allocators import cuda_caching as allocator  # noqa: E402
+from nnmem_callbacks.estimators.torch.cuda import libraries as cuda_libraries
+from nnmem_callbacks.estimators.torch.estimator import estimate_training  # noqa: E402
+from nnmem_callbacks.estimators.torch.tracer import StorageTracker  # noqa: E402
 
 MiB = 2**20
 _ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "TORCH_CUBLASLT_UNIFIED_WORKSPACE")
@@ -354,7 +355,7 @@ def test_cudnn_benchmark_adds_a_first_step_note(monkeypatch):
 
 
 def test_closed_form_estimates_for_cuda_get_the_workspaces_and_the_overhead(monkeypatch):
-    from nnmem_callbacks.torch import estimator
+    from nnmem_callbacks.estimators.torch import estimator
 
     monkeypatch.setattr(estimator, "_warned", set())  # its warn-once cache stays as other tests expect it
 
@@ -414,7 +415,7 @@ def test_a_bf16_matmul_after_an_fp32_one_adds_only_its_output():
 
 
 def test_the_workspaces_category_reaches_the_tables_and_the_json():
-    from nnmem_callbacks import report
+    from nnmem_callbacks.core import formatting as report
 
     est = _estimate()
     assert "| workspaces | 64.00 MiB |" in report.format_markdown_breakdown(est)

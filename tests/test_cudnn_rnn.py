@@ -1,7 +1,7 @@
 """cuDNN RNNs traced for CUDA targets on a CPU host: what aten._cudnn_rnn allocates, and when.
 
 The expected sizes are written out by hand from the rule in
-``nnmem_callbacks/cudnn_rnn_sizes.py`` (reserve: D * (L * (k + 1) - 1) hidden-sized
+``nnmem_callbacks/hardware/cudnn_rnn_sizes.py`` (reserve: D * (L * (k + 1) - 1) hidden-sized
 vectors per sample and step; workspace: the line through the two H100 measurements
 of (reserve, workspace); weight space: the parameters with both bias vectors), not
 computed by the module under test.
@@ -17,13 +17,13 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from nnmem_callbacks import cudnn_rnn_sizes as sizes
+from nnmem_callbacks.hardware import cudnn_rnn_sizes as sizes
 from nnmem_callbacks import estimate_training
-from nnmem_callbacks.cudnn_rnn_sizes import RnnShape
+from nnmem_callbacks.hardware.cudnn_rnn_sizes import RnnShape
 from nnmem_callbacks.probes.session import ProbeSettings, kernel_probes
-from nnmem_callbacks.torch import cudnn_rnn
-from nnmem_callbacks.torch.estimator import run_trace
-from nnmem_callbacks.torch.step import make_config
+from nnmem_callbacks.estimators.torch.cuda import cudnn_rnn
+from nnmem_callbacks.estimators.torch.estimator import run_trace
+from nnmem_callbacks.estimators.torch.step import make_config
 
 
 #: (reserve, workspace) bytes measured on the H100 (cuda_facts.json LSTM; zoo lstm case, adam, 32-true)
@@ -430,8 +430,8 @@ KERAS_TORCH_CUDA = """
 import functools, json
 import numpy as np, keras
 from nnmem_callbacks.keras import estimate_training
-from nnmem_callbacks.keras import torch_backend
-from nnmem_callbacks.torch import cudnn_rnn
+from nnmem_callbacks.estimators.keras import torch_backend
+from nnmem_callbacks.estimators.torch.cuda import cudnn_rnn
 
 calls = []
 apply = cudnn_rnn._CudnnRNN.apply
@@ -482,7 +482,7 @@ def test_keras_torch_backend_rnns_trace_for_a_cuda_target():
 def test_probe_inside_a_trace_is_invisible_to_it(monkeypatch):
     """The probe's real tensors pass no fake mode and no storage tracker (and no autocast)."""
     from nnmem_callbacks.probes import runner
-    from nnmem_callbacks.torch.tracer import StorageTracker
+    from nnmem_callbacks.estimators.torch.tracer import StorageTracker
 
     function, calls = fake_cudnn_rnn()
     seen = []

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from nnmem_callbacks import devices
+from nnmem_callbacks.hardware import devices
 
 MiB = 2**20
 
 
 def test_import_is_framework_free():
-    code = "import sys, nnmem_callbacks.devices; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, nnmem_callbacks.hardware.devices; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -9,11 +9,15 @@ import sys
 
 import pytest
 
-from nnmem_callbacks import epoch_report, monitor, tensorboard_report
-from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
-from nnmem_callbacks.monitor import Meter, PeakReading
-from nnmem_callbacks.phase_tracking import BETWEEN_STEPS, PhaseTracker
-from nnmem_callbacks.plan import make_plan
+from nnmem_callbacks.monitoring import (
+    epoch_comparison as epoch_report,
+    meters as monitor,
+    tensorboard as tensorboard_report,
+)
+from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+from nnmem_callbacks.monitoring.meters import Meter, PeakReading
+from nnmem_callbacks.monitoring.phase_tracking import BETWEEN_STEPS, PhaseTracker
+from nnmem_callbacks.core.plan import make_plan
 
 MiB = 2**20
 
@@ -298,6 +302,6 @@ def test_diagnosis_without_a_prediction_says_why_and_what_to_do():
 
 
 def test_shared_measuring_modules_import_no_framework():
-    code = ("import sys, nnmem_callbacks.epoch_report, nnmem_callbacks.phase_tracking; "
+    code = ("import sys, nnmem_callbacks.monitoring.epoch_comparison, nnmem_callbacks.monitoring.phase_tracking; "
             "assert not {'torch', 'tensorflow', 'jax', 'keras'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nnmem_callbacks.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
-from nnmem_callbacks.plan import check_budget, make_plan, resolve_budget
-from nnmem_callbacks.units import format_bytes, parse_bytes
+from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
+from nnmem_callbacks.core.plan import check_budget, make_plan, resolve_budget
+from nnmem_callbacks.core.units import format_bytes, parse_bytes
 
 
 def _estimate(**overrides):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nnmem_callbacks import gpus
-from nnmem_callbacks.units import GiB
+from nnmem_callbacks.hardware import gpus
+from nnmem_callbacks.core.units import GiB
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nnmem_callbacks.bfc_allocator import BFCSimulator
-from nnmem_callbacks.keras.jax_xla import allocator_peak, xla_allocator_mode
+from nnmem_callbacks.allocators.bfc import BFCSimulator
+from nnmem_callbacks.estimators.keras.jax_xla import allocator_peak, xla_allocator_mode
 
 MiB = 1 << 20
 

@@ -97,8 +97,8 @@ def test_jax_backend(tmp_path):
         "jax",
         """
         import os
-        from nnmem_callbacks.keras.jax_xla import compile_train_step
-        from nnmem_callbacks.keras.common import input_specs
+        from nnmem_callbacks.estimators.keras.jax_xla import compile_train_step
+        from nnmem_callbacks.estimators.keras.common import input_specs
         model = mlp(1000)
         est = estimate_training(model, batch_size=256)
         out["method"] = est.method
@@ -134,7 +134,7 @@ def test_jax_estimate_predicts_what_a_gpu_allocator_reports(tmp_path):
         "jax",
         """
         import os, jax
-        from nnmem_callbacks import monitor
+        from nnmem_callbacks.monitoring import meters as monitor
 
         class FakeGpu:
             platform, id = "gpu", 0

@@ -26,7 +26,7 @@ import json, os, sys, warnings
 import numpy as np
 import keras
 from nnmem_callbacks.keras import MemoryBudgetCallback
-from nnmem_callbacks.monitor import TensorFlowMeter
+from nnmem_callbacks.monitoring.meters import TensorFlowMeter
 
 rng = np.random.default_rng(0)
 x, y = rng.random((256, 300), dtype=np.float32), rng.integers(0, 10, 256).astype("int32")

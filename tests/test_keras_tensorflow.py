@@ -22,8 +22,8 @@ import tensorflow as tf  # noqa: E402
 
 from nnmem_callbacks import MemoryBudgetExceeded  # noqa: E402
 from nnmem_callbacks.keras import KerasEstimationError, MemoryBudgetCallback, estimate_training, fit_plan  # noqa: E402
-from nnmem_callbacks.keras.tf_graph import tf_allocator_bytes  # noqa: E402
-from nnmem_callbacks.keras import tf_ops  # noqa: E402
+from nnmem_callbacks.allocators.tensorflow_cpu import tf_allocator_bytes  # noqa: E402
+from nnmem_callbacks.estimators.keras.tensorflow import ops as tf_ops  # noqa: E402
 
 pytestmark = pytest.mark.keras
 L = keras.layers
@@ -41,7 +41,7 @@ def data(n: int = 512, features: int = 1000) -> tuple[np.ndarray, np.ndarray]:
 
 
 def needs_allocator_statistics() -> None:
-    from nnmem_callbacks.monitor import TensorFlowMeter
+    from nnmem_callbacks.monitoring.meters import TensorFlowMeter
 
     reason = TensorFlowMeter.unavailable("CPU:0")
     if reason is not None:
@@ -76,7 +76,7 @@ def test_mlp_estimate_matches_the_allocator():
 
 
 def test_bfc_simulator_charges_whole_chunks():
-    from nnmem_callbacks.keras.tf_graph import BFCSimulator
+    from nnmem_callbacks.allocators.bfc import BFCSimulator
 
     bfc = BFCSimulator()
     big = bfc.alloc(1_605_632)  # 1.53 MiB in the first 2 MiB region: < 2x the request, no split
@@ -91,7 +91,7 @@ def test_bfc_simulator_charges_whole_chunks():
 
 
 def test_einsum_workspace_rule_follows_the_kernel_layout():
-    from nnmem_callbacks.keras.tf_graph import WORKSPACE_RULES
+    from nnmem_callbacks.estimators.keras.tensorflow.ops import WORKSPACE_RULES
 
     specs = {
         "aecd,abcd->acbe": ((16, 64, 4, 32), (16, 64, 4, 32)),  # both operands transposed + output transposed
@@ -135,7 +135,9 @@ def _grappler_regrouped_muls(function, *args) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("leaves", [("m", "m", "s"), ("s", "m", "m", "s"), ("m", "v", "s", "m")])
 def test_minimize_broadcasts_regroups_like_grappler(leaves):
-    from nnmem_callbacks.keras.tf_graph import GraphReplayer, _phases, _schedule, _tensor_input_name, function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.schedule import op_phases, schedule_ops
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import tensor_input_name, function_lookup
 
     shapes = {"m": (16, 64, 64), "v": (64,), "s": ()}
     specs = [tf.TensorSpec(shapes[kind]) for kind in leaves]
@@ -150,9 +152,9 @@ def test_minimize_broadcasts_regroups_like_grappler(leaves):
     graph = product.get_concrete_function(*specs).graph
     ops = graph.get_operations()
     replayer = GraphReplayer(function_lookup(graph), 16)
-    _, inputs_of, _, _ = _schedule(ops, _phases(ops), {t.ref() for t in graph.outputs}, replayer.elements)
+    _, inputs_of, _, _ = schedule_ops(ops, op_phases(ops), {t.ref() for t in graph.outputs}, replayer.elements)
     ours = {
-        op.name: sorted(_tensor_input_name(t) for t in inputs_of[op.name])
+        op.name: sorted(tensor_input_name(t) for t in inputs_of[op.name])
         for op in ops
         if op.type == "Mul" and sorted(t.name for t in inputs_of[op.name]) != sorted(t.name for t in op.inputs)
     }
@@ -165,7 +167,8 @@ def test_minimize_broadcasts_regroups_like_grappler(leaves):
 
 def test_minimize_broadcasts_moves_a_product_into_the_forward_pass():
     """``(g * softmax) * c`` in a gradient becomes ``(c * softmax) * g``, alive from the forward on."""
-    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
 
     x = tf.Variable(tf.random.uniform((16, 4, 64, 64)))
     weight = tf.Variable(tf.random.uniform((16, 4, 64, 64)))
@@ -297,7 +300,7 @@ def test_mixed_precision_accumulation_and_remat_are_reflected():
 
 
 def test_fallback_when_the_trace_fails(monkeypatch):
-    import nnmem_callbacks.keras.tf_graph as tf_graph
+    import nnmem_callbacks.estimators.keras.tensorflow.graph as tf_graph
 
     def broken(*args, **kwargs):
         raise RuntimeError("no graph today")
@@ -406,7 +409,7 @@ def test_batch_size_from_a_dataset_and_missing_batch_size():
 
 
 def test_failed_estimate_lets_training_go_on(monkeypatch):
-    import nnmem_callbacks.keras.estimator as estimator
+    import nnmem_callbacks.estimators.keras.estimator as estimator
 
     def broken(*args, **kwargs):
         raise KerasEstimationError("cannot estimate this one")
@@ -423,7 +426,7 @@ def test_failed_estimate_lets_training_go_on(monkeypatch):
 def test_the_estimates_missing_measurements_are_warnings_of_the_callback(monkeypatch):
     import dataclasses
 
-    import nnmem_callbacks.keras.estimator as estimator
+    import nnmem_callbacks.estimators.keras.estimator as estimator
 
     real = estimator.estimate_training
 
@@ -475,9 +478,10 @@ def test_importing_the_keras_package_does_not_import_torch():
 
 def test_a_convolutions_two_gradients_run_together_with_their_scratch():
     """The executor runs both gradients of a convolution as soon as the output's gradient exists: their scratch overlaps."""
-    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
-    from nnmem_callbacks.keras.tf_probes import PROBED_OPS
-    from nnmem_callbacks.keras.tf_schedule import sibling_waves
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.probes import PROBED_OPS
+    from nnmem_callbacks.estimators.keras.tensorflow.schedule import sibling_waves
 
     kernel = tf.Variable(tf.random.uniform((3, 3, 8, 16)))
 
@@ -508,7 +512,8 @@ def test_a_convolutions_two_gradients_run_together_with_their_scratch():
 
 def test_gradients_nothing_reads_are_not_replayed():
     """TensorFlow prunes a function's ops that nothing needed reads: the data's gradient of a first convolution."""
-    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
 
     kernel = tf.Variable(tf.random.uniform((3, 3, 8, 16)))
 
@@ -531,7 +536,8 @@ def test_gradients_nothing_reads_are_not_replayed():
 
 def test_an_unlucky_run_keeps_a_slow_kernels_scratch_while_the_next_kernel_runs():
     """The upper bound's replay lets a kernel's work buffer live on until the next kernel with scratch is done."""
-    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
 
     first, second = tf.Variable(tf.random.uniform((3, 3, 8, 8))), tf.Variable(tf.random.uniform((3, 3, 8, 8)))
 
@@ -554,7 +560,8 @@ def test_an_unlucky_run_keeps_a_slow_kernels_scratch_while_the_next_kernel_runs(
 
 def test_the_kernel_a_wave_hands_to_the_pool_outlives_the_wave_by_one_kernel():
     """Expected replay: a wave's last kernel started late; its scratch is alive while the next kernel runs, not beyond."""
-    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
 
     first, second = tf.Variable(tf.random.uniform((3, 3, 8, 8))), tf.Variable(tf.random.uniform((3, 3, 8, 8)))
 
@@ -590,7 +597,7 @@ def test_the_kernel_a_wave_hands_to_the_pool_outlives_the_wave_by_one_kernel():
 
 def test_newest_first_runs_the_op_that_became_ready_last():
     """The upper bound's newest-first order (Eigen's work-stealing queues) follows a branch down before the older ready op."""
-    from nnmem_callbacks.keras.tf_schedule import _schedule
+    from nnmem_callbacks.estimators.keras.tensorflow.schedule import schedule_ops
 
     @tf.function(autograph=False)
     def branches(x):
@@ -601,7 +608,7 @@ def test_newest_first_runs_the_op_that_became_ready_last():
     phases = {op.name: "forward" for op in ops}
     orders = {}
     for newest_first in (False, True):
-        order, *_ = _schedule(ops, phases, width=1, eager_phases=("forward",), newest_first=newest_first)
+        order, *_ = schedule_ops(ops, phases, width=1, eager_phases=("forward",), newest_first=newest_first)
         orders[newest_first] = [op.type for op in order if op.type in ("Sin", "Cos", "Tanh")]
     assert orders[False] == ["Sin", "Cos", "Tanh"]  # the oldest ready op first
     assert orders[True] == ["Cos", "Tanh", "Sin"]  # Cos became ready after Sin, and Tanh after both
@@ -609,7 +616,8 @@ def test_newest_first_runs_the_op_that_became_ready_last():
 
 def test_without_forwarding_an_elementwise_chain_holds_input_and_output_together():
     """forwarding=False replays runs where element-wise kernels cannot write into their input's buffer."""
-    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
 
     @tf.function(autograph=False)
     def chain(x):
@@ -628,7 +636,7 @@ def test_without_forwarding_an_elementwise_chain_holds_input_and_output_together
 
 def test_the_upper_bound_takes_the_largest_of_the_unlucky_runs(monkeypatch):
     """``_replay_at`` replays every unlucky run and keeps the one with the largest counted peak, by name."""
-    from nnmem_callbacks.keras import tf_graph
+    from nnmem_callbacks.estimators.keras.tensorflow import graph as tf_graph
 
     @tf.function(autograph=False)
     def chain(x):
@@ -652,8 +660,10 @@ def test_the_upper_bound_takes_the_largest_of_the_unlucky_runs(monkeypatch):
 
 def test_the_scratch_of_one_wave_is_charged_allocation_by_allocation():
     """Each kernel of a wave allocates its own work buffer: a free chunk is split for each, not charged whole for their sum."""
-    from nnmem_callbacks.keras.tf_graph import BFCSimulator, GraphReplayer, function_lookup
-    from nnmem_callbacks.keras.tf_replay import ReplayRun
+    from nnmem_callbacks.allocators.bfc import BFCSimulator
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import ReplayRun
 
     @tf.function(autograph=False)
     def nothing(x):
@@ -677,8 +687,10 @@ def test_the_scratch_of_one_wave_is_charged_allocation_by_allocation():
 
 def test_a_tensor_lists_elements_are_counted_by_the_bfc_allocator_only(monkeypatch):
     """An RNN's per-step TensorList elements are separate small allocations: BFC counts them, oneDNN's allocator does not."""
-    from nnmem_callbacks.keras import tf_allocator
-    from nnmem_callbacks.keras.tf_graph import BFCSimulator, GraphReplayer, function_lookup
+    from nnmem_callbacks.allocators import tensorflow_cpu as tf_allocator
+    from nnmem_callbacks.allocators.bfc import BFCSimulator
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
 
     steps, batch, units = 64, 16, 1024  # 64 KiB elements, 4 MiB in all
 
@@ -723,8 +735,10 @@ def test_a_lists_elements_take_chunks_of_the_allocator_model_one_by_one(monkeypa
     """The elements an RNN saves per step are separate allocations: they fill the allocator's regions and make it
     open new ones, which decides what a later large buffer is charged (measured: an LSTM's saved steps made the
     difference between 32 and 17 MiB charged for a 17 MiB convolution scratch)."""
-    from nnmem_callbacks.keras import tf_allocator
-    from nnmem_callbacks.keras.tf_graph import BFCSimulator, GraphReplayer, function_lookup
+    from nnmem_callbacks.allocators import tensorflow_cpu as tf_allocator
+    from nnmem_callbacks.allocators.bfc import BFCSimulator
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
 
     monkeypatch.setattr(tf_allocator, "_COUNTED_MIN", [0])  # the BFC allocator: every allocation counted
     steps, batch, units = 48, 16, 1024  # 64 KiB elements, 3 MiB in all
@@ -748,7 +762,8 @@ def test_a_lists_elements_take_chunks_of_the_allocator_model_one_by_one(monkeypa
 def test_a_loops_transient_is_charged_as_its_bodys_allocations():
     """A loop body's peak is many small buffers; its caller's allocator model is charged them one by one, not as one
     block of their sum (a block the kernels never ask for, which would open a region of its own)."""
-    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
 
     steps, batch, units = 8, 64, 1024  # 256 KiB per body tensor
     graph = _list_loop(steps, batch, units)
@@ -762,7 +777,7 @@ def test_a_loops_transient_is_charged_as_its_bodys_allocations():
 
 
 def test_body_pieces_fall_back_to_the_counted_peak_and_repeat_for_iterations_in_flight():
-    from nnmem_callbacks.keras.tf_replay import ReplayResult
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import ReplayResult
 
     assert tf_ops.body_pieces(ReplayResult(peak_counted=3 << 20)) == [3 << 20]
     assert tf_ops.body_pieces(ReplayResult(peak_counted=0)) == []
@@ -771,7 +786,8 @@ def test_body_pieces_fall_back_to_the_counted_peak_and_repeat_for_iterations_in_
 
 def test_a_list_of_known_elements_is_counted_once_without_an_allocator_model():
     """Where no allocator is simulated (a loop or call body), a list's elements count once while it lives."""
-    from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
 
     steps, batch, units = 8, 64, 1024  # 256 KiB elements, 2 MiB in all
 
@@ -789,7 +805,8 @@ def test_a_list_of_known_elements_is_counted_once_without_an_allocator_model():
 
 def test_the_replays_allocator_starts_as_keras_build_left_it():
     """Random-initialized variables are made through two freed temporaries; zero-filled ones and slots are not."""
-    from nnmem_callbacks.keras.tf_graph import allocator_after_build, build_state
+    from nnmem_callbacks.allocators.tensorflow_cpu import allocator_after_build
+    from nnmem_callbacks.estimators.keras.tensorflow.graph import build_state
 
     model = keras.Sequential([keras.Input((64,)), L.Dense(1024), L.Dense(1024, kernel_initializer="zeros")])
     model.compile(optimizer="adam", loss="mse")
@@ -812,12 +829,12 @@ def test_an_update_racing_its_layers_input_gradient_moves_the_variable_for_the_n
     """A 1x1 convolution's two gradients run as one wave; the kernel's update then copies it (its input gradient may
     still read it) and the variable keeps the copy's chunk, freeing the old one. With one inter-op thread, no wave,
     no copy."""
-    from nnmem_callbacks.keras.common import input_specs
-    from nnmem_callbacks.keras.tf_allocator import VariablePlacement, allocator_after_build
-    from nnmem_callbacks.keras.tf_graph import (
-        GraphReplayer, build_state, function_lookup, resource_indices, state_variables,
-    )
-    from nnmem_callbacks.keras.tf_trace import trace_train_step
+    from nnmem_callbacks.estimators.keras.common import input_specs
+    from nnmem_callbacks.allocators.tensorflow_cpu import VariablePlacement, allocator_after_build
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.graph import build_state, resource_indices, state_variables
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import trace_train_step
 
     model = keras.Sequential([
         keras.Input((8, 8, 8)), L.Conv2D(256, 3, padding="same"), L.Conv2D(512, 1),

@@ -1,4 +1,4 @@
-"""The TensorFlow replay's registry of op handlers (nnmem_callbacks.keras.tf_ops) on small graphs."""
+"""The TensorFlow replay's registry of op handlers (nnmem_callbacks.estimators.keras.tensorflow.ops) on small graphs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from nnmem_callbacks.keras import tf_ops  # noqa: E402
-from nnmem_callbacks.keras.tf_graph import GraphReplayer, function_lookup  # noqa: E402
+from nnmem_callbacks.estimators.keras.tensorflow import ops as tf_ops  # noqa: E402
+from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup  # noqa: E402
 
 pytestmark = pytest.mark.keras
 MIB = 1 << 20
@@ -100,7 +101,7 @@ def test_transposes_that_undo_each_other_are_removed_as_grappler_removes_them():
 
 
 def test_the_gradient_of_undone_transposes_is_undone_too():
-    from nnmem_callbacks.keras.tf_schedule import inverse_transposes
+    from nnmem_callbacks.estimators.keras.tensorflow.schedule import inverse_transposes
 
     @tf.function(autograph=False)
     def step(x):

@@ -10,10 +10,11 @@ keras = pytest.importorskip("keras")
 if keras.backend.backend() != "tensorflow":  # pragma: no cover - another test imported keras first
     pytest.skip("Keras backend is not tensorflow in this process", allow_module_level=True)
 
-from nnmem_callbacks.keras import estimate_training, tf_probes  # noqa: E402
-from nnmem_callbacks.keras.common import input_specs  # noqa: E402
-from nnmem_callbacks.keras.estimator import _symbolic_build  # noqa: E402
-from nnmem_callbacks.keras.tf_graph import trace_train_step  # noqa: E402
+from nnmem_callbacks.keras import estimate_training  # noqa: E402
+from nnmem_callbacks.estimators.keras.tensorflow import probes as tf_probes
+from nnmem_callbacks.estimators.keras.common import input_specs  # noqa: E402
+from nnmem_callbacks.estimators.keras.estimator import build_like_fit  # noqa: E402
+from nnmem_callbacks.estimators.keras.tensorflow.trace import trace_train_step  # noqa: E402
 from nnmem_callbacks.probes.cache import ProbeCache  # noqa: E402
 
 pytestmark = pytest.mark.keras
@@ -31,7 +32,7 @@ def conv_model() -> keras.Model:
 
 def traced_probes(model: keras.Model, batch: int) -> dict:
     x_specs, y_specs, _ = input_specs(model)
-    _symbolic_build(model, batch, x_specs, y_specs)
+    build_like_fit(model, batch, x_specs, y_specs)
     graph = trace_train_step(model, x_specs, y_specs, batch).graph
     double = trace_train_step(model, x_specs, y_specs, 2 * batch).graph
     probes, undescribed = tf_probes.collect(graph, double, batch)

@@ -12,9 +12,10 @@ keras = pytest.importorskip("keras")
 if keras.backend.backend() != "tensorflow":  # pragma: no cover - another test imported keras first
     pytest.skip("Keras backend is not tensorflow in this process", allow_module_level=True)
 
-from nnmem_callbacks.keras import estimate_training, tf_step_check  # noqa: E402
-from nnmem_callbacks.keras.tf_graph import with_runtime_offset  # noqa: E402
-from nnmem_callbacks.keras.tf_step_check import StepMeasurement  # noqa: E402
+from nnmem_callbacks.keras import estimate_training  # noqa: E402
+from nnmem_callbacks.estimators.keras.tensorflow import step_check as tf_step_check
+from nnmem_callbacks.estimators.keras.tensorflow.graph import with_runtime_offset  # noqa: E402
+from nnmem_callbacks.estimators.keras.tensorflow.step_check import StepMeasurement  # noqa: E402
 
 pytestmark = pytest.mark.keras
 L = keras.layers
@@ -42,7 +43,7 @@ def test_check_batch_size_halves_and_respects_the_cap():
 
 
 def test_memory_cap_never_exceeds_a_share_of_available_memory(monkeypatch):
-    from nnmem_callbacks import devices
+    from nnmem_callbacks.hardware import devices
 
     monkeypatch.setattr(devices, "cpu_capacity", lambda: (64 << 30, 4 << 30))
     assert tf_step_check.memory_cap(1 << 40) == int(tf_step_check.AVAILABLE_MEMORY_SHARE * (4 << 30))
@@ -60,7 +61,7 @@ def test_negative_offsets_keep_the_breakdown_summing_to_the_peak():
 
 
 def test_the_run_nearest_the_replay_is_applied_and_the_rest_goes_to_the_upper_bound():
-    from nnmem_callbacks.keras.tf_graph import StepCorrection
+    from nnmem_callbacks.estimators.keras.tensorflow.graph import StepCorrection
 
     # a race with two outcomes: runs 40 apart; what every run took beyond the replay is the correction
     runs = StepMeasurement(batch_size=4, runs=(100, 140, 120), seconds=0.0, allocator="bfc")
@@ -77,7 +78,7 @@ def test_the_run_nearest_the_replay_is_applied_and_the_rest_goes_to_the_upper_bo
 
 
 def test_the_doubt_grows_with_the_distance_from_the_checked_batch():
-    from nnmem_callbacks.keras.tf_graph import EXTRAPOLATION_DOUBT, StepCorrection
+    from nnmem_callbacks.estimators.keras.tensorflow.graph import EXTRAPOLATION_DOUBT, StepCorrection
 
     runs = StepMeasurement(batch_size=4, runs=(100, 140, 120), seconds=0.0, allocator="bfc")
     for replay in (90, 170):  # an error under the replay is doubted as much as one over it
@@ -287,7 +288,7 @@ def test_the_child_copy_leaves_an_unbuilt_optimizer_to_the_first_step():
 
 
 def _specs(model):
-    from nnmem_callbacks.keras.common import input_specs
+    from nnmem_callbacks.estimators.keras.common import input_specs
 
     x_specs, y_specs, _ = input_specs(model, None, None)
     return x_specs, y_specs
@@ -330,7 +331,7 @@ def test_a_check_cut_short_by_its_budget_warns_and_says_how_to_give_it_more_time
 
 @pytest.mark.parametrize("bad", [0, -5, "300", True, float("nan")])
 def test_a_step_check_budget_that_is_not_a_positive_number_is_refused(bad):
-    from nnmem_callbacks.keras.estimator import KerasEstimationError
+    from nnmem_callbacks.estimators.keras.common import KerasEstimationError
 
     with pytest.raises(KerasEstimationError, match="step_check_seconds must be a positive number"):
         estimate_training(conv_model(), batch_size=16, step_check_seconds=bad)
@@ -345,7 +346,7 @@ def test_a_child_that_runs_out_of_time_keeps_its_finished_runs_and_is_measured_a
 
     monkeypatch.setattr(subprocess, "run", child)
     model = conv_model()
-    from nnmem_callbacks.keras.common import input_specs
+    from nnmem_callbacks.estimators.keras.common import input_specs
 
     x_specs, y_specs, _ = input_specs(model, None, None)
     first = tf_step_check.measure_steps(model, x_specs, y_specs, 8, time_budget=10.0, optimizer_built=False)

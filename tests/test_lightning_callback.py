@@ -16,7 +16,7 @@ pl = pytest.importorskip("pytorch_lightning")
 sys.path.insert(0, os.path.dirname(__file__))
 from _lightning_models import GAN, MLP, DataModule, MLPWithLoader, make_dataset, trainer_kwargs  # noqa: E402
 
-import nnmem_callbacks._lightning_impl as impl  # noqa: E402
+import nnmem_callbacks.adapters.lightning.callback as impl  # noqa: E402
 from nnmem_callbacks import MemoryBudgetExceeded, format_bytes  # noqa: E402
 from nnmem_callbacks.lightning import MemoryBudgetCallback  # noqa: E402
 

@@ -15,8 +15,9 @@ pl = pytest.importorskip("pytorch_lightning")
 sys.path.insert(0, os.path.dirname(__file__))
 from _lightning_models import MLP, DataModule, trainer_kwargs  # noqa: E402
 
-from nnmem_callbacks import devices, monitor  # noqa: E402
-from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine  # noqa: E402
+from nnmem_callbacks.hardware import devices  # noqa: E402
+from nnmem_callbacks.monitoring import meters as monitor
+from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine  # noqa: E402
 from nnmem_callbacks.lightning import MemoryBudgetCallback  # noqa: E402
 
 MiB = 2**20
@@ -143,7 +144,7 @@ def test_cuda_oom_diagnosis_from_fakes(monkeypatch):
     callback._device_kind = "cuda"
     callback.estimate = cuda_estimate()
     callback._train_batch_size = 32
-    from nnmem_callbacks.plan import make_plan
+    from nnmem_callbacks.core.plan import make_plan
 
     callback.plan = make_plan(callback.estimate, 8 * GiB)
     callback.on_train_epoch_start(trainer, None)

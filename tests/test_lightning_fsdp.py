@@ -34,8 +34,8 @@ SCRIPT = textwrap.dedent(
     from pytorch_lightning.strategies import ModelParallelStrategy
     from _lightning_models import MLP, DataModule, end_process_groups, trainer_kwargs
     from nnmem_callbacks.lightning import MemoryBudgetCallback
-    from nnmem_callbacks.strategy import Strategy
-    from nnmem_callbacks.torch.distributed import estimate_per_rank
+    from nnmem_callbacks.core.strategy import Strategy
+    from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 
     class ShardedMLP(MLP):
         def configure_model(self):

@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nnmem_callbacks._lightning_ranks import agree_on_plan, reduce_max  # noqa: E402
-from nnmem_callbacks.plan import Plan  # noqa: E402
-from nnmem_callbacks.verification import Verification, VerificationCheck  # noqa: E402
+from nnmem_callbacks.adapters.lightning.ranks import agree_on_plan, reduce_max  # noqa: E402
+from nnmem_callbacks.core.plan import Plan  # noqa: E402
+from nnmem_callbacks.core.verification import Verification, VerificationCheck  # noqa: E402
 
 
 def fake_trainer(world_size: int, other_rank: list[int], accumulate: int = 1):

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from nnmem_callbacks.lightning_strategy import read_strategy, units_for
+from nnmem_callbacks.adapters.lightning.strategy import read_strategy, units_for
 
 
 def _trainer(class_name: str, world_size: int = 2, rank: int = 1, **attributes):
@@ -66,9 +66,9 @@ def test_callback_does_not_act_under_an_unmodelled_strategy(tmp_path):
     import pytorch_lightning as pl
     from _lightning_models import DataModule, MLP, trainer_kwargs
 
-    from nnmem_callbacks import _lightning_impl
+    from nnmem_callbacks.adapters.lightning import callback as _lightning_impl
     from nnmem_callbacks.lightning import MemoryBudgetCallback
-    from nnmem_callbacks.lightning_strategy import StrategyReading
+    from nnmem_callbacks.adapters.lightning.strategy import StrategyReading
 
     callback = MemoryBudgetCallback(budget=1024, policy="shrink")
     original = _lightning_impl.MemoryBudgetCallbackMixin.setup

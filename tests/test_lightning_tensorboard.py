@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _lightning_models import MLP, DataModule, trainer_kwargs  # noqa: E402
 
 from nnmem_callbacks.lightning import MemoryBudgetCallback  # noqa: E402
-from nnmem_callbacks.tensorboard_report import custom_scalars_layout  # noqa: E402
+from nnmem_callbacks.monitoring.tensorboard import custom_scalars_layout  # noqa: E402
 
 pytestmark = pytest.mark.lightning
 

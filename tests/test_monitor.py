@@ -7,13 +7,14 @@ import sys
 
 import pytest
 
-from nnmem_callbacks import devices, monitor
+from nnmem_callbacks.hardware import devices
+from nnmem_callbacks.monitoring import meters as monitor
 
 MiB = 2**20
 
 
 def test_import_is_framework_free():
-    code = "import sys, nnmem_callbacks.monitor; assert not {'torch', 'tensorflow', 'jax', 'keras'} & set(sys.modules)"
+    code = "import sys, nnmem_callbacks.monitoring.meters; assert not {'torch', 'tensorflow', 'jax', 'keras'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nnmem_callbacks import napkin
-from nnmem_callbacks.estimate import Category
+from nnmem_callbacks.estimators import napkin
+from nnmem_callbacks.core.estimate import Category
 
 
 def test_korthikanti_published_formula_by_hand():

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
-from nnmem_callbacks.plan import (
+from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+from nnmem_callbacks.core.plan import (
     POLICIES,
     MemoryBudgetExceeded,
     check_budget,
@@ -123,8 +123,8 @@ def test_describe_plan_has_breakdown_and_advice():
 
 
 def test_no_budget_keeps_the_margin_once():
-    from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
-    from nnmem_callbacks.plan import make_plan, planning_margin, resolve_budget
+    from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+    from nnmem_callbacks.core.plan import make_plan, planning_margin, resolve_budget
 
     estimate = MemoryEstimate(peak_bytes=1000 + 10 * 64, breakdown={"parameters": 1640}, batch_size=64,
                               phases=(PhaseLine("step1/forward", 1000, 10),))

@@ -10,7 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from nnmem_callbacks.probes import ProbeCache, ProbeSession, ProbeSettings, fingerprint, kernel_probes, probe_batch
+from nnmem_callbacks.probes.cache import ProbeCache
+from nnmem_callbacks.probes import ProbeSession, ProbeSettings, kernel_probes, probe_batch
+from nnmem_callbacks.probes.fingerprint import fingerprint
 from nnmem_callbacks.probes.cache import cache_dir
 from nnmem_callbacks.probes.runner import kernel_peak
 from nnmem_callbacks.torch import UnsupportedKernelError, estimate_training
@@ -251,7 +253,7 @@ def test_a_cache_that_cannot_be_written_is_a_warning_and_the_estimate_stands(tmp
 
 
 def test_a_profiler_that_blocks_the_probes_is_a_warning_but_probe_kernels_false_is_not(cache_env, monkeypatch):
-    from nnmem_callbacks.probes.session import ProfilerBusy
+    from nnmem_callbacks.probes.runner import ProfilerBusy
 
     def busy(self, *args):
         raise ProfilerBusy("the user's profiler is running")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nnmem_callbacks.strategy import Strategy, model_states_per_rank, shard_numel, zero_model_states
+from nnmem_callbacks.core.strategy import Strategy, model_states_per_rank, shard_numel, zero_model_states
 
 
 @pytest.mark.parametrize(
@@ -73,8 +73,8 @@ def test_zero_formulas_are_deepspeeds():
 
 
 def test_shard_estimate_keeps_batch_scaling_and_counts_gpus():
-    from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
-    from nnmem_callbacks.strategy import gpus_needed, shard_estimate
+    from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+    from nnmem_callbacks.core.strategy import gpus_needed, shard_estimate
 
     single = MemoryEstimate(peak_bytes=2_000, batch_size=10, breakdown={"parameters": 400, "gradients": 400,
                             "optimizer_state": 800, "activations": 400},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.tf_allocator_fidelity import _feed, start_from_build, to_markdown
-from nnmem_callbacks.keras.tf_allocator import BFCSimulator
+from nnmem_callbacks.allocators.bfc import BFCSimulator
 
 MIB = 1 << 20
 

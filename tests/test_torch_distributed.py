@@ -1,4 +1,4 @@
-"""Per-rank estimates for DDP and FSDP2 (nnmem_callbacks.torch.distributed)."""
+"""Per-rank estimates for DDP and FSDP2 (nnmem_callbacks.estimators.torch.distributed)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nnmem_callbacks.strategy import Strategy  # noqa: E402
-from nnmem_callbacks.torch.distributed import default_units, estimate_per_rank  # noqa: E402
+from nnmem_callbacks.core.strategy import Strategy  # noqa: E402
+from nnmem_callbacks.estimators.torch.distributed import default_units, estimate_per_rank  # noqa: E402
 
 FAST = {"check_scaling": False, "probe_kernels": False}
 
@@ -121,7 +121,7 @@ def test_fsdp_per_rank_estimate_matches_gloo_processes():
 
 @pytest.mark.parametrize("strategy", [Strategy("fsdp", world_size=4, backend="nccl"), Strategy("ddp", world_size=2, backend="gloo")])
 def test_a_per_rank_plan_is_checked_by_a_per_rank_trace_not_a_single_device_one(strategy):
-    from nnmem_callbacks.plan import make_plan
+    from nnmem_callbacks.core.plan import make_plan
 
     model = _model()
     per_rank = estimate_per_rank(model, torch.randn(64, 64), "sgd", strategy=strategy, probe_kernels=False)

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from nnmem_callbacks import estimate_training
-from nnmem_callbacks.torch.allocator import (
+from nnmem_callbacks.allocators.cuda_caching import (
     LARGE_BUFFER,
     SMALL_BUFFER,
     CachingAllocatorModel,
@@ -506,7 +506,7 @@ class TinyTransformer(nn.Module):
 @pytest.mark.parametrize("optimizer", ["sgd_momentum", "adamw"])
 def test_quick_accuracy_against_profiler_ground_truth(name, factory, batch, optimizer):
     from benchmarks.groundtruth import measure_cpu_peak
-    from nnmem_callbacks.torch.inputs import OPTIMIZER_NAMES
+    from nnmem_callbacks.estimators.torch.inputs import OPTIMIZER_NAMES
 
     torch.manual_seed(0)
     model, example = factory(), batch()
@@ -542,7 +542,7 @@ def test_cuda_target_traced_on_cpu_uses_cuda_like_dropout_and_attention():
 
 @pytest.mark.parametrize("factory,batch_fn", [(bn_cnn, image_batch), (TinyTransformer, lambda: (torch.randint(0, 1000, (8, 32)), torch.randint(0, 10, (8,))))])
 def test_fast_dispatch_gives_the_same_peaks_as_fake_tensor_mode_alone(monkeypatch, factory, batch_fn):
-    import nnmem_callbacks.torch.estimator as estimator
+    import nnmem_callbacks.estimators.torch.estimator as estimator
 
     model, batch = factory(), batch_fn() if factory is TinyTransformer else batch_fn(16)
     results = {}
@@ -573,7 +573,7 @@ def test_foreach_and_fused_optimizers_are_simulated_as_they_run():
 def test_fast_dispatch_replays_out_variants_and_views_faithfully():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from nnmem_callbacks.torch.tracer import StorageTracker
+    from nnmem_callbacks.estimators.torch.tracer import StorageTracker
 
     mode = FakeTensorMode()
     tracker = StorageTracker("cpu", fake_mode=mode)
@@ -596,7 +596,7 @@ def test_fast_dispatch_runs_in_place_metadata_ops_every_time():
     replay that hands the input back unchanged would keep the old layout."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from nnmem_callbacks.torch.tracer import StorageTracker
+    from nnmem_callbacks.estimators.torch.tracer import StorageTracker
 
     mode = FakeTensorMode()
     tracker = StorageTracker("cpu", fake_mode=mode)
@@ -626,7 +626,7 @@ class _Recurrent(nn.Module):
 def test_batch_first_gru_and_rnn_are_traced_like_without_the_memo(monkeypatch, cls, num_layers, bidirectional):
     """nn.GRU/nn.RNN with batch_first end in the in-place ``output.transpose_(0, 1)``;
     a memo replay of it broke backward in the second step (fallback estimate)."""
-    import nnmem_callbacks.torch.estimator as estimator
+    import nnmem_callbacks.estimators.torch.estimator as estimator
 
     torch.manual_seed(0)
     model = _Recurrent(cls, num_layers, bidirectional)
@@ -642,7 +642,7 @@ def test_batch_first_gru_and_rnn_are_traced_like_without_the_memo(monkeypatch, c
 
 def test_batch_first_bidirectional_gru_matches_the_profiler():
     from benchmarks.groundtruth import measure_cpu_peak
-    from nnmem_callbacks.torch.inputs import OPTIMIZER_NAMES
+    from nnmem_callbacks.estimators.torch.inputs import OPTIMIZER_NAMES
 
     torch.manual_seed(0)
     model = _Recurrent(nn.GRU, 2, True)
@@ -656,9 +656,9 @@ def test_batch_first_bidirectional_gru_matches_the_profiler():
 def test_cuda_allocator_rounding_keeps_the_batch_ranges_of_piecewise_lines(monkeypatch):
     """The CUDA adjustment shifts every phase line by the allocator rounding;
     it must keep each line's batch range (the piecewise fit of non-linear growth)."""
-    from nnmem_callbacks.estimate import PhaseLine
-    from nnmem_callbacks.torch import allocator
-    from nnmem_callbacks.torch import estimator
+    from nnmem_callbacks.core.estimate import PhaseLine
+    from nnmem_callbacks.allocators import cuda_caching as allocator
+    from nnmem_callbacks.estimators.torch import estimator
 
     below = PhaseLine("step2/backward", 1_000, 500, 1, 16)  # steep, valid up to the batch only
     above = PhaseLine("step2/backward", 6_000, 100, 16, None)
@@ -695,8 +695,8 @@ def test_fallback_probe_never_creates_tensors_on_a_cuda_target():
     from torch.overrides import TorchFunctionMode
     from torch.utils._pytree import tree_flatten
 
-    from nnmem_callbacks.torch.fallback import estimate_closed_form
-    from nnmem_callbacks.torch.step import make_config
+    from nnmem_callbacks.estimators.torch.fallback import estimate_closed_form
+    from nnmem_callbacks.estimators.torch.step import make_config
 
     class RealCudaTensors(TorchFunctionMode):
         def __init__(self):

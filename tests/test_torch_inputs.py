@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nnmem_callbacks.torch.estimator import estimate_training  # noqa: E402
-from nnmem_callbacks.torch.inputs import describe_batch  # noqa: E402
+from nnmem_callbacks.estimators.torch.estimator import estimate_training  # noqa: E402
+from nnmem_callbacks.estimators.torch.inputs import describe_batch  # noqa: E402
 
 
 class Encoding(UserDict):

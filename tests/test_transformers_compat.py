@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from benchmarks.groundtruth import measure_cpu_peak  # noqa: E402
 from nnmem_callbacks import estimate_training  # noqa: E402
-from nnmem_callbacks.torch import compat  # noqa: E402
+from nnmem_callbacks.estimators.torch import compat  # noqa: E402
 
 BATCH, LENGTH = 4, 96
 

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from nnmem_callbacks.estimate import MemoryEstimate, PhaseLine
-from nnmem_callbacks.plan import describe_plan, make_plan
-from nnmem_callbacks.verification import MAX_VERIFY_STEPS, verify_batch_size
+from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+from nnmem_callbacks.core.plan import describe_plan, make_plan
+from nnmem_callbacks.core.verification import MAX_VERIFY_STEPS, verify_batch_size
 
 KiB = 1024
 

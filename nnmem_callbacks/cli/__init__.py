@@ -7,7 +7,7 @@ Subcommands:
   saved Keras model, and print the peak, its breakdown, the allocator reserve,
   the CUDA overhead and the largest batch that fits a GPU or a budget.
 * ``nnmem calc``: the same table from bare numbers (napkin formulas in
-  :mod:`nnmem_callbacks.napkin`), with a short "why".
+  :mod:`nnmem_callbacks.estimators.napkin`), with a short "why".
 * ``nnmem gpus``: the built-in GPU table.
 * ``nnmem demo``: runs ``examples/lightning_quickstart.py``.
 
@@ -18,10 +18,10 @@ The package is split by what each part does, as accelerate's
   or as a subcommand);
 * :mod:`~nnmem_callbacks.cli.values`: option values (counts, input shapes);
 * :mod:`~nnmem_callbacks.cli.targets`: gathering the device and the budget
-  (budget semantics are :func:`nnmem_callbacks.plan.resolve_budget`'s);
+  (budget semantics are :func:`nnmem_callbacks.core.plan.resolve_budget`'s);
 * :mod:`~nnmem_callbacks.cli.models`: gathering the model and its batch;
 * :mod:`~nnmem_callbacks.cli.compute`: the estimators and the fit
-  (:func:`nnmem_callbacks.plan.make_plan`);
+  (:func:`nnmem_callbacks.core.plan.make_plan`);
 * :mod:`~nnmem_callbacks.cli.render` and :mod:`~nnmem_callbacks.cli.plots`:
   tables, JSON and figures;
 * :mod:`~nnmem_callbacks.cli.commands` and :mod:`~nnmem_callbacks.cli.demo`:
@@ -49,14 +49,7 @@ from typing import Sequence
 
 from nnmem_callbacks.cli.compute import FitSummary, GpuFit, fit_summary, napkin_from_args, run_estimate
 from nnmem_callbacks.cli.demo import find_quickstart
-from nnmem_callbacks.cli.errors import (
-    EXIT_DOES_NOT_FIT,
-    EXIT_FAILURE,
-    EXIT_OK,
-    EXIT_USAGE,
-    CliError,
-    _first_line,
-)
+from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CliError, first_line
 from nnmem_callbacks.cli.models import build_model, load_factory, make_batch
 from nnmem_callbacks.cli.parsers import (
     build_parser,
@@ -110,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nnmem {args.command}: error: {error}", file=sys.stderr)
             return EXIT_USAGE
         print(
-            f"nnmem {args.command}: internal error: {type(error).__name__}: {_first_line(error)} "
+            f"nnmem {args.command}: internal error: {type(error).__name__}: {first_line(error)} "
             f"(rerun with --debug for the traceback, and please report it)",
             file=sys.stderr,
         )

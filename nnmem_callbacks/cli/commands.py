@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from nnmem_callbacks import gpus as gpu_table
-from nnmem_callbacks import napkin, vocabulary
+from nnmem_callbacks.hardware import gpus as gpu_table
+from nnmem_callbacks.estimators import napkin
+from nnmem_callbacks.core import vocabulary
 from nnmem_callbacks.cli.compute import (
     FitSummary,
     fit_summary,
@@ -15,15 +16,17 @@ from nnmem_callbacks.cli.compute import (
     run_estimate,
     strategy_from_args,
 )
-from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_OK, _checked
-from nnmem_callbacks.cli.render import _console, _emit
+from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_OK, checked_value
+from nnmem_callbacks.cli.render import make_console, emit_estimate
 from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
-from nnmem_callbacks.units import format_bytes
+from nnmem_callbacks.core.units import format_bytes
+
+__all__ = ["calc_command", "estimate_command", "gpus_command"]
 
 def _check_vocabulary(args: argparse.Namespace) -> None:
-    """``--precision`` and ``--optimizer`` in canonical spelling (:mod:`nnmem_callbacks.vocabulary`)."""
-    args.precision = _checked(vocabulary.canonical_precision, args.precision, "--precision")
-    args.optimizer = _checked(vocabulary.canonical_optimizer, args.optimizer, "--optimizer")
+    """``--precision`` and ``--optimizer`` in canonical spelling (:mod:`nnmem_callbacks.core.vocabulary`)."""
+    args.precision = checked_value(vocabulary.canonical_precision, args.precision, "--precision")
+    args.optimizer = checked_value(vocabulary.canonical_optimizer, args.optimizer, "--optimizer")
 
 
 def _exit_status(args: argparse.Namespace, fit: FitSummary) -> int:
@@ -41,7 +44,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     fit = fit_summary(estimate, target, budget, budget_named=args.budget is not None)
     title = (f"nnmem estimate {args.model}: batch {estimate.batch_size}, {estimate.precision}, "
              f"{args.optimizer}, target {target.label}")
-    _emit(estimate, fit, args, title=title, model=args.model, inputs=list(args.input_shape or []),
+    emit_estimate(estimate, fit, args, title=title, model=args.model, inputs=list(args.input_shape or []),
           optimizer=args.optimizer)
     return _exit_status(args, fit)
 
@@ -56,7 +59,7 @@ def calc_command(args: argparse.Namespace) -> int:
     strategy = strategy_from_args(args)
     estimate = single
     if strategy.kind != "single":
-        from nnmem_callbacks.strategy import shard_estimate
+        from nnmem_callbacks.core.strategy import shard_estimate
 
         params = int(single.extra.get("params") or single.extra.get("napkin", {}).get("params") or 0)
         gathered = gathered_unit_bytes(single)
@@ -67,7 +70,7 @@ def calc_command(args: argparse.Namespace) -> int:
     why = napkin.explain(estimate)
     title = (f"nnmem calc ({estimate.method}): batch {estimate.batch_size}, {estimate.precision}, "
              f"{estimate.extra['napkin']['optimizer']}, target {target.label}")
-    _emit(estimate, fit, args, title=title, why=why)
+    emit_estimate(estimate, fit, args, title=title, why=why)
     return _exit_status(args, fit)
 
 
@@ -75,7 +78,7 @@ def _with_gpu_counts(fit: FitSummary, single, strategy, margin: float) -> FitSum
     """Each GPU row with the fewest ranks of that GPU whose per-rank share of ``single`` fits."""
     import dataclasses
 
-    from nnmem_callbacks.strategy import gpus_needed
+    from nnmem_callbacks.core.strategy import gpus_needed
 
     params = int(single.extra.get("params") or single.extra.get("napkin", {}).get("params") or 0)
     gathered = gathered_unit_bytes(single)
@@ -105,7 +108,7 @@ def gpus_command(args: argparse.Namespace) -> int:
     for gpu in gpu_table.GPUS:
         table.add_row(gpu.name, f"{gpu.nominal_gb} GB", format_bytes(gpu.memory_bytes), f"{gpu.memory_bytes:,}",
                       gpu.arch.label)
-    _console().print(table)
+    make_console().print(table)
     return 0
 
 

@@ -7,17 +7,27 @@ import dataclasses
 import os
 from typing import Any
 
-from nnmem_callbacks import gpus as gpu_table
-from nnmem_callbacks import napkin
-from nnmem_callbacks.cli.errors import CliError, _checked, _first_line, _require
-from nnmem_callbacks.cli.models import _check_forward, build_model, load_factory, make_batch
+from nnmem_callbacks.hardware import gpus as gpu_table
+from nnmem_callbacks.estimators import napkin
+from nnmem_callbacks.cli.errors import CliError, checked_value, first_line, require_module
+from nnmem_callbacks.cli.models import check_forward, build_model, load_factory, make_batch
 from nnmem_callbacks.cli.targets import Target
 from nnmem_callbacks.cli.values import parse_count, parse_input_shape, parse_model_args
-from nnmem_callbacks.estimate import MemoryEstimate
-from nnmem_callbacks.plan import DEFAULT_MARGIN, Plan, make_plan, planning_margin, resolve_budget
+from nnmem_callbacks.core.estimate import MemoryEstimate
+from nnmem_callbacks.core.plan import DEFAULT_MARGIN, Plan, make_plan, planning_margin, resolve_budget
+
+__all__ = [
+    "fit_summary",
+    "FitSummary",
+    "gathered_unit_bytes",
+    "GpuFit",
+    "napkin_from_args",
+    "run_estimate",
+    "strategy_from_args",
+]
 
 def strategy_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`~nnmem_callbacks.strategy.Strategy` of ``--world-size``, ``--fsdp`` and ``--zero-stage``.
+    """The :class:`~nnmem_callbacks.core.strategy.Strategy` of ``--world-size``, ``--fsdp`` and ``--zero-stage``.
 
     Example:
         >>> import argparse
@@ -26,7 +36,7 @@ def strategy_from_args(args: argparse.Namespace) -> Any:
         >>> strategy_from_args(argparse.Namespace(world_size=1, fsdp=False, zero_stage=None)).kind
         'single'
     """
-    from nnmem_callbacks.strategy import Strategy
+    from nnmem_callbacks.core.strategy import Strategy
 
     world_size = int(getattr(args, "world_size", 1) or 1)
     fsdp, stage = bool(getattr(args, "fsdp", False)), getattr(args, "zero_stage", None)
@@ -58,15 +68,15 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     spec = args.model
     if spec.endswith((".keras", ".h5")):
         return _keras_estimate(spec, args, target)
-    _require("torch", "nnmem estimate needs PyTorch for factory models: pip install 'nnmem_callbacks[torch]'")
+    require_module("torch", "nnmem estimate needs PyTorch for factory models: pip install 'nnmem_callbacks[torch]'")
     factory = load_factory(spec)
     inputs = [parse_input_shape(text) for text in (args.input_shape or [])]
     if not inputs:
         raise CliError("give the model's input shape, e.g. --input-shape 3,224,224 (per sample, no batch dimension)")
-    precision = _checked(napkin.check_precision, args.precision, "--precision")
+    precision = checked_value(napkin.check_precision, args.precision, "--precision")
     model = build_model(spec, parse_model_args(args.model_arg), factory=factory)
     batch = make_batch(inputs, args.batch_size)
-    from nnmem_callbacks import estimate_training
+    from nnmem_callbacks.estimators.torch.estimator import estimate_training
 
     import logging
     import warnings
@@ -84,7 +94,7 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
                     model, batch, optimizer=args.optimizer, precision=precision, device=device
                 )
             else:
-                from nnmem_callbacks.torch.distributed import estimate_per_rank
+                from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 
                 estimate = estimate_per_rank(
                     model, batch, optimizer=args.optimizer, precision=precision, device=device, strategy=strategy
@@ -94,7 +104,7 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     finally:
         quiet.setLevel(level)
     if estimate.method != "trace":
-        _check_forward(model, inputs)
+        check_forward(model, inputs)
     return estimate
 
 
@@ -102,13 +112,13 @@ def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> Memo
     if not os.path.isfile(spec):
         raise CliError(f"Keras model file {spec!r} not found")
     try:
-        from nnmem_callbacks.keras import estimate_training as keras_estimate  # type: ignore[attr-defined]
+        from nnmem_callbacks.estimators.keras.estimator import estimate_training as keras_estimate
     except ImportError as error:
         raise CliError(
             f"estimating the saved Keras model {spec!r} needs Keras and TensorFlow: "
-            f"pip install 'nnmem_callbacks[keras,tensorflow]' ({_first_line(error) or 'not importable'})"
+            f"pip install 'nnmem_callbacks[keras,tensorflow]' ({first_line(error) or 'not importable'})"
         ) from None
-    precision = _checked(napkin.check_precision, args.precision, "--precision")
+    precision = checked_value(napkin.check_precision, args.precision, "--precision")
     if precision != "32-true":
         raise CliError(
             f"a saved Keras model keeps the dtype policy it was saved with, so --precision {precision} cannot be "
@@ -126,7 +136,7 @@ def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> Memo
 
 
 def _keras_optimizer(keras: Any, name: str) -> Any:
-    """A Keras optimizer for a canonical ``--optimizer`` name (:mod:`nnmem_callbacks.vocabulary`)."""
+    """A Keras optimizer for a canonical ``--optimizer`` name (:mod:`nnmem_callbacks.core.vocabulary`)."""
     if name == "sgd_momentum":
         return keras.optimizers.SGD(momentum=0.9)
     try:
@@ -199,7 +209,7 @@ class GpuFit:
 class FitSummary:
     """The estimate compared with the target's budget and with the GPU table.
 
-    The comparison is :func:`nnmem_callbacks.plan.make_plan`'s, the one the
+    The comparison is :func:`nnmem_callbacks.core.plan.make_plan`'s, the one the
     callbacks make: ``fits`` compares the prediction with the budget,
     ``max_batch_size`` keeps ``margin`` of the budget free.
     """
@@ -239,11 +249,11 @@ def fit_summary(estimate: MemoryEstimate, target: Target, budget_bytes: int | No
     """Compares ``estimate`` with the budget and, without a known device memory, with every GPU.
 
     On CUDA the device bytes (allocator reserve plus context) are compared,
-    on CPU the tensor peak. Each comparison is :func:`~nnmem_callbacks.plan.make_plan`;
-    a GPU row's budget is :func:`~nnmem_callbacks.plan.resolve_budget` with no budget.
+    on CPU the tensor peak. Each comparison is :func:`~nnmem_callbacks.core.plan.make_plan`;
+    a GPU row's budget is :func:`~nnmem_callbacks.core.plan.resolve_budget` with no budget.
     ``budget_named=False`` says that ``budget_bytes`` was resolved from no
     ``--budget`` and so already keeps ``margin`` free; the plan then does not
-    take it again (:func:`~nnmem_callbacks.plan.planning_margin`).
+    take it again (:func:`~nnmem_callbacks.core.plan.planning_margin`).
 
     Example:
         >>> from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target

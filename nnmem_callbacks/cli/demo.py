@@ -10,6 +10,8 @@ from pathlib import Path
 
 from nnmem_callbacks.cli.errors import CliError
 
+__all__ = ["demo_command", "find_quickstart"]
+
 def demo_command(args: argparse.Namespace) -> int:
     """``nnmem demo``: run examples/lightning_quickstart.py in a subprocess."""
     script = find_quickstart()

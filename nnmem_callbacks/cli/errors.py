@@ -5,6 +5,17 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+__all__ = [
+    "checked_value",
+    "CliError",
+    "EXIT_DOES_NOT_FIT",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "first_line",
+    "require_module",
+]
+
 #: Exit status of a run that worked (and, with a budget or device named, whose batch fits).
 EXIT_OK = 0
 #: Exit status of an internal failure (a bug: please report it).
@@ -19,19 +30,19 @@ class CliError(Exception):
     """A user mistake: printed as one short message, exit code 2, no traceback."""
 
 
-def _checked(check: Any, value: Any, flag: str) -> Any:
+def checked_value(check: Any, value: Any, flag: str) -> Any:
     try:
         return check(value)
     except ValueError as error:
         raise CliError(f"{flag}: {error}") from None
 
 
-def _require(module: str, message: str) -> None:
+def require_module(module: str, message: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise CliError(message)
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0][:300] if lines else ""
 

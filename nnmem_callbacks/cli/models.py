@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from nnmem_callbacks.cli.errors import CliError, _first_line
+from nnmem_callbacks.cli.errors import CliError, first_line
 from nnmem_callbacks.cli.values import InputSpec
+
+__all__ = ["build_model", "check_forward", "load_factory", "make_batch"]
 
 _MODEL_SPEC_HELP = (
     "MODEL must be 'package.module:factory', 'path/to/file.py:factory' (a callable returning a "
@@ -49,7 +51,7 @@ def load_factory(spec: str) -> Any:
                 f"For a file, write path/to/{location.replace('.', '/')}.py:{attribute}"
             ) from None
         except Exception as error:  # noqa: BLE001 - user code
-            raise CliError(f"importing {location!r} raised {type(error).__name__}: {_first_line(error)}") from None
+            raise CliError(f"importing {location!r} raised {type(error).__name__}: {first_line(error)}") from None
     if not hasattr(module, attribute):
         names = _public_callables(module)
         raise CliError(
@@ -73,7 +75,7 @@ def _import_file(path: Path, spec: str) -> Any:
         module_spec.loader.exec_module(module)
     except Exception as error:  # noqa: BLE001 - user code
         sys.modules.pop(name, None)
-        raise CliError(f"running {str(path)!r} raised {type(error).__name__}: {_first_line(error)}") from None
+        raise CliError(f"running {str(path)!r} raised {type(error).__name__}: {first_line(error)}") from None
     finally:
         if directory in sys.path:
             sys.path.remove(directory)
@@ -119,7 +121,7 @@ def build_model(spec: str, model_args: dict[str, Any] | None = None, *, factory:
         model = factory(**(model_args or {}))
     except Exception as error:  # noqa: BLE001 - user code
         raise CliError(
-            f"the factory {spec!r} raised {type(error).__name__}: {_first_line(error)}; "
+            f"the factory {spec!r} raised {type(error).__name__}: {first_line(error)}; "
             f"check that it runs on its own (and its --model-arg values)"
         ) from None
     if not isinstance(model, torch.nn.Module):
@@ -157,7 +159,7 @@ def _real_batch(inputs: Sequence[InputSpec], batch_size: int) -> Any:
     return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
 
-def _check_forward(model: Any, inputs: Sequence[InputSpec]) -> None:
+def check_forward(model: Any, inputs: Sequence[InputSpec]) -> None:
     """Runs the model once on a real batch of 2; a failure is a shape mistake."""
     import torch
 
@@ -176,7 +178,7 @@ def _check_forward(model: Any, inputs: Sequence[InputSpec]) -> None:
         shapes = ", ".join(_describe_input(spec) for spec in inputs)
         raise CliError(
             f"the model cannot run on inputs of per-sample shape {shapes}: {type(error).__name__}: "
-            f"{_first_line(error)}; fix --input-shape (per-sample dimensions, without the batch dimension)"
+            f"{first_line(error)}; fix --input-shape (per-sample dimensions, without the batch dimension)"
         ) from None
 
 

@@ -5,10 +5,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nnmem_callbacks import napkin, vocabulary
+from nnmem_callbacks.estimators import napkin
+from nnmem_callbacks.core import vocabulary
 from nnmem_callbacks.cli.commands import calc_command, estimate_command, gpus_command
 from nnmem_callbacks.cli.demo import demo_command
-from nnmem_callbacks.cli.values import _count, _dims_product, _positive_int
+from nnmem_callbacks.cli.values import count_arg, dims_product_arg, positive_int_arg
+
+__all__ = [
+    "build_parser",
+    "calc_command_parser",
+    "demo_command_parser",
+    "DEMO_EXAMPLE",
+    "estimate_command_parser",
+    "gpus_command_parser",
+]
 
 _EXIT_STATUS = """\
 exit status:
@@ -58,7 +68,7 @@ def _subparser(subparsers: Any, name: str, **kwargs: Any) -> argparse.ArgumentPa
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--batch-size", "-b", type=_positive_int, default=1, metavar="N",
+        "--batch-size", "-b", type=positive_int_arg, default=1, metavar="N",
         help="batch size to estimate at (default: 1), e.g. --batch-size 32",
     )
     parser.add_argument(
@@ -83,7 +93,7 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
              "(a named GPU: its memory) minus 5%%, as MemoryBudgetCallback(budget=None); e.g. --budget 10GiB",
     )
     parser.add_argument(
-        "--world-size", type=_positive_int, default=1, metavar="N",
+        "--world-size", type=positive_int_arg, default=1, metavar="N",
         help="ranks training together (default 1); alone it means DDP (every rank holds the model plus "
              "its gradient buckets), with --fsdp or --zero-stage the states are sharded; the estimate is per rank, "
              "e.g. --world-size 8 --fsdp",
@@ -159,19 +169,19 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         help="transformer: number of layers (with --hidden), e.g. --layers 12; "
              "MLP: layer widths from input to output, e.g. --layers 1000,100,100,10",
     )
-    parser.add_argument("--hidden", type=_positive_int, default=None, metavar="H",
+    parser.add_argument("--hidden", type=positive_int_arg, default=None, metavar="H",
                         help="transformer hidden size, e.g. --hidden 768")
-    parser.add_argument("--heads", type=_positive_int, default=None, metavar="A",
+    parser.add_argument("--heads", type=positive_int_arg, default=None, metavar="A",
                         help="transformer attention heads, e.g. --heads 12")
-    parser.add_argument("--seq-len", type=_positive_int, default=None, metavar="S",
+    parser.add_argument("--seq-len", type=positive_int_arg, default=None, metavar="S",
                         help="transformer sequence length, e.g. --seq-len 128")
-    parser.add_argument("--vocab", type=_count, default=0, metavar="V",
+    parser.add_argument("--vocab", type=count_arg, default=0, metavar="V",
                         help="vocabulary size for the LM head and loss (default 0: none), e.g. --vocab 30522")
-    parser.add_argument("--ffn", type=_positive_int, default=None, metavar="F",
+    parser.add_argument("--ffn", type=positive_int_arg, default=None, metavar="F",
                         help="transformer MLP width (default 4*hidden), e.g. --ffn 3072")
     parser.add_argument("--arch", choices=napkin.ARCHITECTURES, default="gpt",
                         help="gpt: pre-LN decoder with tied LM head; bert: masked-LM encoder (default: gpt)")
-    parser.add_argument("--max-positions", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--max-positions", type=positive_int_arg, default=None, metavar="N",
                         help="position embeddings (default 1024 for gpt, 512 for bert), e.g. --max-positions 2048")
     parser.add_argument("--recompute", choices=napkin.RECOMPUTE, default="none",
                         help="activation recomputation: none, selective (attention scores), full "
@@ -183,12 +193,12 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
                         help="transformer MLP activation: gelu (one fused kernel; BERT, most models) or gelu_new "
                              "(tanh GELU written as elementwise ops, HF GPT-2's default) (default: gelu)")
     parser.add_argument("--no-dropout", action="store_true", help="dropout off: no 1-byte masks are kept")
-    parser.add_argument("--params", type=_count, default=None, metavar="N",
+    parser.add_argument("--params", type=count_arg, default=None, metavar="N",
                         help="parameter count (19M, 1.5B, 110_000_000); for transformers it overrides "
                              "the count implied by the layer sizes, e.g. --params 19M")
-    parser.add_argument("--activations", type=_count, default=None, metavar="N",
+    parser.add_argument("--activations", type=count_arg, default=None, metavar="N",
                         help="activation elements saved per sample (counts mode), e.g. --activations 532752")
-    parser.add_argument("--input-size", type=_dims_product, default=0, metavar="N|D1,D2,..",
+    parser.add_argument("--input-size", type=dims_product_arg, default=0, metavar="N|D1,D2,..",
                         help="input elements per sample (counts mode), e.g. --input-size 3,224,224")
     _add_target_options(parser)
     parser.set_defaults(func=calc_command)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from nnmem_callbacks.cli.compute import FitSummary
 from nnmem_callbacks.cli.errors import CliError
-from nnmem_callbacks.estimate import MemoryEstimate
-from nnmem_callbacks.report import breakdown_rows
-from nnmem_callbacks.units import format_bytes
+from nnmem_callbacks.core.estimate import MemoryEstimate
+from nnmem_callbacks.core.formatting import breakdown_rows
+from nnmem_callbacks.core.units import format_bytes
+
+__all__ = ["plot_estimate"]
 
 def plot_estimate(estimate: MemoryEstimate, fit: FitSummary, path: str, *, title: str = "") -> str:
     """Draws the breakdown and the peak against the batch size (with the budget) to ``path``.
@@ -21,7 +23,7 @@ def plot_estimate(estimate: MemoryEstimate, fit: FitSummary, path: str, *, title
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from nnmem_callbacks.units import GiB, MiB
+    from nnmem_callbacks.core.units import GiB, MiB
 
     scale, unit = (GiB, "GiB") if estimate.peak_bytes >= GiB else (MiB, "MiB")  # the breakdown's unit
     rows = breakdown_rows(estimate)

@@ -10,9 +10,11 @@ from typing import Any, Sequence
 
 from nnmem_callbacks.cli.compute import FitSummary
 from nnmem_callbacks.cli.plots import plot_estimate
-from nnmem_callbacks.estimate import MemoryEstimate
-from nnmem_callbacks.report import breakdown_rows
-from nnmem_callbacks.units import format_bytes
+from nnmem_callbacks.core.estimate import MemoryEstimate
+from nnmem_callbacks.core.formatting import breakdown_rows
+from nnmem_callbacks.core.units import format_bytes
+
+__all__ = ["emit_estimate", "estimate_to_json", "make_console", "readable_note", "render_estimate"]
 
 def estimate_to_json(estimate: MemoryEstimate, fit: FitSummary, **extra: Any) -> str:
     """The estimate and the fit as one JSON document (bytes as integers)."""
@@ -22,7 +24,7 @@ def estimate_to_json(estimate: MemoryEstimate, fit: FitSummary, **extra: Any) ->
     return json.dumps(document, indent=2, default=str)
 
 
-def _console(file: Any = None) -> Any:
+def make_console(file: Any = None) -> Any:
     from rich.console import Console
 
     return Console(file=file or sys.stdout, highlight=False, width=None if (file or sys.stdout).isatty() else 110)
@@ -35,7 +37,7 @@ def _batch_text(batch_size: int | None) -> str:
         >>> _batch_text(1 << 24), _batch_text(12), _batch_text(0)
         ('>= 16,777,216', '12', '0 (not even 1)')
     """
-    from nnmem_callbacks.estimate import MAX_BATCH_SEARCH_LIMIT
+    from nnmem_callbacks.core.batch_search import MAX_BATCH_SEARCH_LIMIT
 
     if batch_size is None:
         return "-"
@@ -65,7 +67,7 @@ def render_estimate(
     """Prints the breakdown, device figures, fits and notes as rich tables."""
     from rich.table import Table
 
-    console = console or _console()
+    console = console or make_console()
     console.print(f"[bold]{title}[/bold]")
     table = Table()
     table.add_column("category")
@@ -125,7 +127,7 @@ def render_estimate(
         console.print(f"[dim]note: {readable_note(note)}[/dim]")
 
 
-def _emit(estimate: MemoryEstimate, fit: FitSummary, args: argparse.Namespace, *, title: str,
+def emit_estimate(estimate: MemoryEstimate, fit: FitSummary, args: argparse.Namespace, *, title: str,
           why: Sequence[str] = (), **json_extra: Any) -> None:
     if args.plot:
         plot_estimate(estimate, fit, args.plot, title=title)

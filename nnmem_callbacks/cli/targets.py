@@ -7,9 +7,11 @@ import importlib.util
 import re
 import sys
 
-from nnmem_callbacks import gpus as gpu_table
+from nnmem_callbacks.hardware import gpus as gpu_table
 from nnmem_callbacks.cli.errors import CliError
-from nnmem_callbacks.plan import DEFAULT_MARGIN, parse_budget_text, resolve_budget
+from nnmem_callbacks.core.plan import DEFAULT_MARGIN, parse_budget_text, resolve_budget
+
+__all__ = ["resolve_budget_bytes", "resolve_target", "Target"]
 
 @dataclasses.dataclass(frozen=True)
 class Target:
@@ -54,7 +56,7 @@ def resolve_target(device: str | None) -> Target:
     text = device.strip()
     lowered = text.lower()
     if lowered == "cpu":
-        from nnmem_callbacks.devices import cpu_capacity
+        from nnmem_callbacks.hardware.devices import cpu_capacity
 
         total, available = cpu_capacity()
         return Target("cpu", None, total, available, "cpu (host RAM)")
@@ -92,19 +94,19 @@ def _local_cuda(device: str) -> tuple[str, int, int] | None:
         )
     if count == 0:
         return None
-    from nnmem_callbacks.devices import cuda_capacity
+    from nnmem_callbacks.hardware.devices import cuda_capacity
 
     total, free = cuda_capacity(device)
     return torch.cuda.get_device_name(index if index is not None else torch.cuda.current_device()), total, free
 
 
 def resolve_budget_bytes(budget: str | None, target: Target) -> int | None:
-    """``--budget`` in bytes, by :func:`nnmem_callbacks.plan.resolve_budget`'s rule (the API's).
+    """``--budget`` in bytes, by :func:`nnmem_callbacks.core.plan.resolve_budget`'s rule (the API's).
 
     A size with a unit (``"6GiB"``) is bytes; a bare number is a fraction of
     the device in (0, 1] (``"0.9"``); ``"1.5"`` is an error. Without
     ``--budget``: the free memory of a local device (the capacity of a named
-    GPU) minus :data:`~nnmem_callbacks.plan.DEFAULT_MARGIN`, or ``None`` when
+    GPU) minus :data:`~nnmem_callbacks.core.plan.DEFAULT_MARGIN`, or ``None`` when
     the device's memory is unknown.
 
     Raises:

@@ -9,6 +9,16 @@ from typing import Any, Sequence
 
 from nnmem_callbacks.cli.errors import CliError
 
+__all__ = [
+    "count_arg",
+    "dims_product_arg",
+    "InputSpec",
+    "parse_count",
+    "parse_input_shape",
+    "parse_model_args",
+    "positive_int_arg",
+]
+
 _DTYPES = {
     "float32": "float32", "float": "float32", "fp32": "float32", "f32": "float32",
     "float16": "float16", "half": "float16", "fp16": "float16", "f16": "float16",
@@ -20,7 +30,7 @@ _DTYPES = {
 }
 
 
-def _positive_int(text: str) -> int:
+def positive_int_arg(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -50,14 +60,14 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
-def _count(text: str) -> int:
+def count_arg(text: str) -> int:
     try:
         return parse_count(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _dims_product(text: str) -> int:
+def dims_product_arg(text: str) -> int:
     try:
         dims = [parse_count(part) for part in text.split(",") if part.strip()] if "," in text else [parse_count(text)]
     except ValueError:

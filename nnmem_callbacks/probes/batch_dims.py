@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import torch
 
+__all__ = ["aten", "BATCH_DIMS", "REAL_DTYPES", "register_batch_dims"]
+
 aten = torch.ops.aten
 
 #: op packet -> spec(args) -> ((arg index, dim or None), ...)

@@ -33,6 +33,8 @@ from typing import Any
 
 from nnmem_callbacks.probes.fingerprint import fingerprint_hash
 
+__all__ = ["cache_dir", "CACHE_DIR_ENV", "FORMAT_VERSION", "ProbeCache"]
+
 #: environment variable overriding the cache directory
 CACHE_DIR_ENV = "NNMEM_CACHE_DIR"
 

@@ -26,6 +26,20 @@ import platform
 import re
 from typing import Any, Callable
 
+__all__ = [
+    "CPU_ENV_VARS",
+    "cpu_fingerprint",
+    "cpu_isa_extensions",
+    "cpu_model_name",
+    "cuda_fingerprint",
+    "describe",
+    "fingerprint",
+    "fingerprint_hash",
+    "FINGERPRINTS",
+    "ISA_EXTENSIONS",
+    "onednn_version",
+]
+
 
 #: environment variables that select the CPU kernel path
 CPU_ENV_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_DEFAULT_FPMATH_MODE")

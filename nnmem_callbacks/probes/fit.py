@@ -17,6 +17,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
+__all__ = ["ABS_TOLERANCE", "Curve", "REL_TOLERANCE"]
+
 
 #: a probe at n = 4 within this fraction (or :data:`ABS_TOLERANCE` bytes) of the line through 1 and 2 confirms it
 REL_TOLERANCE = 0.01

@@ -23,6 +23,18 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+__all__ = [
+    "dense_strides",
+    "is_unsupported",
+    "isolated",
+    "kernel_peak",
+    "native_stderr_silenced",
+    "ProfilerBusy",
+    "real_tensor",
+    "UNSUPPORTED_MESSAGES",
+    "UnsupportedKernelError",
+]
+
 
 class UnsupportedKernelError(RuntimeError):
     """The real device cannot run one of the step's kernels.

@@ -58,6 +58,20 @@ from nnmem_callbacks.probes.runner import (
     real_tensor,
 )
 
+__all__ = [
+    "current_session",
+    "DEFAULT_MEMORY_CAP",
+    "default_memory_cap",
+    "DEFAULT_TIME_BUDGET",
+    "kernel_probes",
+    "MiB",
+    "probe_batch",
+    "PROBED_DEVICE_TYPES",
+    "ProbeSession",
+    "ProbeSettings",
+    "PROFILER_BUSY",
+]
+
 MiB = 1 << 20
 
 #: cap on a probe's inputs and outputs (also at most a quarter of the free RAM)

@@ -1,0 +1,1 @@
+"""The adapters: the Lightning and Keras callbacks and their planning glue; only they touch a trainer."""

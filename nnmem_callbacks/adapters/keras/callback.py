@@ -1,0 +1,471 @@
+"""The Keras ``MemoryBudgetCallback``: predict at ``on_train_begin``, measure every epoch.
+
+Flat and backend-neutral (TensorFlow, JAX, torch). Keras gives callbacks no
+batch size and a running ``fit`` cannot change it, so the callback takes the
+batch size as an argument, only warns or raises, and points to
+:func:`~nnmem_callbacks.keras.fit_plan` for choosing a batch before ``fit``.
+
+Measuring is shared with the Lightning callback: the meter comes from
+:func:`nnmem_callbacks.monitoring.meters.keras_meter`, and each epoch's figures from
+:func:`nnmem_callbacks.monitoring.epoch_comparison.compare_epoch`. Keras has no hook for an
+exception raised inside ``fit`` (``on_train_end`` is not called then), so there
+is no out-of-memory diagnosis here; Keras has no phase hooks either, so the
+peak is measured per epoch, not per phase of the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from typing import Any
+
+import keras
+
+from nnmem_callbacks.hardware import devices
+from nnmem_callbacks.monitoring import epoch_comparison as epoch_report, meters as monitor
+from nnmem_callbacks.core.estimate import MemoryEstimate
+from nnmem_callbacks.core.plan import (
+    DEFAULT_MARGIN,
+    MemoryBudgetExceeded,
+    Plan,
+    check_budget,
+    check_margin,
+    make_plan,
+    planning_margin,
+    resolve_budget,
+)
+
+__all__ = ["INPUT_PIPELINE_BATCHES", "JAX_LOOKAHEAD_BATCHES", "log", "MemoryBudgetCallback"]
+
+log = logging.getLogger(__name__)
+
+#: Batches that fit's ``tf.data`` pipeline holds beyond the one being trained on
+#: (the prefetch buffer and the batch being assembled), as measured on CPU.
+INPUT_PIPELINE_BATCHES = 2
+
+#: Batches that Keras' JAX ``fit`` holds on an accelerator beyond the one being trained on:
+#: ``JAXEpochIterator._one_batch_ahead_iterator`` starts the next batch's transfer before the
+#: step runs (not on CPU, and not under a ``keras.distribution``).
+JAX_LOOKAHEAD_BATCHES = 1
+
+
+def _tf_counted(num_bytes: int) -> int:
+    from nnmem_callbacks.allocators.tensorflow_cpu import tf_allocator_bytes
+
+    return tf_allocator_bytes(num_bytes)
+
+
+
+class MemoryBudgetCallback(keras.callbacks.Callback):
+    """Predicts the peak memory of ``fit`` before the first step and checks it every epoch.
+
+    Args:
+        batch_size: The batch size passed to ``fit``. Keras does not tell
+            callbacks the batch size; when omitted it is read from ``data``
+            (a ``tf.data.Dataset`` with a static batch dimension, a
+            ``keras.utils.PyDataset`` with a ``batch_size``, or arrays whose
+            length divided by ``self.params["steps"]`` gives it), otherwise the
+            callback warns that it needs it and only measures.
+        budget: ``None``: free memory minus ``margin``; an ``int`` of bytes; a
+            ``float`` in (0, 1]: a fraction of the device capacity; a string
+            such as ``"2GiB"``.
+        policy: ``"warn"``: one warning with the breakdown, the largest batch
+            that fits and Keras code for each remedy with its predicted saving.
+            ``"raise"``: :class:`~nnmem_callbacks.MemoryBudgetExceeded` from
+            ``on_train_begin``, before any optimizer step, with the same text.
+        log_dir: Also write the values to TensorBoard event files here (no
+            TensorFlow needed).
+        margin: Headroom kept below the budget when proposing a batch size.
+        data: Optional training data to infer the batch size from.
+        x, y: Optional example arrays for the estimator (subclassed models).
+
+    Every epoch ``logs`` gains the figures, so ``History`` and a
+    ``keras.callbacks.TensorBoard`` placed after this callback record them.
+    Their names say what was measured (:attr:`metric_names`):
+
+    * the backend's allocator (TensorFlow with allocator statistics, JAX on
+      GPU, torch on CUDA): ``memory_predicted_peak_mib``,
+      ``memory_measured_peak_mib``, ``memory_relative_error``;
+    * otherwise process RSS, compared as its rise above the fit-start level:
+      ``memory_measured_rss_rise_mib``, ``memory_predicted_rss_rise_mib``,
+      ``memory_rss_rise_relative_error``, beside ``memory_predicted_peak_mib``
+      (the tensor peak). TensorFlow on a CPU whose allocator keeps no
+      statistics lands here, with one warning that says how to get the
+      allocator's figure.
+
+    ``memory_budget_mib`` is logged too. Every key is present every epoch: a
+    figure that could not be measured is NaN, and a warning says why.
+
+    Raises:
+        ValueError: For a policy other than ``"warn"``/``"raise"`` (the message
+            explains why ``shrink``/``accumulate`` are not possible here), an
+            invalid budget, margin or batch size.
+
+    Example:
+        >>> MemoryBudgetCallback(batch_size=256, budget="2GiB").policy
+        'warn'
+        >>> MemoryBudgetCallback(policy="shrink")
+        Traceback (most recent call last):
+        ...
+        ValueError: policy 'shrink' is not available in Keras: a running fit cannot change its batch size. Valid policies are 'warn', 'raise'; to train with a batch that fits, call nnmem_callbacks.keras.fit_plan(model, budget, batch_size) before fit and use its batch_size and gradient_accumulation_steps.
+    """
+
+    #: The policies accepted by ``policy``.
+    POLICIES = ("warn", "raise")
+
+    def __init__(
+        self,
+        batch_size: int | None = None,
+        budget: int | float | str | None = None,
+        policy: str = "warn",
+        log_dir: str | None = None,
+        *,
+        margin: float = DEFAULT_MARGIN,
+        data: Any = None,
+        x: Any = None,
+        y: Any = None,
+    ) -> None:
+        super().__init__()
+        if policy not in self.POLICIES:
+            if policy in ("shrink", "accumulate"):
+                raise ValueError(
+                    f"policy {policy!r} is not available in Keras: a running fit cannot change its batch size. Valid "
+                    f"policies are {', '.join(map(repr, self.POLICIES))}; to train with a batch that fits, call "
+                    f"nnmem_callbacks.keras.fit_plan(model, budget, batch_size) before fit and use its batch_size and "
+                    f"gradient_accumulation_steps."
+                )
+            raise ValueError(f"unknown policy {policy!r}; valid policies are {', '.join(map(repr, self.POLICIES))}")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.budget = check_budget(budget)
+        self.policy = policy
+        self.log_dir = log_dir
+        self.margin = check_margin(margin)
+        self.data = data
+        self.x, self.y = x, y
+        self._reset()
+
+    # ------------------------------------------------------------------ state
+    def _reset(self) -> None:
+        self.estimate: MemoryEstimate | None = None
+        self.plan: Plan | None = None
+        self.failure: str | None = None
+        self.message: str | None = None
+        self.measurements: list[dict[str, Any]] = []
+        self._train_batch_size: int | None = None
+        self._meter: monitor.Meter | None = None
+        self._names: monitor.MetricNames | None = None
+        self._writer: Any = None
+        self._warned: set[str] = set()
+
+    @property
+    def metric_names(self) -> monitor.MetricNames | None:
+        """The names this fit logs under (they depend on the meter: allocator or process RSS); set at fit start."""
+        return self._names
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._close_writer()
+        if self._meter is not None:
+            self._safe(self._meter.close, "stopping the previous fit's meter")
+        self._reset()
+        chosen = self._safe(lambda: monitor.keras_meter(keras.backend.backend()), "choosing a meter")
+        self._meter, meter_warning = chosen if chosen is not None else (monitor.RssMeter(), None)
+        self._names = monitor.metric_names(self._meter)
+        if meter_warning:
+            self._warn(meter_warning)
+        batch_size, reason = self._infer_batch_size()
+        self._train_batch_size = batch_size
+        if batch_size is None:
+            self.failure = reason
+        else:
+            try:
+                from nnmem_callbacks.estimators.keras.estimator import estimate_training
+
+                # this fit runs after the estimate, which builds the optimizer: its first step finds the slots made
+                self.estimate = estimate_training(self.model, batch_size, self.x, self.y, optimizer_built=True)
+            except Exception as error:  # noqa: BLE001 - never break training
+                self.failure = f"{type(error).__name__}: {error}"
+        if self.estimate is None:
+            self._warn(
+                f"MemoryBudgetCallback could not estimate the training memory, so training goes on unchanged and the "
+                f"callback only measures: {self.failure}"
+            )
+        else:
+            for note in self.estimate.warnings:  # a missing or cut-short measurement is never silent
+                self._warn(f"MemoryBudgetCallback: {note}")
+            self._plan()
+        self._safe(self._meter.start, "reading the memory at fit start")
+        self._open_writer()
+        if self.estimate is not None and self.plan is not None and self.message and not self.plan.fits:
+            if self.policy == "raise":
+                raise MemoryBudgetExceeded(self.message)
+            self._warn(self.message)
+
+    def _plan(self) -> None:
+        from nnmem_callbacks.adapters.keras.planning import describe, keras_suggestions, optimizer_name
+
+        estimate = self.estimate
+        assert estimate is not None
+        capacity, free = self._safe(self._meter.capacity, "reading the device capacity") or devices.cpu_capacity()
+        budget_bytes = resolve_budget(self.budget, capacity_bytes=capacity, free_bytes=free, margin=self.margin)
+        self.plan = make_plan(estimate, budget_bytes, policy="warn", margin=planning_margin(self.budget, self.margin))
+        suggestions = keras_suggestions(
+            estimate,
+            budget_bytes,
+            margin=self.margin,
+            optimizer_name=optimizer_name(self.model),
+            mixed="mixed" in estimate.precision,
+        )
+        self.plan = Plan(**{**self.plan.__dict__, "policy": self.policy, "suggestions": tuple(suggestions)})
+        text = describe(self.plan, estimate, suggestions)
+        if not self.plan.fits:
+            text += (
+                "\nA running fit cannot change its batch size: stop and restart with one of the above, or call "
+                "nnmem_callbacks.keras.fit_plan(model, budget, batch_size) before fit."
+            )
+        self.message = "MemoryBudgetCallback: " + text
+
+    def _infer_batch_size(self) -> tuple[int | None, str | None]:
+        if self.batch_size is not None:
+            return self.batch_size, None
+        data = self.data
+        steps = (self.params or {}).get("steps")
+        if data is not None:
+            spec = getattr(data, "element_spec", None)
+            if spec is not None:
+                first = spec[0] if isinstance(spec, (tuple, list)) else spec
+                while isinstance(first, (tuple, list, dict)):
+                    first = list(first.values())[0] if isinstance(first, dict) else first[0]
+                dim = first.shape[0] if first.shape.rank else None
+                if dim is not None:
+                    return int(dim), None
+            size = getattr(data, "batch_size", None)
+            if isinstance(size, int) and size > 0:
+                return size, None
+            length = _num_samples(data)
+            if length and steps:
+                return int(math.ceil(length / steps)), None
+        return None, (
+            "the batch size is unknown: Keras does not pass it to callbacks; use "
+            "MemoryBudgetCallback(batch_size=...) with the value given to fit (or data=... with a static batch "
+            "dimension)"
+        )
+
+    # --------------------------------------------------------------- epochs
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if self._meter is not None:
+            self._safe(self._meter.reset, "resetting the memory peak")
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._meter is not None:
+            self._safe(self._meter.sample, "sampling the memory in use")
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Adds the measured and predicted figures to ``logs`` (every key every epoch; NaN when unmeasurable)."""
+        if self._meter is None or self._names is None:
+            return
+        reading = self._safe(self._meter.read, "reading the memory peak")
+        if reading is not None and not reading.exact and self._meter.kind == "jax":
+            self._warn(
+                "MemoryBudgetCallback: JAX's peak_bytes_in_use cannot be reset, and an earlier peak holds it above "
+                "this fit's steps (XLA's autotuning when the step was compiled, or an earlier model in this process). "
+                f"{self._names.measured} is therefore the largest bytes_in_use sampled during the epoch, a floor of the "
+                "training peak (exact while a sample falls inside a step, since XLA holds a step's buffers for the "
+                "whole step). For the exact peak, measure in a fresh process whose compilation loads the autotuning "
+                "results (XLA_FLAGS=--xla_gpu_per_fusion_autotune_cache_dir=DIR, filled by an earlier run)."
+            )
+        comparison = epoch_report.compare_epoch(
+            self._meter,
+            reading,
+            epoch=int(epoch),
+            names=self._names,
+            baseline_bytes=self._meter.baseline,
+            predicted_bytes=self._predicted_comparable(),
+            predicted_peak_bytes=self._predicted_peak() if self.estimate is not None else None,
+            budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
+        )
+        self.measurements.append(comparison.row)
+        if logs is not None:
+            logs.update(comparison.metrics)
+        self._write_scalars(comparison.metrics, epoch)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._close_writer()
+        if self._meter is not None:
+            self._safe(self._meter.close, "stopping the meter")
+
+    # ---------------------------------------------------------- predictions
+    def _predicted_peak(self) -> int:
+        assert self.estimate is not None
+        return int(self.estimate.peak_bytes_at(self._train_batch_size or self.estimate.batch_size))
+
+    def _predicted_comparable(self) -> int | None:
+        """The prediction of what the meter measures: the allocator's peak, or the rise of process RSS."""
+        if self.estimate is None or self._meter is None:
+            return None
+        size = self._train_batch_size or self.estimate.batch_size
+        peak = self._predicted_peak()
+        if self._meter.kind == "tensorflow":
+            extra = self.estimate.extra
+            if "tf_allocator_peak_bytes" in extra and self.estimate.batch_size == size:
+                peak = int(extra["tf_allocator_peak_bytes"])
+                resident = int(extra.get("tf_allocator_static_bytes", 0))
+            else:
+                resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]
+            # fit's tf.data pipeline prefetches: about INPUT_PIPELINE_BATCHES more batches are alive
+            batch_inputs = self._batch_input_bytes(size)
+            pipeline = sum(
+                _tf_counted(batch_inputs // max(self._num_inputs(), 1)) for _ in range(self._num_inputs())
+            ) * INPUT_PIPELINE_BATCHES
+            return max(self._meter.baseline - resident, 0) + peak + pipeline
+        if self._meter.kind == "jax" and "xla_allocator_peak_bytes" in self.estimate.extra and self.estimate.batch_size == size:
+            # peak_bytes_in_use counts the allocator's chunks (whole regions when JAX allocates on demand)
+            return int(self.estimate.extra["xla_allocator_peak_bytes"]) + self._jax_lookahead_bytes(size)
+        if self._meter.process_level:
+            # what exists before the first step is already in the fit-start RSS
+            resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]
+            return monitor.predicted_rss_rise(peak, resident)
+        return peak
+
+    def _jax_lookahead_bytes(self, size: int) -> int:
+        """The batch Keras' JAX ``fit`` moves to the accelerator while the step before it runs.
+
+        The estimate counts the batch a step reads; ``fit`` on a GPU or TPU also holds the next one
+        (:data:`JAX_LOOKAHEAD_BATCHES`). A ``keras.distribution`` feeds batches without the look-ahead.
+        """
+        assert self.estimate is not None
+        try:
+            from keras import distribution
+
+            if distribution.distribution() is not None:
+                return 0
+        except (ImportError, AttributeError):  # pragma: no cover - Keras without the distribution API
+            pass
+        return self._batch_input_bytes(size) * JAX_LOOKAHEAD_BATCHES
+
+    def _batch_input_bytes(self, size: int) -> int:
+        """One batch of ``size`` samples of the inputs and labels, scaled from the estimate's batch."""
+        assert self.estimate is not None
+        return self.estimate.breakdown["inputs"] * size // max(self.estimate.batch_size, 1)
+
+    def _num_inputs(self) -> int:
+        return int((self.estimate.extra if self.estimate else {}).get("inputs", 1) or 1)
+
+    # ----------------------------------------------------------- TensorBoard
+    def _open_writer(self) -> None:
+        if not self.log_dir:
+            return
+        self._writer = self._safe(lambda: _EventWriter(self.log_dir), "opening the TensorBoard event file")
+        if self._writer is None:
+            return
+        from nnmem_callbacks.core.formatting import format_summary
+
+        parts = []
+        if self.estimate is not None:
+            parts.append("```\n" + format_summary(self.estimate) + "\n```")
+        if self.message:
+            parts.append("```\n" + self.message + "\n```")
+        if self.failure:
+            parts.append(f"no prediction: {self.failure}")
+        self._safe(
+            lambda: self._writer.text("memory/estimate", "\n\n".join(parts) or "no estimate", 0), "writing TensorBoard"
+        )
+
+    def _write_scalars(self, values: dict[str, float], epoch: int) -> None:
+        if self._writer is None:
+            return
+        for name, value in values.items():
+            tag = "memory/" + name[len("memory_"):]
+            self._safe(lambda tag=tag, value=value: self._writer.scalar(tag, value, epoch), "writing TensorBoard")
+        self._safe(self._writer.flush, "writing TensorBoard")
+
+    def _close_writer(self) -> None:
+        writer, self._writer = getattr(self, "_writer", None), None
+        if writer is not None:
+            self._safe(writer.close, "closing the TensorBoard event file")
+
+    # --------------------------------------------------------------- helpers
+    def _warn(self, message: str) -> None:
+        if message in self._warned:
+            return
+        self._warned.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+    def _safe(self, function: Any, what: str) -> Any:
+        """Runs ``function``; a failure never breaks training, and is said once (never silently)."""
+        try:
+            return function()
+        except Exception as error:  # noqa: BLE001 - measuring and logging never break training
+            log.debug("MemoryBudgetCallback: %s failed", what, exc_info=True)
+            self._warn(f"MemoryBudgetCallback: {what} failed ({type(error).__name__}: {error}); training goes on.")
+            return None
+
+
+def _num_samples(data: Any) -> int | None:
+    first = data
+    while isinstance(first, (tuple, list)) and first:
+        first = first[0]
+    if isinstance(first, dict) and first:
+        first = next(iter(first.values()))
+    shape = getattr(first, "shape", None)
+    if shape is not None and len(shape) > 0 and shape[0] is not None:
+        return int(shape[0])
+    return None
+
+
+class _EventWriter:
+    """Scalars and text as TensorBoard event files, with the ``tensorboard`` package only (no TensorFlow).
+
+    The library writers do not fit a backend-neutral callback: tensorboard's
+    ``EventFileWriter`` (behind ``tensorboard.summary.Writer``, which writes no
+    text either, and behind ``torch.utils.tensorboard``, which needs torch)
+    imports TensorFlow through ``tensorboard.compat`` whenever it is installed,
+    which under the JAX and torch backends costs seconds and inflates the
+    process RSS this callback measures. tensorboard's ``RecordWriter`` and
+    protos import no framework, so the file is written with them here.
+    """
+
+    def __init__(self, log_dir: str) -> None:
+        import os
+        import socket
+        import time
+
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        os.makedirs(log_dir, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.nnmem"
+        self.path = os.path.join(log_dir, name)
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._writer = RecordWriter(self._file)
+        self._writer.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+
+    def _write(self, summary: Any, step: int) -> None:
+        import time
+
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        self._writer.write(Event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._write(Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]), step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+
+        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
+        tensor = TensorProto(dtype=7, string_val=[text.encode("utf-8")], tensor_shape=TensorShapeProto())  # DT_STRING
+        self._write(Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)]), step)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()

@@ -1,0 +1,233 @@
+"""Keras-specific planning: the batch size that fits before ``fit``, and advice written as Keras code.
+
+A running ``fit`` cannot change its batch size, so the Keras callback only
+warns or raises; :func:`fit_plan` is what to call *before* ``fit`` to choose the
+batch size (and the optimizer's ``gradient_accumulation_steps`` that keep the
+effective batch).
+
+Example:
+    >>> from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+    >>> est = MemoryEstimate(peak_bytes=9_000, breakdown={"parameters": 1_000, "activations": 8_000},
+    ...                      batch_size=8, phases=(PhaseLine("step/backward", 1_000, 1_000),),
+    ...                      peak_phase="step/backward")
+    >>> [s.kind for s in keras_suggestions(est, budget_bytes=5_300, optimizer_name="Adam")]
+    ['batch_size', 'accumulate', 'remat', 'mixed_precision']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+from nnmem_callbacks.core.estimate import Category, MemoryEstimate
+from nnmem_callbacks.core.plan import (
+    DEFAULT_MARGIN,
+    Plan,
+    Suggestion,
+    check_margin,
+    make_plan,
+    planning_margin,
+    resolve_budget,
+)
+from nnmem_callbacks.core.units import format_bytes
+from nnmem_callbacks.core.verification import Verification
+
+__all__ = ["describe", "fit_plan", "FitPlan", "keras_suggestions", "keras_verifier", "optimizer_name", "type_name"]
+
+
+def keras_suggestions(
+    estimate: MemoryEstimate,
+    budget_bytes: int,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    optimizer_name: str = "Adam",
+    mixed: bool = False,
+    max_batch_size: int | None = None,
+) -> list[Suggestion]:
+    """Ways to fit ``budget_bytes``, each as Keras code with its predicted saving.
+
+    ``max_batch_size`` is the largest batch known to fit (:func:`fit_plan` passes
+    the one its plan verified); default: the estimate's prediction, unverified.
+    """
+    current = estimate.upper_bytes  # the peak an unlucky run may reach: what planning budgets with
+    usable = int(budget_bytes * (1 - margin))
+    max_fit = estimate.max_batch_size(usable, verify=False) if max_batch_size is None else max_batch_size
+    suggestions: list[Suggestion] = []
+    if 1 <= max_fit < estimate.batch_size:
+        saving = current - estimate.upper_bytes_at(max_fit)
+        suggestions.append(
+            Suggestion("batch_size", saving, f"model.fit(..., batch_size={max_fit})  # saves {format_bytes(saving)}")
+        )
+        steps = math.ceil(estimate.batch_size / max_fit)
+        smaller = max(1, math.ceil(estimate.batch_size / steps))
+        accumulators = estimate.breakdown[str(Category.PARAMETERS)]  # one accumulator per trainable variable
+        saving = current - estimate.upper_bytes_at(smaller) - accumulators
+        suggestions.append(
+            Suggestion(
+                "accumulate",
+                saving,
+                f"model.compile(optimizer=keras.optimizers.{optimizer_name}(..., gradient_accumulation_steps={steps}), ...); "
+                f"model.fit(..., batch_size={smaller})  # effective batch {smaller * steps}; saves {format_bytes(saving)} "
+                f"(after {format_bytes(accumulators)} of accumulators)",
+            )
+        )
+    activations = estimate.breakdown[str(Category.ACTIVATIONS)]
+    if activations >= 0.3 * max(current, 1):
+        from nnmem_callbacks.core.plan import checkpointing_saving
+
+        saving = checkpointing_saving(estimate)
+        suggestions.append(
+            Suggestion(
+                "remat",
+                saving,
+                f"with keras.RematScope(mode='activations'): model = build_model()  # activations are "
+                f"{format_bytes(activations)} ({activations / max(current, 1):.0%} of the peak); saves about {format_bytes(saving)}",
+            )
+        )
+    if not mixed:
+        halvable = activations + estimate.breakdown[str(Category.TEMPORARIES)] + estimate.breakdown[str(Category.INPUTS)] // 2
+        saving = halvable // 2
+        if saving > 0:
+            suggestions.append(
+                Suggestion(
+                    "mixed_precision",
+                    saving,
+                    f"keras.mixed_precision.set_global_policy('mixed_bfloat16')  # before building the model; "
+                    f"activations in 16 bits save about {format_bytes(saving)} (variables and optimizer state stay float32)",
+                )
+            )
+    return suggestions
+
+
+def describe(plan: Plan, estimate: MemoryEstimate, suggestions: list[Suggestion]) -> str:
+    """The warning/error text: decision, breakdown, largest fitting batch and Keras code."""
+    from nnmem_callbacks.core.plan import describe_plan
+
+    return describe_plan(plan, estimate, suggestions)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitPlan:
+    """What :func:`fit_plan` recommends.
+
+    Attributes:
+        batch_size: The per-step batch size to pass to ``fit``.
+        gradient_accumulation_steps: To set on the optimizer (1: none) so that
+            ``batch_size * gradient_accumulation_steps`` keeps the requested batch.
+        fits: Whether the requested batch size fits as it is.
+        max_batch_size: The largest batch size predicted to fit (0: none).
+        budget_bytes: The budget compared against.
+        estimate: The estimate at the requested batch size.
+        suggestions: Other ways to fit, as Keras code.
+        verification: How ``batch_size`` was checked by a direct estimate at
+            that batch (``None`` when the requested batch fits as it is).
+    """
+
+    batch_size: int
+    gradient_accumulation_steps: int
+    fits: bool
+    max_batch_size: int
+    budget_bytes: int
+    estimate: MemoryEstimate
+    suggestions: tuple[Suggestion, ...] = ()
+    verification: Verification | None = None
+
+    @property
+    def code(self) -> str:
+        """The lines to use the plan (a comment when no batch size fits the budget).
+
+        Example:
+            >>> from nnmem_callbacks.core.estimate import MemoryEstimate
+            >>> estimate = MemoryEstimate(peak_bytes=3 << 20, breakdown={"parameters": 3 << 20}, batch_size=256)
+            >>> FitPlan(256, 1, fits=False, max_batch_size=0, budget_bytes=2 << 20, estimate=estimate).code
+            '# no batch size fits 2.00 MiB: batch size 1 is predicted to take up to 3.00 MiB; see plan.suggestions'
+            >>> print(FitPlan(64, 4, fits=False, max_batch_size=64, budget_bytes=4 << 20, estimate=estimate).code)
+            optimizer = keras.optimizers.Adam(..., gradient_accumulation_steps=4)
+            model.fit(..., batch_size=64)
+        """
+        if self.max_batch_size < 1 and not self.fits:
+            return (
+                f"# no batch size fits {format_bytes(self.budget_bytes)}: batch size 1 is predicted to take up to "
+                f"{format_bytes(self.estimate.upper_bytes_at(1))}; see plan.suggestions"
+            )
+        if self.gradient_accumulation_steps > 1:
+            return (
+                f"optimizer = keras.optimizers.{type_name(self)}(..., gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps})\nmodel.fit(..., batch_size={self.batch_size})"
+            )
+        return f"model.fit(..., batch_size={self.batch_size})"
+
+
+def type_name(plan: FitPlan) -> str:
+    return str(plan.estimate.extra.get("optimizer", "Adam"))
+
+
+def optimizer_name(model: Any) -> str:
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", None) or optimizer
+    return type(inner).__name__ if inner is not None else "Adam"
+
+
+def fit_plan(
+    model: Any,
+    budget: int | float | str | None = None,
+    batch_size: int | None = None,
+    x: Any = None,
+    y: Any = None,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    device: str = "cpu",
+) -> FitPlan:
+    """The batch size (and gradient accumulation) that fits ``budget``; call it before ``fit``.
+
+    Args:
+        model: The compiled model.
+        budget: ``None`` (free memory minus ``margin``), bytes, a fraction of
+            the capacity or a string such as ``"2GiB"``.
+        batch_size: The batch size you want (the effective batch to keep).
+        x, y: Example arrays (see :func:`~nnmem_callbacks.keras.estimate_training`).
+        margin: Headroom kept below the budget.
+        device: ``"cpu"`` or ``"cuda"``-like, for the capacity behind ``None``
+            and fractional budgets.
+
+    Returns:
+        A :class:`FitPlan`; ``plan.code`` shows how to use it.
+    """
+    from nnmem_callbacks.hardware import devices
+    from nnmem_callbacks.estimators.keras.estimator import estimate_training
+
+    check_margin(margin)
+    estimate = estimate_training(model, batch_size, x, y)
+    capacity, free = devices.device_capacity(device)
+    budget_bytes = resolve_budget(budget, capacity_bytes=capacity, free_bytes=free, margin=margin)
+    plan = make_plan(estimate, budget_bytes, policy="accumulate", margin=planning_margin(budget, margin),
+                     verifier=keras_verifier(model, x, y))
+    estimate = dataclasses.replace(estimate, extra={**dict(estimate.extra), "optimizer": optimizer_name(model)})
+    return FitPlan(
+        batch_size=plan.batch_size,
+        gradient_accumulation_steps=plan.accumulate_grad_batches,
+        fits=plan.fits,
+        max_batch_size=plan.max_fitting_batch_size,
+        budget_bytes=plan.budget_bytes,
+        estimate=estimate,
+        suggestions=tuple(
+            keras_suggestions(estimate, budget_bytes, margin=margin, optimizer_name=optimizer_name(model),
+                              max_batch_size=plan.max_fitting_batch_size)
+        ),
+        verification=plan.verification,
+    )
+
+
+def keras_verifier(model: Any, x: Any = None, y: Any = None) -> Callable[[int], MemoryEstimate]:
+    """``batch_size -> MemoryEstimate``: a direct estimate of ``model``'s step at that batch.
+
+    :func:`~nnmem_callbacks.core.plan.make_plan` calls it to check the batch it
+    chooses (one estimate per check, without the traces at other batch sizes).
+    """
+    from nnmem_callbacks.estimators.keras.estimator import estimate_training
+
+    def verify(batch_size: int) -> MemoryEstimate:
+        return estimate_training(model, batch_size, x, y, check_scaling=False)
+
+    return verify

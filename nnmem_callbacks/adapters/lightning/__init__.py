@@ -1,0 +1,1 @@
+"""The Lightning ``MemoryBudgetCallback`` (public faces: ``nnmem_callbacks.lightning`` and ``.lightning_pytorch``)."""

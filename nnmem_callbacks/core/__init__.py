@@ -1,0 +1,1 @@
+"""The framework-free core: the estimate object, batch search, budgets and plans, verification, units, strategies."""

@@ -1,0 +1,433 @@
+"""From an estimate and a budget to a decision: budgets, policies and plans.
+
+This is the framework-free half of every ``MemoryBudgetCallback``: the adapters
+gather an estimate and a device capacity, call :func:`resolve_budget` and
+:func:`make_plan`, and then only apply and report the resulting :class:`Plan`.
+
+Example:
+    >>> from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+    >>> est = MemoryEstimate(peak_bytes=9_000, breakdown={"parameters": 1_000, "activations": 8_000},
+    ...                      batch_size=8, phases=(PhaseLine("step1/backward", 1_000, 1_000),),
+    ...                      peak_phase="step1/backward")
+    >>> plan = make_plan(est, budget_bytes=5_300, policy="accumulate", margin=0.05)
+    >>> plan.batch_size, plan.accumulate_grad_batches, plan.fits
+    (4, 2, False)
+    >>> make_plan(est, budget_bytes=4_300, policy="accumulate").batch_size  # at most 3 fit: 3 steps of 3 keep the 8
+    3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Callable, Mapping, Sequence
+
+from nnmem_callbacks.core.estimate import Category, MemoryEstimate
+from nnmem_callbacks.core.units import format_bytes, parse_bytes
+from nnmem_callbacks.core.verification import Verification, verify_batch_size
+
+__all__ = [
+    "check_budget",
+    "check_margin",
+    "check_policy",
+    "checkpointing_saving",
+    "DEFAULT_MARGIN",
+    "describe_plan",
+    "make_plan",
+    "MemoryBudgetExceeded",
+    "parse_budget_text",
+    "Plan",
+    "planning_margin",
+    "POLICIES",
+    "resolve_budget",
+    "suggest",
+    "Suggestion",
+]
+
+#: Policies every MemoryBudgetCallback accepts.
+POLICIES = ("warn", "raise", "shrink", "accumulate")
+
+#: Headroom kept below the free memory when no budget is given.
+DEFAULT_MARGIN = 0.05
+
+
+class MemoryBudgetExceeded(RuntimeError):
+    """Raised by ``policy="raise"`` when the predicted peak exceeds the budget."""
+
+
+def check_policy(policy: str) -> str:
+    """Validates a policy name.
+
+    Raises:
+        ValueError: Naming the valid policies.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; valid policies are {', '.join(map(repr, POLICIES))}")
+    return policy
+
+
+def check_margin(margin: float) -> float:
+    """Validates a margin (a fraction of the budget kept free)."""
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise ValueError(f"margin must be a fraction in [0, 1), got {margin!r}")
+    return float(margin)
+
+
+def planning_margin(budget: int | float | str | None, margin: float) -> float:
+    """The margin :func:`make_plan` should keep below a budget resolved from ``budget``.
+
+    With no budget, :func:`resolve_budget` already keeps ``margin`` of the free
+    memory out, so the plan must not take it a second time.
+
+    Example:
+        >>> planning_margin(None, 0.1), planning_margin("10GiB", 0.1)
+        (0.0, 0.1)
+    """
+    return 0.0 if budget is None else check_margin(margin)
+
+
+def check_budget(budget: int | float | str | None) -> int | float | str | None:
+    """Validates a budget spelling without resolving it.
+
+    Valid budgets: ``None`` (free device memory minus the margin), a positive
+    ``int`` of bytes, a ``float`` in (0, 1] (a fraction of device capacity), or
+    a string read by :func:`parse_budget_text` (``"10GiB"``, or ``"0.9"``).
+    """
+    if budget is None:
+        return None
+    if isinstance(budget, bool):
+        raise ValueError(_budget_error(budget))
+    if isinstance(budget, int):
+        if budget <= 0:
+            raise ValueError(_budget_error(budget))
+        return budget
+    if isinstance(budget, float):
+        if not 0 < budget <= 1:
+            raise ValueError(_budget_error(budget))
+        return budget
+    if isinstance(budget, str):
+        parse_budget_text(budget)
+        return budget
+    raise ValueError(_budget_error(budget))
+
+
+_BARE_NUMBER = re.compile(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*")
+
+
+def parse_budget_text(text: str) -> int | float:
+    """Reads a budget written as text (the CLI's ``--budget``, or a string passed to the API).
+
+    One rule for both: a size with a unit (``"10GiB"``, ``"512MiB"``, ``"16GB"``,
+    ``"4096B"``) is bytes; a bare number is a fraction of the device and must be
+    in (0, 1], as a ``float`` budget is. A bare number above 1 (``"1.5"``,
+    ``"16"``) is an error naming the unit to add, never a count of bytes.
+
+    Returns:
+        Bytes as an ``int``, or a fraction as a ``float``.
+
+    Raises:
+        ValueError: Naming the two valid spellings.
+
+    Example:
+        >>> parse_budget_text("10GiB"), parse_budget_text("0.9"), parse_budget_text("1")
+        (10737418240, 0.9, 1.0)
+        >>> parse_budget_text("1.5")
+        Traceback (most recent call last):
+        ...
+        ValueError: budget '1.5' has no unit, so it is read as a fraction of the device, which must be in (0, 1]; for a size add a unit, e.g. '1.5GiB' or '1.5GB'
+    """
+    if _BARE_NUMBER.fullmatch(str(text)):
+        fraction = float(text)
+        if not 0 < fraction <= 1:
+            number = str(text).strip()
+            raise ValueError(
+                f"budget {text!r} has no unit, so it is read as a fraction of the device, which must be in (0, 1]; "
+                f"for a size add a unit, e.g. '{number}GiB' or '{number}GB'"
+            )
+        return fraction
+    try:
+        value = parse_bytes(text)
+    except ValueError as error:
+        raise ValueError(f"{error}; or a fraction of the device in (0, 1] such as '0.9'") from None
+    if value <= 0:
+        raise ValueError(_budget_error(text))
+    return value
+
+
+def _budget_error(budget: object) -> str:
+    return (
+        f"invalid budget {budget!r}; use None (free device memory minus the margin), a positive int "
+        f"of bytes, a float in (0, 1] (fraction of device capacity) or a string such as '10GiB' or '0.9'"
+    )
+
+
+def resolve_budget(
+    budget: int | float | str | None,
+    *,
+    capacity_bytes: int,
+    free_bytes: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+) -> int:
+    """Turns a budget spelling into bytes.
+
+    Args:
+        budget: See :func:`check_budget`.
+        capacity_bytes: Total memory of the training device.
+        free_bytes: Memory free now (defaults to ``capacity_bytes``).
+        margin: Fraction kept free when ``budget`` is ``None``.
+
+    Returns:
+        The budget in bytes.
+
+    Example:
+        >>> resolve_budget(0.5, capacity_bytes=1000)
+        500
+        >>> resolve_budget(None, capacity_bytes=1000, free_bytes=800, margin=0.05)
+        760
+    """
+    check_budget(budget)
+    if budget is None:
+        free = capacity_bytes if free_bytes is None else free_bytes
+        return int(free * (1 - margin))
+    if isinstance(budget, str):
+        budget = parse_budget_text(budget)
+    if isinstance(budget, float):
+        return int(capacity_bytes * budget)
+    return int(budget)
+
+
+@dataclasses.dataclass(frozen=True)
+class Suggestion:
+    """One way to reduce memory, with its predicted saving in bytes."""
+
+    kind: str  # "accumulate", "checkpointing", "bf16-mixed", "batch_size"
+    saving_bytes: int
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a MemoryBudgetCallback decided.
+
+    Attributes:
+        policy: The policy applied.
+        budget_bytes: The budget compared against.
+        predicted_bytes: Predicted peak at the original batch size.
+        original_batch_size: The batch size the run was configured with.
+        batch_size: The batch size to train with (changed only by the
+            ``shrink``/``accumulate`` policies).
+        accumulate_grad_batches: Gradient accumulation to train with.
+        max_fitting_batch_size: Largest batch predicted to fit (0: none fits).
+        fits: Whether the original configuration fits the budget.
+        suggestions: Ways to fit, each with its predicted saving.
+        verification: How the chosen batch was checked by a direct estimate
+            at that batch (:class:`~nnmem_callbacks.core.verification.Verification`),
+            or ``None`` when it was not (nothing changed, or no verifier).
+    """
+
+    policy: str
+    budget_bytes: int
+    predicted_bytes: int
+    original_batch_size: int
+    batch_size: int
+    accumulate_grad_batches: int
+    max_fitting_batch_size: int
+    fits: bool
+    suggestions: tuple[Suggestion, ...] = ()
+    verification: Verification | None = None
+
+    @property
+    def changed(self) -> bool:
+        """Whether the plan changes the batch size or the accumulation."""
+        return self.batch_size != self.original_batch_size
+
+    @property
+    def decision(self) -> str:
+        """A one-line description of the decision."""
+        if self.fits:
+            return "fits: training unchanged"
+        if self.max_fitting_batch_size == 0:
+            return "does not fit even at batch size 1"
+        if self.changed:
+            text = f"batch size {self.original_batch_size} -> {self.batch_size}"
+            if self.accumulate_grad_batches > 1:
+                text += f", accumulate_grad_batches -> {self.accumulate_grad_batches}"
+            return text
+        return f"does not fit; largest fitting batch size is {self.max_fitting_batch_size}"
+
+
+def make_plan(
+    estimate: MemoryEstimate,
+    budget_bytes: int,
+    policy: str = "warn",
+    margin: float = DEFAULT_MARGIN,
+    *,
+    accumulate_grad_batches: int = 1,
+    alternatives: Mapping[str, MemoryEstimate] | None = None,
+    include_reserve: bool = False,
+    verify: bool | None = None,
+    verifier: Callable[[int], MemoryEstimate] | None = None,
+) -> Plan:
+    """Compares an estimate with a budget and decides what to do.
+
+    The batch size is chosen so that its predicted peak stays below
+    ``budget_bytes * (1 - margin)``. A batch the plan changes to is then
+    checked by a direct estimate at that batch (the estimate's
+    :attr:`~nnmem_callbacks.core.estimate.MemoryEstimate.verifier`, or
+    ``verifier``), stepping down until one fits
+    (:func:`nnmem_callbacks.core.verification.verify_batch_size`); the plan records
+    the checks in :attr:`Plan.verification`.
+
+    Args:
+        estimate: The estimate at the configured batch size.
+        budget_bytes: The budget.
+        policy: One of :data:`POLICIES`.
+        margin: Headroom kept below the budget when choosing a batch size.
+        accumulate_grad_batches: The accumulation the run is configured with.
+        alternatives: Estimates of the same step under other settings, by
+            suggestion kind (e.g. ``{"bf16-mixed": est_bf16}``); each becomes a
+            suggestion with its measured saving.
+        include_reserve: Compare device bytes (allocator reserve and context)
+            instead of the tensor peak.
+        verify: ``None`` (default): verify the batch the plan changes to;
+            ``True``: also verify :attr:`Plan.max_fitting_batch_size` where
+            the plan only reports it (``warn``, ``raise``, or a run that
+            fits); ``False``: never.
+        verifier: ``batch_size -> MemoryEstimate`` (default: the estimate's own).
+
+    Returns:
+        The :class:`Plan`.
+
+    Example:
+        >>> from nnmem_callbacks.core.estimate import PhaseLine
+        >>> def at(n, per_sample):
+        ...     return MemoryEstimate(peak_bytes=1_000 + per_sample * n, breakdown={"parameters": 1_000},
+        ...                           batch_size=n, phases=(PhaseLine("step", 1_000, per_sample),))
+        >>> lines_say_100 = at(64, 100)
+        >>> plan = make_plan(lines_say_100, 5_000, "shrink", margin=0.0, verifier=lambda n: at(n, 125))
+        >>> plan.batch_size, plan.verification.predicted_batch_size, plan.verification.verified
+        (32, 40, True)
+    """
+    check_policy(policy)
+    check_margin(margin)
+    # where the runtime varies from run to run, an unlucky run must fit too (MemoryEstimate.upper_bytes_at)
+    measure = estimate.device_bytes_at if include_reserve else estimate.upper_bytes_at
+    predicted = measure(estimate.batch_size)
+    fits = predicted <= budget_bytes
+    usable = int(budget_bytes * (1 - margin))
+    max_fit = estimate.max_batch_size(usable, include_reserve=include_reserve, verify=False)
+    original = estimate.batch_size
+
+    def choose(largest: int) -> int:
+        """The batch the policy trains with when ``largest`` is the largest that fits."""
+        if policy == "accumulate":
+            # the fewest accumulation steps that fit, then the smallest batch that keeps the effective batch
+            return math.ceil(original / math.ceil(original / largest))
+        return min(largest, original)
+
+    changes = not fits and max_fit >= 1 and policy in ("shrink", "accumulate")
+    batch_size, accumulate = original, accumulate_grad_batches
+    verification = None
+    verifier = verifier or estimate.verifier
+    if verifier is not None and max_fit >= 1 and (changes if verify is None else verify):
+        verification = verify_batch_size(
+            estimate, usable, verifier=verifier, candidate=max_fit, include_reserve=include_reserve,
+            choose=choose if changes else None,
+        )
+        if verification.stepped_down:
+            max_fit = verification.batch_size
+    if changes and max_fit >= 1:
+        batch_size = verification.batch_size if verification is not None else choose(max_fit)
+        if policy == "accumulate":
+            accumulate = accumulate_grad_batches * math.ceil(original / batch_size)
+    suggestions = suggest(estimate, budget_bytes, max_fit, alternatives or {}, include_reserve=include_reserve)
+    return Plan(
+        policy=policy,
+        budget_bytes=int(budget_bytes),
+        predicted_bytes=int(predicted),
+        original_batch_size=original,
+        batch_size=batch_size,
+        accumulate_grad_batches=accumulate,
+        max_fitting_batch_size=max_fit,
+        fits=fits,
+        suggestions=tuple(suggestions),
+        verification=verification,
+    )
+
+
+def checkpointing_saving(estimate: MemoryEstimate, num_blocks: int | None = None) -> int:
+    """Predicted saving of activation checkpointing per block.
+
+    With ``L`` equally sized blocks checkpointed, only the block inputs stay
+    alive during forward, and one block's activations are recomputed at a time
+    in backward: the saved activations fall from ``A`` to about ``2 * A / L``
+    (block boundaries plus one recomputed block). Without a block count,
+    ``L = 8`` is assumed, which is conservative for most deep networks.
+    """
+    activations = estimate.breakdown[str(Category.ACTIVATIONS)]
+    blocks = max(num_blocks or 8, 2)
+    return max(0, int(activations - 2 * activations / blocks))
+
+
+def suggest(
+    estimate: MemoryEstimate,
+    budget_bytes: int,
+    max_fitting_batch_size: int,
+    alternatives: Mapping[str, MemoryEstimate],
+    *,
+    include_reserve: bool = False,
+) -> list[Suggestion]:
+    """Concrete ways to reduce the peak, each with its predicted saving."""
+    measure = estimate.device_bytes_at if include_reserve else estimate.upper_bytes_at
+    current = measure(estimate.batch_size)
+    suggestions: list[Suggestion] = []
+    if 1 <= max_fitting_batch_size < estimate.batch_size:
+        factor = math.ceil(estimate.batch_size / max_fitting_batch_size)
+        smaller = max(1, math.ceil(estimate.batch_size / factor))  # smaller * factor >= batch_size
+        saving = current - measure(smaller)
+        suggestions.append(
+            Suggestion(
+                "accumulate",
+                saving,
+                f"batch size {smaller} with gradient accumulation x{factor} keeps the effective batch "
+                f"of {smaller * factor} and saves {format_bytes(saving)}",
+            )
+        )
+    activations = estimate.breakdown[str(Category.ACTIVATIONS)]
+    if activations >= 0.3 * estimate.peak_bytes:
+        saving = checkpointing_saving(estimate)
+        suggestions.append(
+            Suggestion(
+                "checkpointing",
+                saving,
+                f"activations are {format_bytes(activations)} ({activations / max(estimate.peak_bytes, 1):.0%} "
+                f"of the peak); activation checkpointing of the repeated blocks saves about "
+                f"{format_bytes(saving)}",
+            )
+        )
+    for kind, other in alternatives.items():
+        saving = current - (other.device_bytes if include_reserve else other.peak_bytes)
+        if saving > 0:
+            suggestions.append(
+                Suggestion(kind, saving, f"precision {kind!r} predicts a peak of {format_bytes(other.peak_bytes)}, saving {format_bytes(saving)}")
+            )
+    return suggestions
+
+
+def describe_plan(plan: Plan, estimate: MemoryEstimate, suggestions: Sequence[Suggestion] | None = None) -> str:
+    """A multi-line human description of a plan (for warnings and errors)."""
+    from nnmem_callbacks.core.formatting import format_breakdown
+
+    lines = [
+        f"Predicted peak {format_bytes(plan.predicted_bytes)} at batch size {plan.original_batch_size} "
+        f"vs budget {format_bytes(plan.budget_bytes)}: {plan.decision}.",
+        format_breakdown(estimate),
+    ]
+    if plan.max_fitting_batch_size:
+        lines.append(f"Largest batch size that fits (with margin): {plan.max_fitting_batch_size}.")
+    if plan.verification is not None:
+        lines.append(f"Checked: {plan.verification.text}.")
+    for suggestion in suggestions if suggestions is not None else plan.suggestions:
+        lines.append(f"- {suggestion.text}")
+    return "\n".join(lines)

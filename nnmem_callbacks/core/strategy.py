@@ -1,0 +1,388 @@
+"""How training is spread over devices: a framework-free description, and the
+closed-form model states per rank of each kind.
+
+A :class:`Strategy` says what one rank holds. The PyTorch estimator
+(:mod:`nnmem_callbacks.estimators.torch.distributed`) turns a traced single-device step
+into a per-rank step for it; the napkin calculator and the CLI use
+:func:`model_states_per_rank` for the answer without a model.
+
+Kinds:
+
+* ``"single"``: one device, nothing sharded.
+* ``"ddp"``: every rank holds the whole model; DistributedDataParallel adds
+  its gradient buckets (one flat copy of all gradients, ``bucket_cap_mb`` only
+  splits it); ``gradient_as_bucket_view`` makes the gradients views of them.
+* ``"fsdp"``: PyTorch FSDP2 (``fully_shard``): parameters, gradients and
+  optimizer state sharded on dim 0 over ``world_size`` ranks; each unit's
+  parameters gathered around its forward and backward.
+* ``"zero"``: DeepSpeed ZeRO stage 1, 2 or 3 (model states from DeepSpeed's own
+  formulas, see :func:`zero_model_states`).
+
+Nothing here imports torch, keras or lightning.
+
+Example:
+    >>> s = Strategy("fsdp", world_size=4)
+    >>> s.describe()
+    'fsdp x4 (reshard_after_forward=True)'
+    >>> Strategy("zero", world_size=8, zero_stage=3).describe()
+    'zero-3 x8'
+    >>> Strategy("ddp", world_size=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: world_size must be a positive integer, got 0
+
+Known limitations:
+    * Tensor, pipeline and context parallelism are not modelled (a
+      ModelParallelStrategy with a tensor-parallel mesh is reported as not
+      modelled by the Lightning callback).
+    * HSDP (replicate + shard meshes) is not modelled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+__all__ = [
+    "BACKENDS",
+    "DEEPSPEED_BUFFER_FACTOR",
+    "DEFAULT_BUCKET_CAP_MB",
+    "gpus_needed",
+    "KINDS",
+    "model_states_per_rank",
+    "shard_estimate",
+    "shard_numel",
+    "Strategy",
+    "zero_model_states",
+]
+
+#: The kinds of :class:`Strategy`.
+KINDS = ("single", "ddp", "fsdp", "zero")
+
+#: Collective backends whose own buffers are modelled (gloo copies the
+#: all-gather and reduce-scatter buffers on CPU; NCCL works in place).
+BACKENDS = ("gloo", "nccl")
+
+#: DDP's default bucket size (``torch.nn.parallel.DistributedDataParallel``).
+DEFAULT_BUCKET_CAP_MB = 25.0
+
+#: ``additional_buffer_factor`` of DeepSpeed's model-state estimators (their default).
+DEEPSPEED_BUFFER_FACTOR = 1.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """What each of ``world_size`` ranks holds and does in a training step.
+
+    Args:
+        kind: One of :data:`KINDS`.
+        world_size: Ranks the model is replicated or sharded over.
+        zero_stage: 1, 2 or 3 for ``kind="zero"`` (0 otherwise).
+        reshard_after_forward: FSDP: free each unit's gathered parameters after
+            its forward (``True``, ZeRO-3-like) or keep them to the backward
+            (``False``, ZeRO-2-like). The root unit never reshards after forward.
+        bucket_cap_mb: DDP bucket size (splits the flat gradient copy; the
+            total does not change).
+        gradient_as_bucket_view: DDP: gradients are views of the buckets.
+        static_graph: DDP ``static_graph`` (buckets rebuilt once, as without it).
+        offload_params: FSDP ``CPUOffloadPolicy`` / ZeRO ``offload_param``:
+            sharded parameters live on the host.
+        offload_optimizer: Optimizer state (and for FSDP, sharded gradients)
+            live on the host (FSDP's offload policy moves both with the parameters).
+        param_dtype: FSDP mixed precision: the dtype of gathered parameters
+            (``"bfloat16"``, ``"float16"``), ``None`` for the parameters' own.
+        backend: ``"gloo"`` or ``"nccl"``; ``None``: gloo for CPU, NCCL for CUDA.
+        rank: The rank to predict; ``None``: the rank with the most memory.
+    """
+
+    kind: str = "single"
+    world_size: int = 1
+    zero_stage: int = 0
+    reshard_after_forward: bool = True
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    offload_params: bool = False
+    offload_optimizer: bool = False
+    param_dtype: str | None = None
+    backend: str | None = None
+    rank: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"strategy kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world_size must be a positive integer, got {self.world_size!r}")
+        if self.kind == "zero":
+            if self.zero_stage not in (1, 2, 3):
+                raise ValueError(f"zero_stage must be 1, 2 or 3 for kind='zero', got {self.zero_stage!r}")
+        elif self.zero_stage:
+            raise ValueError(f"zero_stage is only valid with kind='zero' (got kind={self.kind!r}, zero_stage={self.zero_stage!r})")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)} or None, got {self.backend!r}")
+        if not (isinstance(self.bucket_cap_mb, (int, float)) and self.bucket_cap_mb > 0):
+            raise ValueError(f"bucket_cap_mb must be a positive number, got {self.bucket_cap_mb!r}")
+        if self.param_dtype not in (None, "bfloat16", "float16", "float32"):
+            raise ValueError(f"param_dtype must be 'bfloat16', 'float16', 'float32' or None, got {self.param_dtype!r}")
+        if self.rank is not None and not (isinstance(self.rank, int) and 0 <= self.rank < self.world_size):
+            raise ValueError(f"rank must be in 0..{self.world_size - 1} or None, got {self.rank!r}")
+        if self.kind == "single" and self.world_size != 1:
+            raise ValueError("kind='single' means world_size=1; use kind='ddp' for replicas")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether parameters, gradients or optimizer state are split over ranks."""
+        return self.kind in ("fsdp", "zero") and self.world_size > 1
+
+    def describe(self) -> str:
+        """A short label, such as ``"fsdp x4 (reshard_after_forward=True)"``."""
+        if self.kind == "single":
+            return "single device"
+        if self.kind == "zero":
+            text = f"zero-{self.zero_stage} x{self.world_size}"
+        else:
+            text = f"{self.kind} x{self.world_size}"
+        if self.kind == "fsdp":
+            text += f" (reshard_after_forward={self.reshard_after_forward})"
+        if self.kind == "ddp" and self.gradient_as_bucket_view:
+            text += " (gradient_as_bucket_view)"
+        if self.offload_params or self.offload_optimizer:
+            text += " offload:" + "+".join(n for n, on in (("params", self.offload_params), ("optimizer", self.offload_optimizer)) if on)
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (for ``MemoryEstimate.extra`` and JSON)."""
+        return dataclasses.asdict(self)
+
+
+def shard_numel(shape: tuple[int, ...] | list[int], world_size: int, rank: int | None = None, *, padded: bool = False) -> int:
+    """Elements of one rank's dim-0 shard of a tensor (FSDP2's ``torch.chunk`` split).
+
+    Args:
+        shape: The full tensor's shape.
+        world_size: Ranks.
+        rank: Which rank; ``None``: rank 0 (which holds the largest shard).
+        padded: The padded shard FSDP2 stores (``ceil(dim0 / world_size)`` rows on every rank).
+
+    Example:
+        >>> shard_numel((10, 3), 4), shard_numel((10, 3), 4, rank=3), shard_numel((10, 3), 4, rank=3, padded=True)
+        (9, 3, 9)
+        >>> shard_numel((), 4)  # scalars are padded to one element per rank
+        1
+    """
+    if len(shape) == 0:
+        shape = (1,)
+    rows = shape[0]
+    rest = math.prod(shape[1:])
+    chunk = -(-rows // world_size) if rows else 0
+    if padded:
+        return chunk * rest
+    rank = rank or 0
+    local = max(0, min(chunk, rows - rank * chunk))
+    return local * rest
+
+
+# ---------------------------------------------------------------------------
+# closed-form model states per rank
+# ---------------------------------------------------------------------------
+
+
+def model_states_per_rank(
+    parameters: int,
+    strategy: Strategy,
+    *,
+    param_bytes: int = 4,
+    grad_bytes: int = 4,
+    optimizer_bytes_per_param: int = 8,
+    master_bytes_per_param: int = 0,
+) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state one rank holds.
+
+    Each of the three is split over the ranks the strategy shards it over:
+    DDP and ZeRO-0 none; ZeRO-1 the optimizer state; ZeRO-2 also the
+    gradients; ZeRO-3 and FSDP also the parameters. Offloaded states count 0
+    on the device. DDP adds its bucket copy of the gradients.
+
+    Args:
+        parameters: Trainable parameters (count).
+        strategy: The :class:`Strategy`.
+        param_bytes: Bytes per parameter as stored.
+        grad_bytes: Bytes per gradient element.
+        optimizer_bytes_per_param: Optimizer state per parameter (Adam fp32: 8).
+        master_bytes_per_param: fp32 master weights kept by the optimizer
+            (4 under ``*-mixed`` ZeRO / ``16-true`` with fp32 master weights).
+
+    Returns:
+        ``{"parameters", "gradients", "optimizer_state", "comm_buffers"}`` in bytes.
+
+    Example:
+        >>> model_states_per_rank(1000, Strategy("zero", world_size=4, zero_stage=3))
+        {'parameters': 1000, 'gradients': 1000, 'optimizer_state': 2000, 'comm_buffers': 0}
+        >>> model_states_per_rank(1000, Strategy("ddp", world_size=4))
+        {'parameters': 4000, 'gradients': 4000, 'optimizer_state': 8000, 'comm_buffers': 4000}
+        >>> model_states_per_rank(1000, Strategy("ddp", world_size=4, gradient_as_bucket_view=True))["gradients"]
+        0
+    """
+    n = strategy.world_size
+
+    def split(total: int, sharded: bool) -> int:
+        return -(-total // n) if sharded else total
+
+    stage = strategy.zero_stage if strategy.kind == "zero" else (3 if strategy.kind == "fsdp" else 0)
+    params = split(parameters * param_bytes, stage >= 3)
+    grads = split(parameters * grad_bytes, stage >= 2)
+    optim = split(parameters * (optimizer_bytes_per_param + master_bytes_per_param), stage >= 1)
+    buffers = 0
+    if strategy.kind == "ddp":
+        buffers = parameters * grad_bytes
+        if strategy.gradient_as_bucket_view:
+            grads = 0  # views of the buckets
+    if strategy.offload_params:
+        params = 0
+    if strategy.offload_optimizer:
+        optim = 0
+        if strategy.kind == "fsdp" or stage >= 2:
+            grads = 0
+    return {"parameters": params, "gradients": grads, "optimizer_state": optim, "comm_buffers": buffers}
+
+
+def zero_model_states(
+    total_params: int,
+    stage: int,
+    *,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    largest_layer_params: int = 0,
+    cpu_offload: bool = False,
+    cpu_offload_params: bool = False,
+    zero_init: bool = True,
+    additional_buffer_factor: float = DEEPSPEED_BUFFER_FACTOR,
+) -> dict[str, int]:
+    """DeepSpeed's own estimate of the model states per GPU and per node (bytes).
+
+    These are the formulas of ``estimate_zero2_model_states_mem_needs``
+    (``deepspeed/runtime/zero/stage_1_and_2.py``, used for stages 1 and 2) and
+    ``estimate_zero3_model_states_mem_needs`` (``deepspeed/runtime/zero/stage3.py``),
+    copied to cross-check :func:`model_states_per_rank` without installing
+    DeepSpeed. They assume fp16/bf16 parameters and gradients with fp32 Adam
+    (master weights, momentum, variance: 16 bytes per parameter in all).
+
+    Example:
+        >>> zero_model_states(10**9, 3, num_gpus_per_node=8, largest_layer_params=10**7)["gpu"]
+        2290000000
+        >>> zero_model_states(10**9, 2, num_gpus_per_node=8)["gpu"]
+        6000000000
+    """
+    if stage not in (1, 2, 3):
+        raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
+    total_gpus = num_nodes * num_gpus_per_node
+    if stage in (1, 2):
+        # estimate_zero2_model_states_mem_needs
+        if cpu_offload:
+            gpu_mem = 2 * total_params
+            cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+        else:
+            gpu_mem = 4 * total_params + int(16 * total_params / total_gpus)
+            cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+        return {"gpu": int(gpu_mem), "cpu": int(cpu_mem)}
+    # estimate_zero3_model_states_mem_needs
+    gpus_factor = 1 / num_nodes
+    largest_layer_memory = 4 * largest_layer_params
+    if cpu_offload:
+        if cpu_offload_params:
+            gpu_mem = largest_layer_memory
+            if zero_init:
+                cpu_mem = total_params * 18 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, 18 * gpus_factor) * additional_buffer_factor
+        else:
+            gpu_mem = largest_layer_memory + int(2 * total_params / total_gpus)
+            if zero_init:
+                cpu_mem = total_params * 16 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, 16 * gpus_factor) * additional_buffer_factor
+    else:
+        gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
+        if zero_init:
+            cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
+        else:
+            cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return {"gpu": int(gpu_mem), "cpu": int(cpu_mem)}
+
+
+def shard_estimate(estimate: Any, strategy: Strategy, *, parameters: int, trainable: int | None = None,
+                   gathered_bytes: int = 0) -> Any:
+    """One rank's share of a single-device :class:`~nnmem_callbacks.core.estimate.MemoryEstimate`, by formula.
+
+    The parameters, gradients and optimizer state at the single-device peak
+    are replaced by :func:`model_states_per_rank` (bytes per element taken from
+    the estimate's own breakdown); ``gathered_bytes`` (FSDP / ZeRO-3: the
+    unsharded units alive at once) and DDP's buckets are added as temporaries.
+    Every phase line moves by the same amount, so the batch scaling is kept.
+    This is the napkin answer; the PyTorch trace replays the step instead
+    (:func:`nnmem_callbacks.estimators.torch.distributed.estimate_per_rank`).
+
+    Example:
+        >>> from nnmem_callbacks.core.estimate import MemoryEstimate
+        >>> single = MemoryEstimate(peak_bytes=1600, batch_size=8, breakdown={
+        ...     "parameters": 400, "gradients": 400, "optimizer_state": 800})
+        >>> shard_estimate(single, Strategy("fsdp", world_size=4), parameters=100).peak_bytes
+        400
+        >>> shard_estimate(single, Strategy("ddp", world_size=4), parameters=100).peak_bytes
+        2000
+    """
+    from nnmem_callbacks.core.estimate import Category
+
+    trainable = parameters if trainable is None else trainable
+    breakdown = dict(estimate.breakdown)
+    params_b = breakdown.get(str(Category.PARAMETERS), 0)
+    grads_b = breakdown.get(str(Category.GRADIENTS), 0)
+    optim_b = breakdown.get(str(Category.OPTIMIZER_STATE), 0)
+    per = model_states_per_rank(
+        trainable, strategy,
+        param_bytes=max(1, round(params_b / parameters)) if parameters else 0,
+        grad_bytes=round(grads_b / trainable) if trainable else 0,
+        optimizer_bytes_per_param=round(optim_b / trainable) if trainable else 0,
+    )
+    if strategy.kind == "ddp" and per["comm_buffers"] == 0 and trainable:
+        per["comm_buffers"] = round(grads_b / trainable) * trainable if grads_b else 4 * trainable
+    gathered = gathered_bytes if (strategy.kind == "fsdp" or (strategy.kind == "zero" and strategy.zero_stage == 3)) else 0
+    new = {str(Category.PARAMETERS): per["parameters"], str(Category.GRADIENTS): per["gradients"],
+           str(Category.OPTIMIZER_STATE): per["optimizer_state"]}
+    delta = sum(new.values()) + per["comm_buffers"] + gathered - (params_b + grads_b + optim_b)
+    breakdown.update(new)
+    breakdown[str(Category.TEMPORARIES)] = breakdown.get(str(Category.TEMPORARIES), 0) + per["comm_buffers"] + gathered
+    phases = tuple(dataclasses.replace(line, fixed_bytes=line.fixed_bytes + delta) for line in estimate.phases)
+    reserved = None if estimate.reserved_bytes is None else max(0, estimate.reserved_bytes + delta)
+    note = (f"per rank under {strategy.describe()} by formula: parameters, gradients and optimizer state at the "
+            f"single-device peak replaced by one rank's share" + (f", {gathered} bytes of gathered units added" if gathered else "")
+            + ("; DDP gradient buckets added" if per["comm_buffers"] else ""))
+    extra = dict(estimate.extra, strategy=strategy.to_dict(), single_device_peak_bytes=int(estimate.peak_bytes))
+    return dataclasses.replace(
+        estimate, peak_bytes=max(0, int(estimate.peak_bytes + delta)), breakdown=breakdown, phases=phases,
+        reserved_bytes=reserved, phase_breakdowns={}, notes=(*estimate.notes, note), extra=extra,
+    )
+
+
+def gpus_needed(estimate: Any, strategy: Strategy, capacity_bytes: int, *, parameters: int, gathered_bytes: int = 0,
+                margin: float = 0.05, counts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)) -> int | None:
+    """The fewest ranks (of ``counts``) at which one rank's device bytes fit ``capacity_bytes`` less ``margin``.
+
+    ``estimate`` is the single-device estimate; ``strategy`` gives the kind
+    (its world size is replaced by each count). ``None``: not even at the largest count.
+
+    Example:
+        >>> from nnmem_callbacks.core.estimate import MemoryEstimate
+        >>> single = MemoryEstimate(peak_bytes=1600, batch_size=8, breakdown={
+        ...     "parameters": 400, "gradients": 400, "optimizer_state": 800})
+        >>> gpus_needed(single, Strategy("fsdp"), 700, parameters=100)
+        4
+    """
+    for count in counts:
+        kind = "ddp" if strategy.kind == "single" and count > 1 else strategy.kind
+        candidate = dataclasses.replace(strategy, kind=kind, world_size=count, rank=None)
+        per_rank = shard_estimate(estimate, candidate, parameters=parameters, gathered_bytes=gathered_bytes)
+        if per_rank.device_bytes <= capacity_bytes * (1 - margin):
+            return count
+    return None

@@ -1,0 +1,1 @@
+"""The Keras estimator on TensorFlow: the train step's graph traced, scheduled and replayed through the allocator model."""

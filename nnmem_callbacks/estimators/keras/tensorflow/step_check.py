@@ -1,0 +1,558 @@
+"""Real TensorFlow train steps at a small batch, on a copy of the model, in a child process.
+
+The graph replay (:mod:`nnmem_callbacks.estimators.keras.tensorflow.graph`) models tensors, the
+executor's order and TensorFlow's allocator. What it cannot see is the runtime
+under them on this host: Eigen's contraction buffers held by concurrently
+running kernels, Grappler's rewrites, the executor's thread interleaving, the
+first step's copies. Those differ between hosts and between oneDNN on and off,
+and the replay missed them by 15 to 48 % on models it was not developed on
+(``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`` before this module).
+
+So the replay is checked by the real thing, small:
+
+1. The model's architecture (``model.to_json()``) and compile configuration
+   (``model.get_compile_config()``) go to a fresh Python process with the same
+   TensorFlow, oneDNN mode, thread counts and mixed-precision policy; weights
+   are not copied (memory does not depend on their values). The user's process,
+   its variables, optimizer, RNG and allocator are untouched.
+2. The child rebuilds the model, compiles it (leaving the optimizer unbuilt
+   when the user's was, so that the first step's trace builds its slots as
+   Keras's ``fit`` does; :func:`compiled_copy`), makes a batch of
+   :func:`check_batch_size` samples (random floats, ones for integer inputs
+   and labels) and runs the first two ``train_on_batch`` steps, measuring the
+   allocator's peak as the benchmark's truth does: allocator-counted bytes of
+   variables, optimizer slots and batch, plus ``peak - current`` over the
+   steps. It repeats this on :data:`DEFAULT_REPEATS` fresh copies (TensorFlow's
+   own peak moves between identical runs).
+3. The estimator replays the same batch. What the run nearest the replay
+   took beyond it is memory the replay misses in every run, and is added to
+   every batch size (:attr:`~nnmem_callbacks.estimators.keras.tensorflow.graph.StepCorrection.offset`);
+   what the other runs took beyond that is the executor's race, and goes to
+   the upper bound with the replay's unlucky runs. 4 more runs are measured
+   when the first 3 disagree about the side of the replay.
+
+Where the CPU allocator keeps no statistics (oneDNN off, no
+``TF_CPU_ALLOCATOR_USE_BFC``), the child sets ``TF_CPU_ALLOCATOR_USE_BFC=true``
+and the replay predicts what that allocator counts, as it does anyway; otherwise
+the child uses the same allocator as the user's process.
+
+Results are cached per host fingerprint and model
+(:class:`~nnmem_callbacks.probes.cache.ProbeCache`), so a second estimate of
+the same model runs nothing.
+
+Known limitations:
+    * The model must rebuild from its configuration in a fresh process:
+      custom layers must be registered (``keras.saving.register_keras_serializable``)
+      in an importable module. Otherwise the check is skipped and ``notes``
+      says why.
+    * The batch is synthetic: data-dependent memory (ragged inputs, masks that
+      depend on values) is measured for ones and random floats, not the real data.
+    * The correction is one figure, the same at every batch size. Memory the
+      replay misses in proportion to the batch is only corrected at the
+      checked batch; the check runs at half the batch (under a memory cap) to
+      keep that error small. Where the runtime's memory is a peak of its own
+      rather than an addition to the replay's, adding it over-predicts; one
+      checked batch cannot tell the two apart. The case that showed it
+      (EfficientNet-B0 with oneDNN off, +25%) was the two gradients of one
+      convolution running at once with batch-independent work buffers, which
+      the replay now models
+      (:func:`~nnmem_callbacks.estimators.keras.tensorflow.schedule.sibling_waves`). A second
+      check at a quarter of the batch, extrapolating the difference along a
+      line, was tried offline on the committed runs and rejected (commit
+      645d960, branch ``twopoint-check-experiment``): at such small batches the runs are bimodal
+      and the line amplified their noise. The upper bound doubts the
+      extrapolation (:meth:`~nnmem_callbacks.estimators.keras.tensorflow.graph.StepCorrection.doubt_line`).
+    * Where the real peak has two modes (whether two kernels' work buffers
+      overlap, how many loop iterations wait in an RNN's gradient loop), which
+      mode a run takes depends on the batch: the benchmark LSTM (oneDNN off)
+      waited in 4 of 7 check runs at half the batch and in 1 of 5 real runs
+      at the batch (estimator at 685a531, results as committed at dae1b41).
+      The correction takes the run nearest the replay, so the expected peak
+      is the replay's mode; a mode that is more frequent at the full batch
+      than at half of it is missed by the expected peak and covered by the
+      upper bound only: MobileNetV3-Small with oneDNN off, five real runs at
+      93.6-100.1 MiB, the replay 76.6 MiB, the check at half the batch
+      56.4-75.2 MiB, the expected peak -21.8%, the upper bound 134.1 MiB
+      (estimator at 6ab3d93,
+      ``benchmarks/results/keras_tensorflow_cpu_avx512_onednn0.md``). Its
+      peak has three levels, by the allocator's events of single steps: the
+      two gradients of a 1x1 convolution each take a 20-21 MiB column buffer
+      (sized by the kernel's 30 MiB working-set target, not by the batch).
+      Run one after the other, the step peaks near 67 MiB; together, near
+      76-85 MiB; together with the second buffer handed a 37-41 MiB free
+      chunk whole (the allocator splits a chunk only when it is at least
+      twice the request), near 101-104 MiB (2, 3 and 3 of 8 steps of one
+      process). Which free chunks there are at that moment depends on the
+      interleaving of the steps before
+      (``benchmarks/results/tf_memory_events_mobilenetv3small_avx512_onednn0.txt``).
+      On the AVX2 host, ten profiled processes (``python -m
+      benchmarks.tf_memory_events mobilenetv3small --regions --large 8``,
+      ``tf_memory_events_mobilenetv3small_regions_avx2_onednn0.txt``): in
+      every one, Adam's update of the last 1x1 convolution's 2.25 MiB kernel
+      (``AssignSubVariableOp``) ran while that layer's input gradient still
+      read the kernel, and copied it, in both steps. In 5 of 10 the second
+      step peaked at the top level (94.2-101.1 MiB): a 20-21 MiB scratch
+      buffer was handed a 38.3-40.9 MiB chunk whole (the allocator's own
+      charge). In two of the three charges the simulated region agrees with,
+      the copy sat in the free 64 MiB region and left 59.5-61.8 MiB for the
+      scratch pair (in the third, a 5.7 MiB buffer, freed since, sat there); the
+      other 5 processes peaked at 75.7-79.8 MiB. Since 2026-11-27 the replay
+      models both halves: the update's copy and two steps on one allocator
+      model (:mod:`~nnmem_callbacks.estimators.keras.tensorflow.graph`'s Known limitations), so
+      its own expected peak is the top level. Re-predicted against the
+      committed AVX2 runs, with their check runs reused (``python -m
+      benchmarks.tf_repredict
+      benchmarks/results/keras_tensorflow_cpu_avx2_all_onednn0.json``):
+      -0.5%, was -22.7%.
+    * The check costs a TensorFlow import and one trace per repeat in the child
+      (seconds to tens of seconds; minutes for a graph as large as NASNetMobile's
+      on a slow host); ``estimate_training(..., check_steps=False)`` skips it.
+      The child has :data:`DEFAULT_TIME_BUDGET` seconds
+      (``estimate_training(..., step_check_seconds=...)``); runs finished by
+      then count, and ``notes`` warns when fewer than asked finished: with one
+      run the check cannot show the executor's race, and the upper bound then
+      has no spread of its own from the check (NASNetMobile on a 2-core AVX2
+      EPYC: one of three copies in 300 s, 2026-11-27).
+
+Example:
+    >>> check_batch_size(32, lambda n: n * 2**20, memory_cap=2**30)
+    16
+    >>> check_batch_size(32, lambda n: n * 2**30, memory_cap=2**32)  # half the batch would be 16 GiB
+    4
+    >>> check_batch_size(8, lambda n: 2**40, memory_cap=2**32) is None  # not even one sample fits the cap
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+__all__ = [
+    "AVAILABLE_MEMORY_SHARE",
+    "check_batch_size",
+    "child_allocator",
+    "compiled_copy",
+    "DEFAULT_MEMORY_CAP",
+    "DEFAULT_REPEATS",
+    "DEFAULT_TIME_BUDGET",
+    "EXTRA_REPEATS",
+    "measure_steps",
+    "memory_cap",
+    "request_for",
+    "require_same_start",
+    "StepCheckError",
+    "StepMeasurement",
+    "unsettled",
+]
+
+#: Fresh model copies measured per check (the run nearest the replay corrects it; the largest widens the upper bound).
+DEFAULT_REPEATS = 3
+#: Further copies measured when the first runs spread at least as wide as their median lies from the replay
+#: (:func:`unsettled`): a race with two outcomes makes the median of 3 itself a coin toss. On the committed LSTM
+#: runs with oneDNN on, the median of 3 at batch 16 moved from +1.5 to +2.8 MiB over the replay between sessions.
+EXTRA_REPEATS = 4
+#: Largest predicted peak (bytes) of the child's steps; larger checks run at a smaller batch or not at all.
+DEFAULT_MEMORY_CAP = 2 << 30
+#: The cap is also at most this share of the host's available memory.
+AVAILABLE_MEMORY_SHARE = 0.25
+#: Seconds for the child process (TensorFlow import, rebuild, traces and steps).
+DEFAULT_TIME_BUDGET = 300.0
+
+
+class StepCheckError(RuntimeError):
+    """The real steps could not be run; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMeasurement:
+    """Allocator peaks of the first two real steps at ``batch_size``, one per fresh model copy.
+
+    Example:
+        >>> m = StepMeasurement(batch_size=4, runs=(100, 130, 110), seconds=1.0, allocator="bfc")
+        >>> m.median, m.range
+        (110, 30)
+    """
+
+    batch_size: int
+    runs: tuple[int, ...]
+    seconds: float
+    allocator: str
+    cached: bool = False
+    #: Whether the copies' optimizer had its slots before the first step (else the first step built them).
+    optimizer_built: bool = True
+    #: Copies asked for; more than ``len(runs)`` when the child ran out of its time budget. ``None``: as many as ran.
+    requested: int | None = None
+
+    @property
+    def missing(self) -> int:
+        """Copies asked for that did not finish (the child's time budget ran out first).
+
+        Example:
+            >>> StepMeasurement(batch_size=4, runs=(100,), seconds=300.0, allocator="bfc", requested=3).missing
+            2
+            >>> StepMeasurement(batch_size=4, runs=(100, 104), seconds=1.0, allocator="bfc").missing
+            0
+        """
+        return max((self.requested or len(self.runs)) - len(self.runs), 0)
+
+    @property
+    def median(self) -> int:
+        """The median run's peak in bytes."""
+        return int(statistics.median(self.runs))
+
+    @property
+    def range(self) -> int:
+        """The largest run minus the smallest, in bytes."""
+        return int(max(self.runs) - min(self.runs))
+
+    def combined(self, more: StepMeasurement) -> StepMeasurement:
+        """These runs and ``more``'s, at the same batch and allocator.
+
+        Example:
+            >>> first = StepMeasurement(batch_size=4, runs=(100, 130, 110), seconds=1.0, allocator="bfc")
+            >>> both = first.combined(StepMeasurement(4, (105, 108), 0.5, "bfc"))
+            >>> both.runs, both.median, both.seconds
+            ((100, 130, 110, 105, 108), 108, 1.5)
+        """
+        if (more.batch_size, more.allocator, more.optimizer_built) != (self.batch_size, self.allocator, self.optimizer_built):
+            raise ValueError(
+                f"cannot combine runs at batch {self.batch_size} ({self.allocator}, optimizer built before: "
+                f"{self.optimizer_built}) with runs at batch {more.batch_size} ({more.allocator}, optimizer built "
+                f"before: {more.optimizer_built})"
+            )
+        return StepMeasurement(
+            self.batch_size, self.runs + more.runs, self.seconds + more.seconds, self.allocator,
+            self.cached and more.cached, self.optimizer_built,
+            requested=len(self.runs) + self.missing + len(more.runs) + more.missing,
+        )
+
+
+def require_same_start(asked_built: bool, runs_built: bool) -> None:
+    """Refuses runs measured with the optimizer started otherwise than the check asks (recorded runs reused).
+
+    Raises:
+        StepCheckError: When ``asked_built`` (the copies the estimate asks for) differs from ``runs_built``.
+
+    Example:
+        >>> require_same_start(True, True)
+        >>> require_same_start(False, True)
+        Traceback (most recent call last):
+        ...
+        nnmem_callbacks.estimators.keras.tensorflow.step_check.StepCheckError: the check's copies would start with the optimizer unbuilt; the runs started with it built
+    """
+    if asked_built != runs_built:
+        state = lambda built: "built" if built else "unbuilt"  # noqa: E731
+        raise StepCheckError(
+            f"the check's copies would start with the optimizer {state(asked_built)}; the runs started with it "
+            f"{state(runs_built)}"
+        )
+
+
+def unsettled(measurement: StepMeasurement, replay_bytes: int) -> bool:
+    """Whether the runs spread at least as wide as their median lies from ``replay_bytes`` (and spread at all).
+
+    Then the median of so few runs does not say which side of the replay the
+    runtime lies on, and :data:`EXTRA_REPEATS` more runs are measured once.
+
+    Example:
+        >>> runs = StepMeasurement(batch_size=16, runs=(7_400_000, 10_100_000, 10_900_000), seconds=1.0, allocator="bfc")
+        >>> unsettled(runs, replay_bytes=7_200_000)  # 2.9 MB over the replay, runs 3.5 MB apart
+        True
+        >>> unsettled(runs, replay_bytes=5_000_000)  # 5.1 MB over: the runs agree on the side
+        False
+        >>> unsettled(StepMeasurement(16, (100, 100, 100), 1.0, "bfc"), replay_bytes=100)  # identical runs
+        False
+    """
+    return measurement.range > 0 and measurement.range >= abs(measurement.median - replay_bytes)
+
+
+def memory_cap(cap: int | None = None) -> int:
+    """The byte cap of a check: ``cap`` (default :data:`DEFAULT_MEMORY_CAP`), at most a share of available memory."""
+    from nnmem_callbacks.hardware import devices
+
+    limit = DEFAULT_MEMORY_CAP if cap is None else int(cap)
+    try:
+        _, available = devices.cpu_capacity()
+    except Exception:  # noqa: BLE001 - psutil missing or failing: the fixed cap applies
+        return limit
+    return int(min(limit, AVAILABLE_MEMORY_SHARE * available))
+
+
+def check_batch_size(batch_size: int, predicted_peak_at: Callable[[int], int], memory_cap: int) -> int | None:
+    """The batch the real steps run at: half of ``batch_size``, halved again while over ``memory_cap``.
+
+    Args:
+        batch_size: The batch being estimated.
+        predicted_peak_at: Predicted bytes of the steps at a batch size.
+        memory_cap: Bytes the child's steps may take.
+
+    Returns:
+        The batch size, or ``None`` when even one sample is predicted over the cap.
+    """
+    size = max(batch_size // 2, 1)
+    while size >= 1:
+        if predicted_peak_at(size) <= memory_cap:
+            return size
+        if size == 1:
+            return None
+        size //= 2
+    return None  # pragma: no cover - the loop returns
+
+
+def child_allocator() -> str:
+    """The allocator the child measures with: this process's, or BFC where this one keeps no statistics."""
+    from nnmem_callbacks.allocators.tensorflow_cpu import tf_cpu_allocator
+
+    allocator = tf_cpu_allocator()
+    return "bfc" if allocator == "default" else allocator
+
+
+def _specs_json(specs: Any) -> Any:
+    from nnmem_callbacks.estimators.keras.common import Spec
+
+    if specs is None:
+        return None
+    if isinstance(specs, Spec):
+        return {"spec": [list(specs.shape), str(specs.dtype)]}
+    if isinstance(specs, dict):
+        return {"dict": {str(k): _specs_json(v) for k, v in specs.items()}}
+    if isinstance(specs, (list, tuple)):
+        return {"list" if isinstance(specs, list) else "tuple": [_specs_json(v) for v in specs]}
+    raise StepCheckError(f"cannot describe the input {type(specs).__name__} to the child process")
+
+
+def request_for(
+    model: Any, x_specs: Any, y_specs: Any, batch_size: int, repeats: int, optimizer_built: bool = True
+) -> dict[str, Any]:
+    """What the child needs: architecture, compile configuration, input specs, batch, dtype policy, optimizer state.
+
+    ``optimizer_built`` says whether the model's optimizer had its slots before the estimate (the
+    estimate's tracing builds them): the child's copies start the same way (:func:`compiled_copy`).
+
+    Raises:
+        StepCheckError: When the model cannot be described by its configuration.
+    """
+    import keras
+
+    try:
+        architecture = model.to_json()
+        compile_config = model.get_compile_config()
+        json.dumps(compile_config)
+    except Exception as error:  # noqa: BLE001 - any serialization failure
+        raise StepCheckError(f"the model cannot be written as its configuration ({type(error).__name__}: {error})") from error
+    if not compile_config:
+        raise StepCheckError("the model has no compile configuration to rebuild in a child process")
+    return {
+        "architecture": architecture,
+        "compile_config": compile_config,
+        "x": _specs_json(x_specs),
+        "y": _specs_json(y_specs),
+        "batch_size": int(batch_size),
+        "repeats": int(repeats),
+        "dtype_policy": keras.config.dtype_policy().name,
+        "optimizer_built": bool(optimizer_built),
+    }
+
+
+def _cache_key(request: dict[str, Any]) -> str:
+    text = json.dumps(request, sort_keys=True, default=str)
+    return "step-check:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def measure_steps(
+    model: Any,
+    x_specs: Any,
+    y_specs: Any,
+    batch_size: int,
+    *,
+    repeats: int = DEFAULT_REPEATS,
+    time_budget: float = DEFAULT_TIME_BUDGET,
+    cache: Any = None,
+    optimizer_built: bool = True,
+) -> StepMeasurement:
+    """Runs the first two train steps of fresh copies of ``model`` at ``batch_size`` in a child process.
+
+    Args:
+        model: A compiled Keras 3 model on the TensorFlow backend (only its
+            configuration is used).
+        x_specs: Input specs (:func:`nnmem_callbacks.estimators.keras.common.input_specs`).
+        y_specs: Target specs.
+        batch_size: Samples per step.
+        repeats: Fresh model copies measured.
+        time_budget: Seconds for the child; runs finished by then count
+            (:attr:`StepMeasurement.missing` says how many did not).
+        cache: A :class:`~nnmem_callbacks.probes.cache.ProbeCache`; default
+            the one of this host's TensorFlow fingerprint.
+        optimizer_built: Whether the model's optimizer had its slot
+            variables before the estimate; if not, the copies' first step
+            builds them, as a fresh ``fit`` does.
+
+    Raises:
+        StepCheckError: When the child cannot rebuild or run the model, or
+            measures nothing in time.
+    """
+    from nnmem_callbacks.estimators.keras.tensorflow.probes import child_environment, host_fingerprint
+    from nnmem_callbacks.probes.cache import ProbeCache
+
+    request = request_for(model, x_specs, y_specs, batch_size, repeats, optimizer_built=optimizer_built)
+    allocator = child_allocator()
+    if cache is None:
+        cache = ProbeCache(host_fingerprint())
+    key = _cache_key({**request, "allocator": allocator})
+    entry = cache.load().get(key)
+    # a check cut short by its budget is measured again when this one has more time
+    cut_short = entry is not None and int(entry.get("requested", 0)) > len(entry.get("runs", ()))
+    if cut_short and time_budget > float(entry.get("time_budget", time_budget)):
+        entry = None
+    if entry is not None and entry.get("runs"):
+        runs = tuple(int(r) for r in entry["runs"])
+        return StepMeasurement(
+            batch_size, runs, 0.0, allocator, cached=True, optimizer_built=optimizer_built,
+            requested=int(entry.get("requested", len(runs))),
+        )
+    env = child_environment(bfc=allocator == "bfc")
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "nnmem_callbacks.estimators.keras.tensorflow.step_check"],
+            input=json.dumps(request), env=env, capture_output=True, text=True, timeout=max(time_budget, 1.0),
+        )
+        stdout, stderr, returncode = done.stdout, done.stderr, done.returncode
+    except subprocess.TimeoutExpired as expired:
+        stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
+        stderr, returncode = f"the child ran out of its {time_budget:.0f} s budget", -1
+    runs, error = _parse(stdout)
+    seconds = time.perf_counter() - started
+    if not runs:
+        tail = (stderr or "").strip().splitlines()
+        raise StepCheckError(error or (tail[-1] if tail else f"exit status {returncode}"))
+    try:
+        cache.save({key: {"runs": runs, "requested": repeats, "time_budget": time_budget}})
+    except OSError:  # a read-only cache directory: the measurement still counts for this estimate
+        pass
+    return StepMeasurement(
+        batch_size, tuple(runs), seconds, allocator, optimizer_built=optimizer_built, requested=repeats
+    )
+
+
+def _parse(stdout: str) -> tuple[list[int], str | None]:
+    runs, error = [], None
+    for line in stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        if "error" in record:
+            error = record["error"]
+        elif "measured" in record:
+            runs.append(int(record["measured"]))
+    return runs, error
+
+
+# -- the child process ------------------------------------------------------------
+def _build_data(description: Any, batch_size: int, rng: Any) -> Any:  # pragma: no cover - runs in the child
+    import numpy as np
+
+    if description is None:
+        return None
+    if "spec" in description:
+        shape, dtype = description["spec"]
+        shape = tuple(batch_size if d is None else int(d) for d in shape)
+        kind = np.dtype(dtype).kind
+        if kind in "iu":
+            return np.ones(shape, dtype)  # a valid index for embeddings and sparse labels with two or more classes
+        if kind == "b":
+            return np.ones(shape, bool)
+        return rng.random(shape).astype(dtype)
+    if "dict" in description:
+        return {k: _build_data(v, batch_size, rng) for k, v in description["dict"].items()}
+    items = [_build_data(v, batch_size, rng) for v in description.get("list", description.get("tuple", []))]
+    return items if "list" in description else tuple(items)
+
+
+def compiled_copy(request: dict[str, Any]) -> Any:
+    """The child's copy of the model: rebuilt from its configuration and compiled, its optimizer as the user's was.
+
+    ``compile_from_config`` builds the optimizer's slot variables at once. A model whose optimizer
+    was not built before the estimate gets them in its first train step instead (Keras builds the
+    optimizer when it traces that step), after the batch and with the step's own allocations
+    around them, and the allocator's free chunks then differ for the rest of the run: the GRU text
+    model of ``benchmarks.keras_accuracy`` with oneDNN on peaked at 16.8 MiB in its first two steps
+    with the slots built before and at 18.9-21.9 MiB with them built by the first step (batch 16
+    and 32, fresh processes, 2026-11-27). So the copy keeps the user's order.
+
+    Example:
+        >>> import keras
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> model.compile(optimizer="adam", loss="mse")
+        >>> request = {"architecture": model.to_json(), "compile_config": model.get_compile_config()}
+        >>> compiled_copy({**request, "optimizer_built": False}).optimizer.built
+        False
+        >>> compiled_copy({**request, "optimizer_built": True}).optimizer.built
+        True
+    """
+    import keras
+
+    model = keras.models.model_from_json(request["architecture"])
+    if request.get("optimizer_built", True):
+        model.compile_from_config(request["compile_config"])
+    else:
+        model.compile(**keras.saving.deserialize_keras_object(request["compile_config"]))
+    return model
+
+
+def _measure_once(request: dict[str, Any]) -> int:  # pragma: no cover - runs in the child
+    import gc
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from nnmem_callbacks.estimators.keras.common import tree_leaves, unique, variable_bytes
+    from nnmem_callbacks.allocators.tensorflow_cpu import tf_allocator_bytes
+
+    model = compiled_copy(request)
+    rng = np.random.default_rng(0)
+    x = _build_data(request["x"], request["batch_size"], rng)
+    y = _build_data(request["y"], request["batch_size"], rng)
+    to_tensor = lambda a: tf.identity(tf.constant(a))  # noqa: E731 - as the benchmark's truth builds its batch
+    xt = keras.tree.map_structure(to_tensor, x)
+    yt = keras.tree.map_structure(to_tensor, y) if y is not None else None
+    sizes = [variable_bytes(v) for v in unique(model.variables) + unique(model.optimizer.variables)]
+    sizes += [int(a.nbytes) for a in tree_leaves(x) + tree_leaves(y)]
+    state = sum(tf_allocator_bytes(s) for s in sizes)
+    info = tf.config.experimental.get_memory_info
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    current = info("CPU:0")["current"]
+    model.train_on_batch(xt, yt)
+    model.train_on_batch(xt, yt)
+    measured = int(state + info("CPU:0")["peak"] - current)
+    del model, xt, yt
+    keras.backend.clear_session()
+    gc.collect()
+    return measured
+
+
+def _child_main() -> int:  # pragma: no cover - runs in the child process
+    request = json.loads(sys.stdin.read())
+    try:
+        import keras
+
+        keras.config.set_dtype_policy(request["dtype_policy"])
+        for _ in range(max(int(request["repeats"]), 1)):
+            print(json.dumps({"measured": _measure_once(request)}), flush=True)
+    except Exception as error:  # noqa: BLE001 - reported to the parent
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        print(json.dumps({"error": f"{type(error).__name__}: {first[:300]}"}), flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(_child_main())

@@ -1,0 +1,1 @@
+"""The CUDA side of the PyTorch estimator: kernel emulation without a GPU, autocast, SDPA choice, library workspaces, cuDNN RNN."""

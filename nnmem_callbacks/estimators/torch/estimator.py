@@ -1,0 +1,686 @@
+"""``estimate_training`` for PyTorch: simulate the real training step on fake tensors.
+
+How it works:
+
+1. The model's parameters and buffers are swapped for fake tensors
+   (:func:`~nnmem_callbacks.estimators.torch.guards.swapped_tensors`); the batch is
+   rebuilt as fake tensors of the same shapes. Nothing real is allocated.
+2. The user's own forward and loss run (under ``torch.autocast`` for the
+   ``*-mixed`` precisions), then ``backward()``, the real optimizer class
+   (``step()`` and ``zero_grad(set_to_none=True)``), for two steps, with a
+   simulated GradScaler for ``16-mixed``, gradient clipping and gradient
+   accumulation when asked.
+3. A :class:`~nnmem_callbacks.estimators.torch.tracer.StorageTracker` logs every storage's
+   allocation and free; the peak of each phase and the bytes per category at
+   that peak follow from the log.
+4. Two more traces at other batch sizes (forward and backward only) give each
+   phase's growth per sample; the third checks that growth is linear.
+5. For CUDA targets, the log is replayed through a model of the caching
+   allocator to predict ``max_memory_allocated`` and ``max_memory_reserved``.
+
+When the step cannot be traced (data-dependent shapes such as ``nonzero``,
+ops without fake kernels), a closed-form estimate takes over
+(:mod:`nnmem_callbacks.estimators.torch.fallback`); the method and reason are recorded in
+``MemoryEstimate.method`` / ``notes`` and a warning is emitted once.
+
+Known limitations:
+    * ``.item()`` on a traced value returns a placeholder (1), so Python control
+      flow that depends on tensor values may take another branch than in the
+      real run; the count is reported in ``notes``.
+    * Gradient accumulation is simulated with two micro-batches per step (the
+      third and later are identical to the second).
+    * Memory held by reference cycles until the garbage collector runs, and
+      memory a kernel allocates internally without a registered workspace rule,
+      are not seen.
+    * Estimating for CUDA on a machine without CUDA traces CPU kernels made
+      to behave like CUDA's (:mod:`nnmem_callbacks.estimators.torch.cuda.emulation`: autocast
+      op lists and casts, attention backend, dropout) for the named GPU's
+      architecture (``device="cuda:a100-80gb"``; sm90 assumed otherwise);
+      ``notes`` lists the tables used and every way the result may differ
+      from an estimate made on the device.
+    * A ``torch.compile``'d module is estimated as its eager step (a note says so).
+    * The cuBLAS workspaces follow PyTorch's defaults for the target GPU and
+      cuDNN convolution workspaces only the measured table
+      (:mod:`nnmem_callbacks.hardware.cuda_tables`); notes say so.
+    * Lazy modules must be materialised before estimation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import time
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from nnmem_callbacks.hardware import cuda_tables
+from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
+from nnmem_callbacks.probes.runner import UnsupportedKernelError
+from nnmem_callbacks.probes.session import current_session, kernel_probes, probe_batch
+from nnmem_callbacks.core.units import format_bytes
+from nnmem_callbacks.core.verification import DirectEstimator
+from nnmem_callbacks.allocators import cuda_caching as allocator
+from nnmem_callbacks.estimators.torch.cuda import libraries as cuda_libraries
+from nnmem_callbacks.estimators.torch.compat import eager_library_checks
+from nnmem_callbacks.hardware.gpus import DEFAULT_ARCH_CAPABILITY, cuda_arch
+from nnmem_callbacks.estimators.torch.cuda.cudnn_rnn import cudnn_rnn_emulation
+from nnmem_callbacks.estimators.torch.cuda.emulation import EmulationReport, cuda_kernel_emulation
+from nnmem_callbacks.estimators.torch.fallback import estimate_closed_form
+from nnmem_callbacks.estimators.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
+from nnmem_callbacks.estimators.torch.inputs import optimizer_label
+from nnmem_callbacks.estimators.torch.step import (
+    EstimationInputError,
+    LossFn,
+    StepConfig,
+    build_optimizers,
+    forward_loss,
+    input_dtype_map,
+    make_config,
+    optimizer_state_tensors,
+    parameter_dtype,
+)
+from nnmem_callbacks.estimators.torch.scaled_log import build_allocation_log
+from nnmem_callbacks.estimators.torch.tracer import OpMemo, StorageTracker, TraceResult
+
+__all__ = [
+    "cublas_workspace_bytes",
+    "cuda_overhead_bytes",
+    "DEFAULT_CUDA_CONTEXT_BYTES",
+    "estimate_training",
+    "FAST_DISPATCH",
+    "LINEARITY_TOLERANCE",
+    "run_trace",
+    "TraceSession",
+    "TraceVerifier",
+]
+
+#: CUDA context and library bytes assumed when no CUDA device can be asked and
+#: the table has nothing closer (:data:`nnmem_callbacks.hardware.cuda_tables.CONTEXT_TABLE`, H100 / CUDA 13).
+DEFAULT_CUDA_CONTEXT_BYTES = cuda_tables.CONTEXT_TABLE[(9, 13)].gemm_and_cudnn
+
+#: Replay fake ops from a cheap metadata key instead of FakeTensorMode's own
+#: cache (same outputs, about a third less time); off only for debugging.
+FAST_DISPATCH = True
+
+#: Relative error above which batch growth is reported as non-linear.
+LINEARITY_TOLERANCE = 0.01
+
+_warned: set[str] = set()
+
+
+def estimate_training(
+    model: nn.Module,
+    batch: Any,
+    optimizer: Any = "adam",
+    loss_fn: LossFn | None = None,
+    precision: str | int = "32-true",
+    device: str | torch.device | None = None,
+    *,
+    accumulate_grad_batches: int = 1,
+    gradient_clip_val: float | None = None,
+    gradient_clip_algorithm: str = "norm",
+    check_scaling: bool = True,
+    probe_kernels: bool = True,
+) -> MemoryEstimate:
+    """Predicts the peak memory of training ``model`` on batches like ``batch``.
+
+    Args:
+        model: The ``torch.nn.Module`` (on cpu, cuda or meta). It is not changed.
+        batch: An example batch: a tensor, or a tuple/list/dict of tensors, real
+            or on the meta device. Dim 0 of the first tensor is the batch size.
+        optimizer: An optimizer instance (its class and hyper-parameters are
+            reused on fake copies; it is never stepped), a list of instances, a
+            callable ``params -> optimizer``, a name (see
+            :data:`~nnmem_callbacks.estimators.torch.inputs.OPTIMIZER_NAMES`) or ``None``
+            for forward and backward only.
+        loss_fn: ``loss_fn(model, batch) -> scalar loss`` (forward and loss
+            only). It may also return a dict with ``"loss"`` or an object with
+            ``.loss``. Default: call the model on the batch (``model(x)``,
+            ``model(*batch)`` or ``model(**batch)``) and sum its output.
+        precision: A Lightning precision: ``32-true``, ``16-mixed``,
+            ``bf16-mixed``, ``16-true``, ``bf16-true``, ``64-true`` (or an alias).
+        device: Where training runs; default: the model's device.
+        accumulate_grad_batches: Micro-batches per optimizer step.
+        gradient_clip_val: Clip gradients at this value (``None``: no clipping).
+        gradient_clip_algorithm: ``"norm"`` or ``"value"``.
+        check_scaling: Trace at two more batch sizes to derive and check the
+            growth per sample (set ``False`` for a single, faster trace).
+        probe_kernels: Measure the CPU kernels' workspaces by running each
+            distinct op for real at small batch multiples (cached on disk per
+            machine fingerprint, see :mod:`nnmem_callbacks.probes`); ``False``
+            uses the per-op formulas instead (and ``notes`` says so).
+
+    Returns:
+        A :class:`~nnmem_callbacks.core.estimate.MemoryEstimate`.
+
+    Raises:
+        ValueError: For an unknown precision or optimizer name, a batch without
+            tensors, a loss that is not a scalar, or another invalid argument;
+            the message names what is valid.
+        UnsupportedKernelError: A kernel of the step cannot run on this
+            device (such as a bf16 LSTM on a CPU without bf16 support).
+
+    Example:
+        >>> import torch
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(1000, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
+        >>> est = estimate_training(mlp, torch.empty(256, 1000), optimizer="sgd_momentum")
+        >>> est.breakdown["parameters"] == sum(p.numel() * 4 for p in mlp.parameters())
+        True
+        >>> est.peak_bytes_at(512) > est.peak_bytes
+        True
+    """
+    compiled_note = cuda_libraries.compiled_module_note(model)
+    if compiled_note is not None:
+        model = model._orig_mod
+    config = make_config(
+        model, batch, optimizer, loss_fn, precision, device,
+        accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm,
+    )
+    estimate = _estimate_config(config, check_scaling, probe_kernels, compiled_note)
+    return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels, compiled_note))
+
+
+def _estimate_config(
+    config: StepConfig, check_scaling: bool, probe_kernels: bool, compiled_note: str | None = None
+) -> MemoryEstimate:
+    """:func:`estimate_training` for a checked step configuration (without a verifier)."""
+    model = config.model
+    started = time.perf_counter()
+    notes: list[str] = [compiled_note] if compiled_note is not None else []
+    if config.target_device.type != config.trace_device.type:
+        notes.append(
+            f"traced on {config.trace_device.type} kernels for a {config.target_device.type} target "
+            f"(no {config.target_device.type} device here)"
+        )
+    with kernel_probes(config.target_device.type, enabled=probe_kernels) as probes:
+        try:
+            estimate = _estimate_by_trace(config, notes, check_scaling)
+        except (EstimationInputError, UnsupportedKernelError):
+            raise
+        except Exception as error:  # noqa: BLE001 - any trace failure goes to the fallback
+            reason = f"{type(error).__name__}: {_first_line(error)}"
+            _warn_once(
+                f"nnmem_callbacks could not trace the training step of {type(model).__name__} ({reason}); "
+                f"using the closed-form layer-by-layer estimate instead"
+            )
+            estimate = estimate_closed_form(config, reason, notes)
+            if config.target_device.type == "cuda":
+                estimate = cuda_libraries.complete_closed_form(estimate, config.model, config.target_device, _reduced_dtype(config))
+    estimate = dataclasses.replace(estimate, notes=(*estimate.notes, *probes.notes()))
+    extra = dict(estimate.extra)
+    extra["kernel_probes"] = {"probed": probes.probed, "from_cache": probes.from_cache, "kernel_runs": probes.kernel_runs, "seconds": round(probes.seconds, 4)}
+    extra["seconds"] = round(time.perf_counter() - started, 4)
+    return dataclasses.replace(estimate, extra=extra)
+
+
+class TraceVerifier(DirectEstimator):
+    """A direct estimate of the same step at another batch size (``MemoryEstimate.verifier``).
+
+    Calling it with a batch size traces the step once at that batch (no traces
+    at other sizes), with the model, optimizer, loss, precision and device of
+    the original estimate; nothing real is allocated and the model is not
+    changed. It holds the step's configuration (the model, the example batch),
+    so it is dropped when an estimate is pickled or deep-copied.
+
+    Example:
+        >>> import torch
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(100, 10))
+        >>> est = estimate_training(mlp, torch.empty(8, 100), optimizer="sgd")
+        >>> est.verifier(32).batch_size, est.verifier(32).peak_bytes == est.peak_bytes_at(32)
+        (32, True)
+    """
+
+    def __init__(self, config: StepConfig, probe_kernels: bool, compiled_note: str | None = None) -> None:
+        self._config = config
+        self._probe_kernels = probe_kernels
+        self._compiled_note = compiled_note
+
+    def estimate_at(self, batch_size: int) -> MemoryEstimate:
+        config = dataclasses.replace(self._config, batch=dataclasses.replace(self._config.batch, batch_size=batch_size))
+        estimate = _estimate_config(config, False, self._probe_kernels, self._compiled_note)
+        return dataclasses.replace(estimate, verifier=self)
+
+
+# ---------------------------------------------------------------------------
+# input handling
+# ---------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------
+# tracing
+# ---------------------------------------------------------------------------
+
+
+def run_trace(
+    config: StepConfig,
+    batch_size: int,
+    *,
+    steps: int = 2,
+    optimizer_steps: bool = True,
+    session: "TraceSession | None" = None,
+) -> TraceResult:
+    """Simulates ``steps`` training steps at ``batch_size`` and returns the log.
+
+    The cyclic garbage collector is paused during the trace: tensors of a
+    training step are freed by reference counting, and collector pauses only
+    cost time (a fake-tensor trace creates many short-lived Python objects).
+    """
+    with _gc_paused():
+        return _run_trace(config, batch_size, steps=steps, optimizer_steps=optimizer_steps, session=session or TraceSession())
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+class TraceSession:
+    """One fake-tensor mode and op memo shared by the traces of one estimate.
+
+    The traces at other batch sizes then replay the ops whose inputs do not
+    depend on the batch (weight casts, the optimizer) from the first trace.
+    """
+
+    def __init__(self, libraries: "cuda_libraries.LibraryModel | None" = None) -> None:
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.memo = OpMemo(self.fake_mode) if FAST_DISPATCH else None
+        self.libraries = libraries
+        self.cuda_emulation: EmulationReport | None = None  # filled by the traces of a CUDA target without CUDA
+        #: The traces at other batch sizes, by role (``"fit"``, ``"check"``): ``(batch_size, trace)``.
+        self.scaling_traces: dict[str, tuple[int, TraceResult]] = {}
+
+    def emulation(self, config: StepConfig) -> EmulationReport:
+        if self.cuda_emulation is None:
+            arch = config.cuda_arch or cuda_arch(DEFAULT_ARCH_CAPABILITY)
+            self.cuda_emulation = EmulationReport(arch, arch_named=config.cuda_arch is not None)
+        return self.cuda_emulation
+
+
+def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_steps: bool, session: TraceSession) -> TraceResult:
+    model = config.model
+    precision = config.precision
+    device = config.trace_device
+    fake_mode = session.fake_mode
+    tracker = StorageTracker(config.target_device.type, memo=session.memo, libraries=session.libraries)
+    emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
+    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation(report=session.emulation(config)) if emulate_cuda else contextlib.nullcontext()), \
+            eager_library_checks(config.example_batch), probe_batch(batch_size), \
+            cudnn_rnn_emulation(model, enabled=config.target_device.type == "cuda"):
+        model.train()
+        with fake_mode, tracker:
+
+            def make_fake(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
+                dtype = parameter_dtype(tensor.dtype, precision)
+                fake = torch.empty_strided(tuple(tensor.shape), tensor.stride(), dtype=dtype, device=device)
+                if is_parameter and tensor.requires_grad and (dtype.is_floating_point or dtype.is_complex):
+                    fake.requires_grad_(True)
+                tracker.register(fake, Category.PARAMETERS if is_parameter else Category.BUFFERS)
+                return fake
+
+            originals = list(model.parameters())  # unique, in registration order
+            with swapped_tensors(model, make_fake) as fake_of:
+                unique_params = [fake_of[id(parameter)] for parameter in originals]
+                trainable = [p for p in unique_params if p.requires_grad]
+                fake_batch, batch_tensors = config.batch.build(batch_size, device, input_dtype_map(precision))
+                for tensor in batch_tensors:
+                    tracker.register(tensor, Category.INPUTS)
+                optimizers = build_optimizers(config.optimizer, trainable, fake_of, make_fake, config.target_device) if optimizer_steps else []
+                tracker.mark(optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
+                all_params = [p for p in fake_of.values() if p.requires_grad]
+                scaler_state = None
+                if precision.grad_scaler and optimizer_steps:
+                    scaler_state = (
+                        torch.full((), 65536.0, dtype=torch.float32, device=device),
+                        torch.full((), 0, dtype=torch.int32, device=device),
+                    )
+                    tracker.mark(scaler_state, Category.OPTIMIZER_STATE)
+                micro_batches = min(config.accumulate_grad_batches, 2)
+                for step in range(1, steps + 1):
+                    for micro in range(1, micro_batches + 1):
+                        suffix = "" if micro == 1 else f".{micro}"
+                        tracker.set_phase(f"step{step}/forward{suffix}")
+                        loss = forward_loss(config, fake_batch)
+                        tracker.set_phase(f"step{step}/backward{suffix}")
+                        if config.accumulate_grad_batches > 1:
+                            loss = loss / config.accumulate_grad_batches
+                        if scaler_state is not None:
+                            loss = loss * scaler_state[0]
+                        loss.backward()
+                        del loss
+                        tracker.mark([p.grad for p in all_params if p.grad is not None], Category.GRADIENTS)
+                    if not optimizer_steps:
+                        continue
+                    tracker.set_phase(f"step{step}/optimizer")
+                    _optimizer_step(config, optimizers, all_params, scaler_state, device)
+                    tracker.mark(optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
+                    for optimizer in optimizers:
+                        optimizer.zero_grad(set_to_none=True)
+                    if not optimizers:
+                        for parameter in all_params:
+                            parameter.grad = None
+                tracker.end()
+                del fake_batch, batch_tensors, optimizers, trainable, unique_params, all_params, scaler_state, originals
+        result = tracker.result()
+    return result
+
+
+def _optimizer_step(config: StepConfig, optimizers, params, scaler_state, device) -> None:
+    grads = [p.grad for p in params if p.grad is not None]
+    if scaler_state is not None and grads:
+        scale, growth_tracker = scaler_state
+        inv_scale = scale.double().reciprocal().float()
+        found_inf = torch.full((), 0.0, dtype=torch.float32, device=device)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for grad in grads:
+            by_dtype.setdefault(grad.dtype, []).append(grad)
+        for group in by_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv_scale)
+    if config.gradient_clip_val is not None and grads:
+        with_grads = [p for p in params if p.grad is not None]
+        if config.gradient_clip_algorithm == "norm":
+            torch.nn.utils.clip_grad_norm_(with_grads, config.gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_value_(with_grads, config.gradient_clip_val)
+    for optimizer in optimizers:
+        optimizer.step()
+    if scaler_state is not None and grads:
+        torch._amp_update_scale_(scale, growth_tracker, found_inf, 2.0, 0.5, 2000)
+
+
+# ---------------------------------------------------------------------------
+# from traces to an estimate
+# ---------------------------------------------------------------------------
+
+
+def _scaling_sizes(batch_size: int) -> tuple[int, int]:
+    """The batch sizes of the trace above the batch and of the one below it.
+
+    The one below (a quarter of the batch) checks the lines fitted above and,
+    where growth is not linear, gives the lines that hold below the batch.
+    A batch of one has nothing below it; a trace at three checks instead.
+    """
+    fit = 2 * batch_size
+    check = max(1, batch_size // 4) if batch_size >= 2 else 3
+    return fit, check
+
+
+def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool) -> MemoryEstimate:
+    batch_size = config.batch.batch_size
+    libraries = None
+    if config.target_device.type == "cuda":
+        session_probes = current_session()
+        libraries = cuda_libraries.library_model(
+            config.target_device, notes, config.cuda_arch.capability if config.cuda_arch is not None else None,
+            probe_convolutions=session_probes is None or session_probes.settings.enabled,
+        )
+    session = TraceSession(libraries)
+    main = run_trace(config, batch_size, session=session)
+    if main.placeholders:
+        notes.append(
+            f"{main.placeholders} .item()/bool() call(s) on traced values got placeholder values; "
+            f"value-dependent control flow may differ from the real run"
+        )
+    if main.workspace_ops:
+        notes.append(
+            "kernel workspaces modelled for: " + ", ".join(f"{op} x{n}" for op, n in sorted(main.workspace_ops.items()))
+        )
+    lines: list[PhaseLine] = []
+    if check_scaling:
+        lines = _scaling_lines(config, main, notes, session)
+    else:
+        notes.append("batch scaling not traced (check_scaling=False); per-sample bytes assumed from the batch-dependent categories")
+    if not lines:
+        lines = [_category_line(main, phase, batch_size) for phase in main.phase_peaks]
+    phases = upper_envelope(lines)
+    peak_phase = max(main.phase_peaks, key=lambda p: main.phase_peaks[p])
+    peak_bytes = main.phase_peaks[peak_phase]
+    breakdown = dict(main.phase_breakdowns[peak_phase])
+    reserved = None
+    overhead = 0
+    allocation_log = None
+    extra: dict[str, Any] = {"ops": main.op_count, "optimizer": optimizer_label(config.optimizer)}
+    if session.cuda_emulation is not None:
+        notes.extend(session.cuda_emulation.notes(torch.__version__))
+        extra["cuda_emulation"] = session.cuda_emulation.summary()
+    if config.target_device.type == "cuda":
+        prediction = allocator.replay(main.events)
+        rounding = prediction.peak_allocated - peak_bytes
+        if rounding > 0:
+            breakdown[str(Category.TEMPORARIES)] += rounding
+            phases = [dataclasses.replace(p, fixed_bytes=p.fixed_bytes + rounding) for p in phases]  # keeps batch ranges
+            notes.append(
+                f"CUDA allocator rounding and unsplit blocks add {format_bytes(rounding)} to the tensor peak (counted as temporaries)"
+            )
+        peak_bytes = max(prediction.peak_allocated, peak_bytes)
+        reserved = prediction.peak_reserved
+        notes.extend(libraries.notes(main.workspace_ops))
+        extra["cuda_libraries"] = libraries.record(main.workspace_ops)
+        overhead = cuda_libraries.device_overhead(
+            config.target_device, notes, reduced_dtype=_reduced_dtype(config),
+            gemm=any(str(op).startswith("cuBLAS") for op in main.workspace_ops),
+            cudnn=cuda_libraries.uses_cudnn(config.model), capability=libraries.capability,
+        )
+        allocation_log = _allocation_log(main, batch_size, session.scaling_traces, notes)
+    return MemoryEstimate(
+        peak_bytes=int(peak_bytes),
+        breakdown=breakdown,
+        batch_size=batch_size,
+        phases=tuple(phases),
+        peak_phase=peak_phase,
+        reserved_bytes=reserved,
+        overhead_bytes=overhead,
+        device=str(config.target_device),
+        precision=config.precision.name,
+        method="trace",
+        notes=tuple(notes),
+        phase_breakdowns=main.phase_breakdowns,
+        extra=extra,
+        allocation_log=allocation_log,
+    )
+
+
+def _allocation_log(main: TraceResult, batch_size: int, traces: dict[str, tuple[int, TraceResult]], notes: list[str]):
+    """The main trace's allocations as functions of the batch (see :mod:`nnmem_callbacks.estimators.torch.scaled_log`)."""
+    if "fit" not in traces:
+        notes.append("allocator reserve at other batch sizes scaled as a ratio of the peak (no traces at other batch sizes)")
+        return None
+    fit_size, fit = traces["fit"]
+    check_size, check = traces.get("check", (None, None))
+    log, unpaired = build_allocation_log(main, batch_size, fit, fit_size, check, check_size)
+    if log is None:
+        notes.append(
+            "allocator reserve at other batch sizes scaled as a ratio of the peak: the allocations of "
+            + ", ".join(unpaired) + f" do not pair one to one with the trace at batch {fit_size}, so the log "
+            "cannot be replayed at other batch sizes"
+        )
+    return log
+
+
+def _base_phase(phase: str) -> str:
+    """``"step2/backward.2"`` -> ``"backward.2"``: the batch-dependent part of a phase."""
+    return phase.split("/", 1)[1]
+
+
+def _category_line(trace: TraceResult, phase: str, batch_size: int) -> PhaseLine:
+    """A phase's peak as a line whose slope is its batch-dependent bytes per sample."""
+    breakdown = trace.phase_breakdowns[phase]
+    dependent = breakdown[str(Category.INPUTS)] + breakdown[str(Category.ACTIVATIONS)]
+    if not phase.endswith("/optimizer"):
+        dependent += breakdown[str(Category.TEMPORARIES)]
+    slope = round(dependent / batch_size)
+    peak = trace.phase_peaks[phase]
+    return PhaseLine(phase, int(peak - slope * batch_size), int(slope))
+
+
+def _event_lines(phase: str, values: Sequence[int], slopes: Sequence[float], batch_size: int) -> list[PhaseLine]:
+    """One line per moment of a phase, through its live bytes at ``batch_size``."""
+    lines = []
+    for value, slope in zip(values, slopes):
+        per_sample = int(round(slope))
+        lines.append(PhaseLine(phase, int(value - per_sample * batch_size), per_sample))
+    return upper_envelope(lines)
+
+
+def _aligned(first: TraceResult, second: TraceResult, phase: str, other_phase: str | None = None) -> bool:
+    """Whether ``phase`` of ``first`` and ``other_phase`` (default: the same) of
+    ``second`` run the same sequence of allocations and frees.
+
+    Only then can their moments be paired one to one. (FakeTensorMode's first,
+    uncached call of an op can alias two outputs that later cached calls
+    return separately, so even two runs of one model can differ.)
+    """
+    other_phase = other_phase or phase
+    if other_phase not in second.phase_ranges:
+        return False
+    start_a, end_a = first.phase_ranges[phase]
+    start_b, end_b = second.phase_ranges[other_phase]
+    if end_a - start_a != end_b - start_b:
+        return False
+    events_a, events_b = first.events[start_a:end_a], second.events[start_b:end_b]
+    return all((a[1] < 0) == (b[1] < 0) for a, b in zip(events_a, events_b))
+
+
+def _phase_values(trace: TraceResult, phase: str) -> list[int]:
+    start, end = trace.phase_ranges[phase]
+    return trace.trajectory[start : end + 1]
+
+
+def _paired_lines(
+    main: TraceResult, other: TraceResult, batch_size: int, other_size: int, low: int, high: int | None
+) -> tuple[list[PhaseLine], list[str]]:
+    """Lines through each moment of ``main`` and the same moment of ``other``.
+
+    Forward and backward phases of step 1 are paired moment by moment with the
+    other trace (which ran step 1 only); step 2's moments reuse step 1's
+    growth per sample, since they differ only by the optimizer state alive.
+    Phases whose moments cannot be paired scale by their peaks; the optimizer
+    phases by the batch-dependent categories alive at their peaks.
+
+    Returns:
+        The lines, valid for batch sizes ``low``..``high``, and the phases that
+        could not be paired.
+    """
+    lines: list[PhaseLine] = []
+    step1_slopes: dict[str, list[float]] = {}
+    peak_slopes: dict[str, int] = {}
+    unaligned = []
+    span = other_size - batch_size
+    for phase in main.phase_peaks:
+        base = _base_phase(phase)
+        values = _phase_values(main, phase)
+        slopes = None
+        if phase.startswith("step1/") and phase in other.phase_ranges:
+            peak_slopes[base] = round((other.phase_peaks[phase] - main.phase_peaks[phase]) / span)
+            candidate = [(o - v) / span for o, v in zip(_phase_values(other, phase), values)]
+            if _aligned(main, other, phase) and min(candidate) >= 0:
+                slopes = step1_slopes[base] = candidate
+            else:
+                unaligned.append(phase)
+        elif base in step1_slopes and _aligned(main, main, "step1/" + base, phase):
+            slopes = step1_slopes[base]
+        if slopes is not None:
+            phase_lines = _event_lines(phase, values, slopes, batch_size)
+        elif base in peak_slopes:
+            slope = peak_slopes[base]
+            phase_lines = [PhaseLine(phase, int(main.phase_peaks[phase] - slope * batch_size), int(slope))]
+        else:
+            phase_lines = [_category_line(main, phase, batch_size)]
+        lines.extend(dataclasses.replace(line, min_batch=low, max_batch=high) for line in phase_lines)
+    return lines, unaligned
+
+
+def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], session: TraceSession) -> list[PhaseLine]:
+    """Lines of live bytes against the batch size, from traces at two more sizes.
+
+    Every moment of the step holds ``a + b * n`` bytes at batch ``n`` as long as
+    the kernels behave the same at every batch size. The trace at twice the
+    batch gives each moment's ``b``; the trace at a quarter of it checks the
+    resulting prediction. Where that check finds growth that is not linear
+    (kernels whose workspace saturates or switches layout with the batch), the
+    lines through the quarter-batch trace are used below the batch and the
+    lines through the double-batch trace above it, and a note says so.
+    """
+    batch_size = config.batch.batch_size
+    fit_size, check_size = _scaling_sizes(batch_size)
+    if not any(spec.scales for spec in config.batch.tensor_specs()):
+        notes.append("no batch tensor has the batch dimension first; per-sample bytes assumed 0")
+        return []
+    try:
+        fit = run_trace(config, fit_size, steps=1, optimizer_steps=False, session=session)
+        check = run_trace(config, check_size, steps=1, optimizer_steps=False, session=session)
+    except (EstimationInputError, UnsupportedKernelError):
+        raise
+    except Exception as error:  # noqa: BLE001
+        notes.append(
+            f"could not trace at batch sizes {fit_size}/{check_size} ({type(error).__name__}: {_first_line(error)}); "
+            f"per-sample bytes assumed from the batch-dependent categories at the peak"
+        )
+        return []
+    # kept for the allocator log (nnmem_callbacks.estimators.torch.scaled_log)
+    session.scaling_traces.update(fit=(fit_size, fit), check=(check_size, check))
+    above, unaligned = _paired_lines(main, fit, batch_size, fit_size, 1, None)
+    if unaligned:
+        notes.append(
+            "the step runs different ops at other batch sizes in " + ", ".join(unaligned)
+            + "; those phases scale by their peaks only"
+        )
+    worst = (0.0, "", 0, 0)
+    for phase, measured in check.phase_peaks.items():
+        predicted = max((line.at(check_size) for line in above if line.phase == phase), default=None)
+        if predicted is None:
+            continue
+        error = abs(predicted - measured) / max(measured, 1)
+        if error > worst[0]:
+            worst = (error, phase, predicted, measured)
+    if worst[0] <= LINEARITY_TOLERANCE:
+        return above
+    message = (
+        f"growth with the batch is not linear: the lines through batch {batch_size} and {fit_size} predict "
+        f"{format_bytes(worst[2])} in {worst[1]} at batch {check_size}, the trace gives {format_bytes(worst[3])} ({worst[0]:.1%} off)"
+    )
+    if check_size > batch_size:
+        notes.append(message)
+        return above
+    below, _ = _paired_lines(main, check, batch_size, check_size, 1, batch_size)
+    notes.append(message + f"; below batch {batch_size} the lines through batch {check_size} are used instead")
+    return below + [dataclasses.replace(line, min_batch=batch_size) for line in above]
+
+
+def _reduced_dtype(config: StepConfig) -> torch.dtype | None:
+    dtype = config.precision.autocast_dtype or config.precision.param_dtype
+    return dtype if dtype in (torch.float16, torch.bfloat16) else None
+
+
+def cuda_overhead_bytes(device: torch.device, notes: list[str] | None = None) -> int:
+    """CUDA context and loaded libraries for ``device`` (no cuBLAS workspace: that is an allocation).
+
+    See :func:`nnmem_callbacks.estimators.torch.cuda.libraries.device_overhead`.
+    """
+    return cuda_libraries.device_overhead(device, [] if notes is None else notes)
+
+
+#: The cuBLAS workspace per thread and stream (see :func:`nnmem_callbacks.hardware.cuda_tables.cublas_workspace_bytes`).
+cublas_workspace_bytes = cuda_tables.cublas_workspace_bytes
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        # _warn_once <- _estimate_config <- estimate_training (or TraceVerifier.__call__) <- the caller
+        warnings.warn(message, RuntimeWarning, stacklevel=4)

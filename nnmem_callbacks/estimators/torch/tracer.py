@@ -1,0 +1,466 @@
+"""Follows the lifetime of every storage of a simulated training step.
+
+The step runs on fake tensors (``torch._subclasses.FakeTensorMode``): every op
+computes shapes, dtypes and aliasing but allocates nothing. A
+:class:`StorageTracker` dispatch mode sits above the fake mode and sees every
+op. Each output storage it has not seen before is an allocation; a weak
+reference on the storage tells when the last tensor using it dies (views and
+in-place ops share the storage, so they cost nothing). The result is an exact
+event log of allocations and frees, in program order, which is turned into
+per-phase peaks and per-category breakdowns afterwards.
+
+Per-op rules (:mod:`nnmem_callbacks.estimators.torch.rules`) add the transient kernel
+workspaces that fake tensors cannot see (oneDNN, cuDNN, cuBLAS).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections import Counter
+from typing import Any, Callable, Iterable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from nnmem_callbacks.core.estimate import Category
+from nnmem_callbacks.estimators.torch import rules as _rules
+
+__all__ = ["OpMemo", "StorageTracker", "TraceResult"]
+
+_LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
+
+_WORKSPACE = object()  # category marker for per-op workspaces
+
+_UNCACHEABLE = object()
+_SKIP_OPS = frozenset(
+    {
+        torch.ops.aten.resize_.default,
+        torch.ops.aten.set_.source_Storage_storage_offset,
+        torch.ops.aten.set_.source_Tensor,
+        torch.ops.aten.set_.source_Storage,
+        torch.ops.aten.set_.default,
+    }
+)
+
+
+class OpMemo:
+    """Remembers the outputs of fake ops by their inputs' metadata.
+
+    FakeTensorMode's own dispatch cache hashes every argument's full metadata
+    on every call, which dominates the cost of a trace. Ops whose outputs are
+    fresh tensors, in-place results or views of an input are replayed from a
+    cheaper key (op, shapes, strides, offsets, dtypes, devices and the
+    non-tensor arguments). Anything unusual (constants, symbolic sizes,
+    non-tensor outputs, outputs sharing a fresh storage) takes the normal path,
+    and so do in-place ops that change their input's metadata rather than its
+    data (``transpose_``, ``squeeze_``, ``as_strided_``...): a replay returns
+    the input as it is and could not repeat the change.
+    """
+
+    def __init__(self, fake_mode: FakeTensorMode) -> None:
+        self.fake_mode = fake_mode
+        self.entries: dict[Any, Any] = {}
+
+    @staticmethod
+    def _arg_key(value: Any) -> Any:
+        if isinstance(value, FakeTensor):
+            if value.constant is not None:
+                raise KeyError
+            return ("T", tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device)
+        if isinstance(value, torch.Tensor):
+            raise KeyError
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, tuple(OpMemo._arg_key(v) for v in value))
+        if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return value
+        raise KeyError
+
+    def key(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            return (func, self._arg_key(args), tuple((k, self._arg_key(v)) for k, v in sorted(kwargs.items())))
+        except (KeyError, TypeError):
+            return None
+
+    @staticmethod
+    def _flat_args(args: tuple, kwargs: dict) -> list[Any]:
+        flat = []
+        for value in (*args, *(kwargs[k] for k in sorted(kwargs))):
+            if isinstance(value, (list, tuple)):
+                flat.extend(value)
+            else:
+                flat.append(value)
+        return flat
+
+    @staticmethod
+    def _flat_keys(key: Any) -> list[Any]:
+        """The argument keys of ``key`` in the order of :meth:`_flat_args`."""
+        flat = []
+        for value in (*key[1][1], *(v for _, v in key[2])):
+            if isinstance(value, tuple) and value and value[0] in ("list", "tuple"):
+                flat.extend(value[1])
+            else:
+                flat.append(value)
+        return flat
+
+    def record(self, key: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        if key is None or func in _SKIP_OPS:
+            return
+        if torch.Tag.inplace_view in func.tags:
+            # transpose_, t_, squeeze_, unsqueeze_, as_strided_, swapdims_ (via
+            # transpose_), resize_as_, detach_...: they change the input's
+            # shape, strides or autograd metadata, which returning the input
+            # as it is cannot repeat; they always run for real.
+            self.entries[key] = _UNCACHEABLE
+            return
+        if isinstance(out, FakeTensor):
+            outputs, container = [out], None
+        elif isinstance(out, (tuple, list)) and out and all(isinstance(o, FakeTensor) for o in out):
+            outputs, container = list(out), type(out)
+        else:
+            self.entries[key] = _UNCACHEABLE
+            return
+        flat = self._flat_args(args, kwargs)
+        plans = []
+        fresh_storages = set()
+        for output in outputs:
+            if output.constant is not None:
+                self.entries[key] = _UNCACHEABLE
+                return
+            same = next((i for i, a in enumerate(flat) if a is output), None)
+            if same is not None:
+                if self._flat_keys(key)[same] != self._arg_key(output):
+                    # an in-place op that changed the metadata of its input
+                    # without the inplace_view tag: never replay it
+                    self.entries[key] = _UNCACHEABLE
+                    return
+                plans.append(("inplace", same))
+                continue
+            storage = output.untyped_storage()
+            view = next(
+                (i for i, a in enumerate(flat) if isinstance(a, FakeTensor) and a.untyped_storage() is storage),
+                None,
+            )
+            if view is not None:
+                plans.append(("view", view, tuple(output.shape), output.stride(), output.storage_offset(), output.dtype, output.device))
+                continue
+            if id(storage) in fresh_storages or output.storage_offset() != 0 or func._schema.is_mutable:
+                self.entries[key] = _UNCACHEABLE
+                return
+            fresh_storages.add(id(storage))
+            plans.append(("fresh", tuple(output.shape), output.stride(), output.dtype, output.device, output.requires_grad))
+        self.entries[key] = (container, plans)
+
+    def replay(self, entry: Any, args: tuple, kwargs: dict) -> Any:
+        container, plans = entry
+        flat = self._flat_args(args, kwargs)
+        mode = self.fake_mode
+        outputs = []
+        for plan in plans:
+            if plan[0] == "inplace":
+                outputs.append(flat[plan[1]])
+            elif plan[0] == "view":
+                _, index, shape, stride, offset, dtype, device = plan
+                source = flat[index]
+                with in_kernel_invocation_manager(mode):
+                    empty = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+                    empty.set_(source.untyped_storage(), offset, shape, stride)
+                outputs.append(FakeTensor(mode, empty, device))
+            else:
+                _, shape, stride, dtype, device, requires_grad = plan
+                with in_kernel_invocation_manager(mode):
+                    empty = torch.empty_strided(shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
+                outputs.append(FakeTensor(mode, empty, device))
+        if container is None:
+            return outputs[0]
+        return container(outputs)
+
+
+@dataclasses.dataclass
+class TraceResult:
+    """What one traced step sequence produced.
+
+    Attributes:
+        phase_peaks: Peak bytes per phase, in phase order.
+        phase_breakdowns: Bytes per category at each phase's peak.
+        events: ``(key, size)`` in program order (size ``-1`` frees ``key``).
+        trajectory: Live bytes after each event (``trajectory[0]`` is before the
+            first event), so ``trajectory[i]`` follows ``events[i - 1]``.
+        phase_ranges: Phase -> ``(start, end)`` indices into ``trajectory``
+            covering the phase (both inclusive).
+        initial_sizes: Sizes of the storages live before the first event.
+        placeholders: How many ``.item()`` calls got a placeholder value.
+        workspace_ops: Op name -> count of per-op workspace rules applied.
+        op_count: Ops seen.
+    """
+
+    phase_peaks: dict[str, int]
+    phase_breakdowns: dict[str, dict[str, int]]
+    events: list[tuple[int, int]]
+    trajectory: list[int]
+    phase_ranges: dict[str, tuple[int, int]]
+    placeholders: int
+    workspace_ops: Counter
+    op_count: int
+
+
+class StorageTracker(TorchDispatchMode):
+    """A dispatch mode that logs storage allocations and frees by phase.
+
+    Args:
+        device_type: The device type whose kernels' workspaces are modelled
+            (``"cpu"`` or ``"cuda"``).
+        size_fn: Maps a storage's ``nbytes`` to the bytes it really occupies
+            (identity on CPU; 512-byte rounding on CUDA is done by the
+            allocator model instead, so this stays identity there too).
+        libraries: A :class:`~nnmem_callbacks.estimators.torch.cuda.libraries.LibraryModel`
+            for CUDA targets: the cuBLAS workspaces each thread's first GEMM
+            allocates for good (logged by :meth:`_persistent`) and the cuDNN
+            convolution workspaces (logged as transient workspaces).
+    """
+
+    def __init__(
+        self,
+        device_type: str = "cpu",
+        size_fn: Callable[[int], int] | None = None,
+        fake_mode: FakeTensorMode | None = None,
+        memo: "OpMemo | None" = None,
+        libraries: Any = None,
+    ) -> None:
+        super().__init__()
+        self._memo = memo if memo is not None else (OpMemo(fake_mode) if fake_mode is not None else None)
+        self.device_type = device_type
+        self._size_fn = size_fn or (lambda n: n)
+        self._next_key = 1
+        self._key_of: dict[int, int] = {}  # id(storage) -> key
+        self._refs: dict[int, weakref.ref] = {}  # key -> weakref to storage
+        self.sizes: dict[int, int] = {}
+        self.alloc_phase: dict[int, str] = {}
+        self.fixed_category: dict[int, Any] = {}
+        self.activation_keys: set[int] = set()
+        self.events: list[tuple[int, int]] = []
+        self.trajectory: list[int] = [0]
+        self.phase_ranges: dict[str, tuple[int, int]] = {}
+        self.current = 0
+        self.phase = "setup"
+        self.phase_order: list[str] = []
+        self.phase_peaks: dict[str, int] = {}
+        self.phase_peak_event: dict[str, int] = {}
+        self._peak = 0
+        self._peak_event = 0
+        self._phase_start = 0
+        self.placeholders = 0
+        self.op_count = 0
+        self.workspace_ops: Counter = Counter()
+        self._rules = _rules.workspace_rules(device_type)
+        self._output_rules = _rules.output_rules(device_type)
+        self._libraries = libraries
+        self._library_seen: set = set()
+
+    # -- phases ----------------------------------------------------------------
+    def set_phase(self, phase: str) -> None:
+        """Closes the current phase and starts ``phase``."""
+        self._close_phase()
+        if self.phase.endswith("forward") or "/forward" in self.phase:
+            ended = self.phase
+            self.activation_keys.update(k for k, p in self.alloc_phase.items() if p == ended and k in self._refs)
+        self.phase = phase
+        self._phase_start = len(self.events)
+        self._peak = self.current
+        self._peak_event = len(self.events)
+
+    def end(self) -> None:
+        """Closes the last phase; what happens after (teardown) is not recorded in any phase."""
+        self.set_phase("done")
+
+    def _close_phase(self) -> None:
+        if self.phase in ("setup", "done"):
+            return
+        if self.phase not in self.phase_peaks:
+            self.phase_order.append(self.phase)
+            self.phase_ranges[self.phase] = (self._phase_start, len(self.events))
+        if self._peak >= self.phase_peaks.get(self.phase, -1):
+            self.phase_peaks[self.phase] = self._peak
+            self.phase_peak_event[self.phase] = self._peak_event
+
+    # -- storages ----------------------------------------------------------------
+    def _storage_key(self, tensor: torch.Tensor) -> int | None:
+        try:
+            storage = tensor.untyped_storage()
+        except (NotImplementedError, RuntimeError):  # sparse, nested, ...
+            return None
+        key = self._key_of.get(id(storage))
+        if key is not None:
+            return key
+        key = self._next_key
+        self._next_key += 1
+        size = self._size_fn(storage.nbytes())
+        self._key_of[id(storage)] = key
+        self.sizes[key] = size
+        self.alloc_phase[key] = self.phase
+        storage_id = id(storage)
+        self._refs[key] = weakref.ref(storage, lambda _ref, k=key, s=storage_id: self._on_free(k, s))
+        self.events.append((key, size))
+        self.current += size
+        self.trajectory.append(self.current)
+        if self.current > self._peak:
+            self._peak = self.current
+            self._peak_event = len(self.events)
+        return key
+
+    def _on_free(self, key: int, storage_id: int) -> None:
+        if self._refs.pop(key, None) is None:
+            return
+        if self._key_of.get(storage_id) == key:
+            del self._key_of[storage_id]
+        self.current -= self.sizes[key]
+        self.events.append((key, -1))
+        self.trajectory.append(self.current)
+
+    def register(self, tensor: torch.Tensor, category: Category) -> None:
+        """Counts a tensor that exists before the step (parameter, batch...)."""
+        key = self._storage_key(tensor)
+        if key is not None and key not in self.fixed_category:
+            self.fixed_category[key] = category
+
+    def mark(self, tensors: Iterable[torch.Tensor], category: Category) -> None:
+        """Gives live tensors a fixed category (gradients, optimizer state)."""
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                key = self._key_of.get(id(tensor.untyped_storage()))
+                if key is not None:
+                    self.fixed_category.setdefault(key, category)
+
+    def _workspace(self, nbytes: int, op_name: str) -> None:
+        key = self._next_key
+        self._next_key += 1
+        self.sizes[key] = nbytes
+        self.alloc_phase[key] = self.phase
+        self.fixed_category[key] = _WORKSPACE
+        self.events.append((key, nbytes))
+        self.trajectory.append(self.current + nbytes)
+        if self.current + nbytes > self._peak:
+            self._peak = self.current + nbytes
+            self._peak_event = len(self.events)
+        self.events.append((key, -1))
+        self.trajectory.append(self.current)
+        self.workspace_ops[op_name] += 1
+
+    def _persistent(self, nbytes: int, label: str) -> None:
+        """Logs a library allocation that stays for the rest of the process (never freed)."""
+        key = self._next_key
+        self._next_key += 1
+        self.sizes[key] = nbytes
+        self.alloc_phase[key] = self.phase
+        self.fixed_category[key] = Category.WORKSPACES
+        self.events.append((key, nbytes))
+        self.current += nbytes
+        self.trajectory.append(self.current)
+        if self.current > self._peak:
+            self._peak = self.current
+            self._peak_event = len(self.events)
+        self.workspace_ops[label] += 1
+
+    # -- dispatch ------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.op_count += 1
+        if func is _LOCAL_SCALAR_DENSE:
+            constant = getattr(args[0], "constant", None)
+            if constant is not None:
+                return constant.item()
+            self.placeholders += 1
+            return True if args[0].dtype == torch.bool else 1
+        memo = self._memo
+        if memo is not None:
+            key = memo.key(func, args, kwargs)
+            entry = memo.entries.get(key) if key is not None else _UNCACHEABLE
+            if entry is None:
+                out = func(*args, **kwargs)
+                memo.record(key, func, args, kwargs, out)
+            elif entry is _UNCACHEABLE:
+                out = func(*args, **kwargs)
+            else:
+                out = memo.replay(entry, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
+        packet = func.overloadpacket
+        output_rule = self._output_rules.get(packet)
+        if output_rule is not None:
+            out = output_rule(func, args, kwargs, out)
+            self.workspace_ops[str(packet)] += 1
+        rule = self._rules.get(packet)
+        if rule is not None:
+            nbytes = rule(func, args, kwargs, out)
+            if nbytes:
+                self._workspace(int(nbytes), str(func.overloadpacket))
+        libraries = self._libraries
+        if isinstance(out, torch.Tensor):
+            self._storage_key(out)
+        elif isinstance(out, (tuple, list)):
+            for item in tree_flatten(out)[0]:
+                if isinstance(item, torch.Tensor):
+                    self._storage_key(item)
+        if libraries is not None:
+            # cuDNN's workspace lives while the kernel writes its outputs
+            nbytes = libraries.transient(packet, args, out)
+            if nbytes:
+                self._workspace(int(nbytes), f"cuDNN {packet}")
+            for label, nbytes in libraries.persistent(packet, self.phase, self._library_seen):
+                self._persistent(int(nbytes), label)
+        return out
+
+    # -- results --------------------------------------------------------------------
+    def category_of(self, key: int) -> str:
+        category = self.fixed_category.get(key)
+        if category is _WORKSPACE:
+            return str(Category.TEMPORARIES)
+        if category is not None:
+            return str(category)
+        if key in self.activation_keys:
+            return str(Category.ACTIVATIONS)
+        return str(Category.TEMPORARIES)
+
+    def result(self) -> TraceResult:
+        """Closes the last phase and computes per-phase breakdowns."""
+        if self.phase != "done":
+            self.end()
+        wanted: dict[int, list[str]] = {}
+        for phase, index in self.phase_peak_event.items():
+            wanted.setdefault(index, []).append(phase)
+        breakdowns: dict[str, dict[str, int]] = {}
+        live: dict[int, int] = {}
+        category_cache: dict[int, str] = {}
+
+        def snapshot() -> dict[str, int]:
+            totals = {str(c): 0 for c in Category}
+            for key, size in live.items():
+                name = category_cache.get(key)
+                if name is None:
+                    name = category_cache[key] = self.category_of(key)
+                totals[name] += size
+            return totals
+
+        for phase in wanted.get(0, ()):
+            breakdowns[phase] = snapshot()
+        for index, (key, size) in enumerate(self.events, start=1):
+            if size >= 0:
+                live[key] = size
+            else:
+                live.pop(key, None)
+            if index in wanted:
+                shot = snapshot()
+                for phase in wanted[index]:
+                    breakdowns[phase] = shot
+        return TraceResult(
+            phase_peaks={p: self.phase_peaks[p] for p in self.phase_order},
+            phase_breakdowns={p: breakdowns[p] for p in self.phase_order},
+            events=list(self.events),
+            trajectory=list(self.trajectory),
+            phase_ranges=dict(self.phase_ranges),
+            placeholders=self.placeholders,
+            workspace_ops=self.workspace_ops,
+            op_count=self.op_count,
+        )
