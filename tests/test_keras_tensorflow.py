@@ -777,11 +777,11 @@ def test_a_loops_transient_is_charged_as_its_bodys_allocations():
 
 
 def test_body_pieces_fall_back_to_the_counted_peak_and_repeat_for_iterations_in_flight():
-    from nnmem_callbacks.estimators.keras.tensorflow.replay import ReplayResult
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayResult
 
-    assert tf_ops.body_pieces(ReplayResult(peak_counted=3 << 20)) == [3 << 20]
-    assert tf_ops.body_pieces(ReplayResult(peak_counted=0)) == []
-    assert tf_ops.body_pieces(ReplayResult(peak_counted=768, peak_pieces=[256, 512]), copies=2) == [256, 512, 256, 512]
+    assert tf_ops.body_pieces(GraphReplayResult(peak_counted=3 << 20)) == [3 << 20]
+    assert tf_ops.body_pieces(GraphReplayResult(peak_counted=0)) == []
+    assert tf_ops.body_pieces(GraphReplayResult(peak_counted=768, peak_pieces=[256, 512]), copies=2) == [256, 512, 256, 512]
 
 
 def test_a_list_of_known_elements_is_counted_once_without_an_allocator_model():

@@ -16,7 +16,7 @@ the PyTorch estimator passes :func:`nnmem_callbacks.allocators.cuda_caching.repl
 Example:
     >>> from nnmem_callbacks.core.allocation_log import AllocationLog
     >>> def total(events):  # a toy allocator: everything ever allocated stays reserved
-    ...     return ReplayResult(0, sum(size for _, size in events if size >= 0))
+    ...     return AllocatorPeaks(0, sum(size for _, size in events if size >= 0))
     >>> log = AllocationLog(batch_size=4, keys=(1, 1, 2), sizes=(100, -1, 400),
     ...                     fit_size=8, fit_sizes=(100, -1, 800), replay=total)
     >>> [size for _, size in log.events_at(6)]
@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["AllocationLog", "pair_phase_sizes", "ReplayFn", "ReplayResult"]
+__all__ = ["AllocationLog", "pair_phase_sizes", "ReplayFn", "AllocatorPeaks"]
 
 #: A replay: time-ordered ``(key, size)`` events (``size`` -1 frees ``key``) ->
 #: an object with ``peak_allocated`` and ``peak_reserved``.
@@ -38,7 +38,7 @@ ReplayFn = Callable[[Iterable[tuple[int, int]]], Any]
 
 
 @dataclasses.dataclass(frozen=True)
-class ReplayResult:
+class AllocatorPeaks:
     """Peaks an allocator model reports for one log."""
 
     peak_allocated: int
@@ -124,12 +124,12 @@ class AllocationLog:
         """The log at ``batch_size``: ``(key, size)`` events, ``-1`` freeing ``key``."""
         return list(zip(self.keys, self.sizes_at(batch_size)))
 
-    def replay_at(self, batch_size: int) -> ReplayResult:
+    def replay_at(self, batch_size: int) -> AllocatorPeaks:
         """The allocator model's peaks for the log at ``batch_size`` (cached per batch)."""
         cached = self._cache.get(batch_size)
         if cached is None:
             result = self.replay(self.events_at(batch_size))
-            cached = self._cache[batch_size] = ReplayResult(int(result.peak_allocated), int(result.peak_reserved))
+            cached = self._cache[batch_size] = AllocatorPeaks(int(result.peak_allocated), int(result.peak_reserved))
         return cached
 
     def summary(self) -> dict[str, Any]:

@@ -276,9 +276,9 @@ class Replays:
     """The expected replay of the step at one batch size, and the replays of the unlucky runs.
 
     Example:
-        >>> from nnmem_callbacks.estimators.keras.tensorflow.replay import ReplayResult
-        >>> replays = Replays(ReplayResult(peak=10, peak_counted=8), (
-        ...     ("a", ReplayResult(peak=14, peak_counted=8)), ("b", ReplayResult(peak=12, peak_counted=9))))
+        >>> from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayResult
+        >>> replays = Replays(GraphReplayResult(peak=10, peak_counted=8), (
+        ...     ("a", GraphReplayResult(peak=14, peak_counted=8)), ("b", GraphReplayResult(peak=12, peak_counted=9))))
         >>> replays.worst_counted[0], replays.worst_tensors.peak
         ('b', 14)
     """

@@ -37,10 +37,10 @@ from nnmem_callbacks.estimators.keras.tensorflow.schedule import (
 )
 from nnmem_callbacks.estimators.keras.tensorflow.trace import dtype_size, shape_size
 
-__all__ = ["as_pieces", "GraphReplayer", "ReplayResult", "ReplayRun"]
+__all__ = ["as_pieces", "GraphReplayer", "GraphReplayResult", "ReplayRun"]
 
 @dataclasses.dataclass
-class ReplayResult:
+class GraphReplayResult:
     """The outcome of replaying one graph at one batch size."""
 
     peak: int = 0
@@ -111,7 +111,7 @@ class ReplayRun:
         self.inputs_category = inputs_category
         self.input_list_bytes = input_list_bytes
         self.track_phases = track_phases
-        self.result = ReplayResult(ops=len(ops))
+        self.result = GraphReplayResult(ops=len(ops))
         self.outputs = list(graph.outputs)
         # consumers still to run, per tensor (a graph output is held by the caller)
         self.remaining: dict[Any, int] = {}
@@ -443,7 +443,7 @@ class ReplayRun:
                 if self.remaining[key] <= 0:
                     self.release(t)
 
-    def finish(self) -> tuple[ReplayResult, dict[Any, int]]:
+    def finish(self) -> tuple[GraphReplayResult, dict[Any, int]]:
         """The result, and the sizes of the graph's ``TensorList`` outputs."""
         if self.outliving is not None:  # no kernel ran after it: it is done by the end of the graph
             self._release_inputs(self.outliving[0])
@@ -554,7 +554,7 @@ class GraphReplayer:
         inputs_category: str | None = Category.INPUTS.value,
         input_list_bytes: dict[int, int] | None = None,
         track_phases: bool = True,
-    ) -> tuple[ReplayResult, dict[Any, int]]:
+    ) -> tuple[GraphReplayResult, dict[Any, int]]:
         """Replays ``graph``; returns the result and the sizes of its variant outputs.
 
         Args:

@@ -56,7 +56,7 @@ __all__ = [
     "CONV_PROBE_BATCHES",
     "CONV_PROBE_EXACT_BYTES",
     "ConvProbe",
-    "CudaMeter",
+    "AllocatorCounters",
     "cudnn_benchmark_enabled",
     "device_index",
     "device_overhead",
@@ -313,7 +313,7 @@ def library_model(
 # ---------------------------------------------------------------------------
 
 
-class CudaMeter:
+class AllocatorCounters:
     """Reads the caching allocator's counters on one device (the probes' only side effect:
     ``reset_peak_memory_stats``, which the notes report)."""
 
@@ -369,13 +369,13 @@ class ConvProbe:
 
     Args:
         device: The CUDA device the run trains on.
-        meter: Reads allocator counters (default :class:`CudaMeter`; tests pass a fake).
+        meter: Reads allocator counters (default :class:`AllocatorCounters`; tests pass a fake).
         exact_bytes: The largest call (inputs and outputs) measured at the training batch.
     """
 
     def __init__(self, device: torch.device, meter: Any = None, exact_bytes: int = CONV_PROBE_EXACT_BYTES) -> None:
         self.device = device
-        self.meter = meter or CudaMeter(device)
+        self.meter = meter or AllocatorCounters(device)
         self.exact_bytes = exact_bytes
         self.fits: dict[Any, tuple[float, float]] = {}
         self.exact: dict[Any, int] = {}
