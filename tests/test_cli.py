@@ -329,7 +329,7 @@ def test_model_spec_errors(capsys, factory_file, tmp_path):
         (["estimate", "no_such_pkg_xyz.models:make", "-i", "3"], "cannot import module 'no_such_pkg_xyz.models'"),
         (["estimate", f"{factory_file}:nope", "-i", "3"], "callables defined there: TokenModel, broken, mlp"),
         (["estimate", f"{factory_file}:broken", "-i", "3"], "raised ValueError: boom: no such layer"),
-        (["estimate", f"{factory_file}:not_a_model", "-i", "3"], "returned a int; it must return a torch.nn.Module"),
+        (["estimate", f"{factory_file}:not_a_model", "-i", "3"], "returned an object of type 'int' (42); it must return a torch.nn.Module"),
         (["estimate", f"{factory_file}:mlp"], "give the model's input shape"),
         (["estimate", f"{factory_file}:mlp", "-i", "20;3"], "cannot read input shape"),
         (["estimate", f"{factory_file}:mlp", "-i", "20", "--optimizer", "adamm"], "did you mean 'adam'"),

@@ -17,6 +17,7 @@ from nnmem_callbacks.cli.compute import (
     strategy_from_args,
 )
 from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_OK, checked_value
+from nnmem_callbacks.cli.plots import check_plot_path
 from nnmem_callbacks.cli.render import make_console, emit_estimate
 from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
 from nnmem_callbacks.core.units import format_bytes
@@ -38,6 +39,8 @@ def _exit_status(args: argparse.Namespace, fit: FitSummary) -> int:
 def estimate_command(args: argparse.Namespace) -> int:
     """``nnmem estimate``: trace a model's training step."""
     _check_vocabulary(args)
+    if args.plot:
+        check_plot_path(args.plot)
     target = resolve_target(args.device)
     budget = resolve_budget_bytes(args.budget, target)
     estimate = run_estimate(args, target)
@@ -52,6 +55,8 @@ def estimate_command(args: argparse.Namespace) -> int:
 def calc_command(args: argparse.Namespace) -> int:
     """``nnmem calc``: napkin estimate from numbers."""
     _check_vocabulary(args)
+    if args.plot:
+        check_plot_path(args.plot)
     target = resolve_target(args.device)
     budget = resolve_budget_bytes(args.budget, target)
     device = "cpu" if target.device == "cpu" else "cuda"

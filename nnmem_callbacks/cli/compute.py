@@ -112,11 +112,14 @@ def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> Memo
     if not os.path.isfile(spec):
         raise CliError(f"Keras model file {spec!r} not found")
     try:
+        import keras
+
         from nnmem_callbacks.estimators.keras.estimator import estimate_training as keras_estimate
-    except ImportError as error:
+    except ImportError as error:  # no Keras, or Keras without its backend (TensorFlow by default)
         raise CliError(
             f"estimating the saved Keras model {spec!r} needs Keras and TensorFlow: "
-            f"pip install 'nnmem_callbacks[keras,tensorflow]' ({first_line(error) or 'not importable'})"
+            f"pip install 'nnmem_callbacks[keras,tensorflow]' (or Keras on JAX: 'nnmem_callbacks[jax]' with "
+            f"KERAS_BACKEND=jax) ({first_line(error) or 'not importable'})"
         ) from None
     precision = checked_value(napkin.check_precision, args.precision, "--precision")
     if precision != "32-true":
@@ -125,14 +128,44 @@ def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> Memo
             f"applied to {spec!r}; save it under keras.mixed_precision.set_global_policy('mixed_bfloat16') "
             f"(or 'mixed_float16') instead, and drop --precision"
         )
-    import keras
-
     model = keras.models.load_model(spec)
-    if args.optimizer != "adam" or getattr(model, "optimizer", None) is None:
-        model.compile(optimizer=_keras_optimizer(keras, args.optimizer), loss=getattr(model, "loss", None) or "mse")
-    if getattr(model, "loss", None) is None:
+    _check_keras_inputs(model, args.input_shape, spec)
+    notes = []
+    saved_optimizer = getattr(model, "optimizer", None)
+    saved_loss = getattr(model, "loss", None)
+    optimizer_given = bool(getattr(args, "optimizer_given", False))
+    if optimizer_given or saved_optimizer is None:
+        loss = saved_loss or "mse"
+        model.compile(optimizer=_keras_optimizer(keras, args.optimizer), loss=loss)
+        if saved_optimizer is None:
+            notes.append(f"the saved model was not compiled: estimated with --optimizer {args.optimizer}"
+                         + ("" if optimizer_given else " (the default)"))
+        else:
+            notes.append(f"--optimizer {args.optimizer} replaces the saved model's "
+                         f"{type(saved_optimizer).__name__} optimizer")
+        if saved_loss is None:
+            notes.append("the saved model has no loss: estimated with a mean squared error loss ('mse'); compile "
+                         "it with its real loss and save it again for an exact figure")
+    elif saved_loss is None:
         raise CliError(f"the Keras model in {spec!r} was saved without a loss; compile it with a loss and save it again")
-    return keras_estimate(model, batch_size=args.batch_size)
+    estimate = keras_estimate(model, batch_size=args.batch_size)
+    return dataclasses.replace(estimate, notes=(*estimate.notes, *notes)) if notes else estimate
+
+
+def _check_keras_inputs(model: Any, given: list[str] | None, spec: str) -> None:
+    """``--input-shape`` for a saved Keras model must be the model's own input shapes (it has them)."""
+    if not given:
+        return
+    shapes = [tuple(int(d) if d is not None else None for d in tuple(t.shape)[1:]) for t in model.inputs]
+    wanted = [parse_input_shape(text).shape for text in given]
+    if len(wanted) != len(shapes) or any(
+        len(w) != len(s) or any(d is not None and d != v for d, v in zip(s, w)) for w, s in zip(wanted, shapes)
+    ):
+        written = " ".join(f"-i {','.join(str(d) for d in s)}" for s in shapes)
+        raise CliError(
+            f"--input-shape {' '.join(given)} does not match the saved model {spec!r}, whose per-sample input "
+            f"shape(s) are {written}; a saved Keras model knows its inputs, so --input-shape can be left out"
+        )
 
 
 def _keras_optimizer(keras: Any, name: str) -> Any:

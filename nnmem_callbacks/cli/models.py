@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from nnmem_callbacks.cli.errors import CliError, first_line
 from nnmem_callbacks.cli.values import InputSpec
 
-__all__ = ["build_model", "check_forward", "load_factory", "make_batch"]
+__all__ = ["build_model", "check_forward", "load_factory", "looks_like_a_shape_error", "make_batch"]
 
 _MODEL_SPEC_HELP = (
     "MODEL must be 'package.module:factory', 'path/to/file.py:factory' (a callable returning a "
@@ -116,7 +116,7 @@ def build_model(spec: str, model_args: dict[str, Any] | None = None, *, factory:
             raise CliError(f"{spec!r} is a module instance, not a factory; --model-arg cannot be applied")
         return factory
     if not callable(factory):
-        raise CliError(f"{spec!r} is a {type(factory).__name__}, not a callable; point MODEL at a function or class")
+        raise CliError(f"{spec!r} is {_an_object(factory)}, not a callable; point MODEL at a function or class")
     try:
         model = factory(**(model_args or {}))
     except Exception as error:  # noqa: BLE001 - user code
@@ -125,7 +125,9 @@ def build_model(spec: str, model_args: dict[str, Any] | None = None, *, factory:
             f"check that it runs on its own (and its --model-arg values)"
         ) from None
     if not isinstance(model, torch.nn.Module):
-        raise CliError(f"the factory {spec!r} returned a {type(model).__name__}; it must return a torch.nn.Module")
+        raise CliError(
+            f"the factory {spec!r} returned {_an_object(model)}; it must return a torch.nn.Module"
+        )
     return model
 
 
@@ -176,10 +178,49 @@ def check_forward(model: Any, inputs: Sequence[InputSpec]) -> None:
                 model(batch)
     except Exception as error:  # noqa: BLE001 - user code
         shapes = ", ".join(_describe_input(spec) for spec in inputs)
+        if looks_like_a_shape_error(error):
+            raise CliError(
+                f"the model cannot run on inputs of per-sample shape {shapes}: {type(error).__name__}: "
+                f"{first_line(error)}; fix --input-shape (per-sample dimensions, without the batch dimension)"
+            ) from None
         raise CliError(
-            f"the model cannot run on inputs of per-sample shape {shapes}: {type(error).__name__}: "
-            f"{first_line(error)}; fix --input-shape (per-sample dimensions, without the batch dimension)"
+            f"the model's forward raised {type(error).__name__}: {first_line(error)} (on a batch of 2 of per-sample "
+            f"shape {shapes}); this looks like an error in the model code, not in the options: run the model once "
+            f"on a real batch to see the traceback"
         ) from None
+
+
+#: Words in the errors torch raises for inputs of the wrong shape or dtype (mat1 and mat2, size mismatch,
+#: "Expected 4D input", "Given groups=1, weight of size ...", an embedding index out of range).
+_SHAPE_WORDS = re.compile(
+    r"shape|size|dimension|\bdims?\b|mat1|mat2|expected (?:\d|input|.*(?:dtype|type))|index out of range|"
+    r"must match|cannot be multiplied|unpack|channels",
+    re.IGNORECASE,
+)
+
+
+def looks_like_a_shape_error(error: BaseException) -> bool:
+    """Whether ``error`` reads like torch's complaint about an input's shape or dtype.
+
+    Example:
+        >>> looks_like_a_shape_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x4 and 5x3)"))
+        True
+        >>> looks_like_a_shape_error(ValueError("my model is broken"))
+        False
+    """
+    return isinstance(error, (RuntimeError, IndexError, TypeError, ValueError)) and bool(_SHAPE_WORDS.search(str(error)))
+
+
+def _an_object(value: Any) -> str:
+    """``value`` named by its type, and shown (shortened).
+
+    Example:
+        >>> _an_object(3), _an_object(None), _an_object([1])
+        ("an object of type 'int' (3)", "an object of type 'NoneType' (None)", "an object of type 'list' ([1])")
+    """
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"an object of type {type(value).__name__!r} ({shown})"
 
 
 def _describe_input(spec: InputSpec) -> str:

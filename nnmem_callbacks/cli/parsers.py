@@ -66,13 +66,22 @@ def _subparser(subparsers: Any, name: str, **kwargs: Any) -> argparse.ArgumentPa
     return argparse.ArgumentParser(prog=f"nnmem {name}", **kwargs)
 
 
+class _StoreGiven(argparse.Action):
+    """Stores the value and records that the option was written (``args.<dest>_given``), as a default is not."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-size", "-b", type=positive_int_arg, default=1, metavar="N",
         help="batch size to estimate at (default: 1), e.g. --batch-size 32",
     )
     parser.add_argument(
-        "--optimizer", default="adam", metavar="NAME",
+        "--optimizer", default="adam", metavar="NAME", action=_StoreGiven,
         help=f"optimizer: {vocabulary.optimizer_help()} (default: adam), e.g. --optimizer adamw",
     )
     parser.add_argument(

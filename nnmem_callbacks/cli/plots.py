@@ -8,7 +8,27 @@ from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.formatting import breakdown_rows
 from nnmem_callbacks.core.units import format_bytes
 
-__all__ = ["plot_estimate"]
+__all__ = ["check_plot_path", "plot_estimate"]
+
+def check_plot_path(path: str) -> None:
+    """Checks ``--plot FILE`` before any estimate is made: matplotlib is there and can write that format.
+
+    Raises:
+        CliError: Without matplotlib, or for a suffix matplotlib cannot write (naming the ones it can).
+    """
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise CliError("--plot needs matplotlib: pip install matplotlib") from None
+    supported = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
+    if suffix not in supported:
+        what = f"format {suffix!r}" if suffix else "no file suffix"
+        raise CliError(
+            f"--plot {path}: {what} is not an image format matplotlib writes; use one of "
+            f"{', '.join(sorted(supported))}, e.g. --plot memory.png"
+        )
+
 
 def plot_estimate(estimate: MemoryEstimate, fit: FitSummary, path: str, *, title: str = "") -> str:
     """Draws the breakdown and the peak against the batch size (with the budget) to ``path``.
@@ -26,8 +46,12 @@ def plot_estimate(estimate: MemoryEstimate, fit: FitSummary, path: str, *, title
     from nnmem_callbacks.core.units import GiB, MiB
 
     scale, unit = (GiB, "GiB") if estimate.peak_bytes >= GiB else (MiB, "MiB")  # the breakdown's unit
+    from nnmem_callbacks.core.batch_search import MAX_BATCH_SEARCH_LIMIT
+
     rows = breakdown_rows(estimate)
-    top = max(2 * estimate.batch_size, int((fit.max_batch_size or 0) * 1.25), 8)
+    capped = (fit.max_batch_size or 0) >= MAX_BATCH_SEARCH_LIMIT  # no batch up to the search's cap exceeds the budget
+    shown_max = 0 if capped else (fit.max_batch_size or 0)
+    top = max(2 * estimate.batch_size, int(shown_max * 1.25), 8)
     sizes = sorted({max(1, round(top * i / 60)) for i in range(61)})
     figure, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5), layout="constrained")
     left.barh([name for name, _, _ in rows], [value / scale for _, value, _ in rows], color="tab:blue")
@@ -41,7 +65,9 @@ def plot_estimate(estimate: MemoryEstimate, fit: FitSummary, path: str, *, title
         right.plot(sizes, [estimate.device_bytes_at(n) / right_scale for n in sizes], label="device total", linestyle="--")
     if fit.budget_bytes is not None:
         right.axhline(fit.budget_bytes / right_scale, color="tab:red", label=f"budget {format_bytes(fit.budget_bytes)}")
-        if fit.max_batch_size:
+        if capped:
+            right.plot([], [], " ", label=f"max batch >= {MAX_BATCH_SEARCH_LIMIT:,} (the search's cap: every batch up to it fits)")
+        elif fit.max_batch_size:
             right.axvline(fit.max_batch_size, color="tab:red", linestyle=":", label=f"max batch {fit.max_batch_size} (keeps {fit.margin:.0%} of the budget free)")
     right.axvline(estimate.batch_size, color="gray", linestyle=":", label=f"batch {estimate.batch_size}")
     right.set_xlabel("batch size")

@@ -25,9 +25,19 @@ def estimate_to_json(estimate: MemoryEstimate, fit: FitSummary, **extra: Any) ->
 
 
 def make_console(file: Any = None) -> Any:
+    """A rich console for the command's output; a reader that goes away (``| head``) ends the command quietly.
+
+    rich answers a closed pipe by exiting with status 1 (``Console.on_broken_pipe``); here it raises
+    ``BrokenPipeError`` instead, which :func:`nnmem_callbacks.cli.main` turns into status 0, as for JSON output.
+    """
     from rich.console import Console
 
-    return Console(file=file or sys.stdout, highlight=False, width=None if (file or sys.stdout).isatty() else 110)
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return PipeConsole(file=file or sys.stdout, highlight=False, width=None if (file or sys.stdout).isatty() else 110)
 
 
 def _batch_text(batch_size: int | None) -> str:

@@ -31,12 +31,29 @@ _DTYPES = {
 
 
 def positive_int_arg(text: str) -> int:
+    """A whole number from 1 to :data:`~nnmem_callbacks.core.batch_search.MAX_BATCH_SEARCH_LIMIT` (batch sizes,
+    ranks, widths): the largest batch the estimator searches, and far beyond any real count of these.
+
+    Example:
+        >>> positive_int_arg("32")
+        32
+        >>> positive_int_arg("99999999999999999999")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: must be at most 16,777,216 (larger values are not estimated), got 99999999999999999999
+    """
+    from nnmem_callbacks.core.batch_search import MAX_BATCH_SEARCH_LIMIT
+
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; e.g. 32") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value > MAX_BATCH_SEARCH_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_BATCH_SEARCH_LIMIT:,} (larger values are not estimated), got {value}"
+        )
     return value
 
 

@@ -140,19 +140,35 @@ def parse_budget_text(text: str) -> int | float:
     if _BARE_NUMBER.fullmatch(str(text)):
         fraction = float(text)
         if not 0 < fraction <= 1:
-            number = str(text).strip()
-            raise ValueError(
-                f"budget {text!r} has no unit, so it is read as a fraction of the device, which must be in (0, 1]; "
-                f"for a size add a unit, e.g. '{number}GiB' or '{number}GB'"
-            )
+            raise ValueError(_bare_number_error(str(text).strip(), fraction))
         return fraction
     try:
         value = parse_bytes(text)
     except ValueError as error:
         raise ValueError(f"{error}; or a fraction of the device in (0, 1] such as '0.9'") from None
     if value <= 0:
-        raise ValueError(_budget_error(text))
+        raise ValueError(
+            f"budget {text!r} is not more than 0 bytes; write a positive size such as '10GiB' or a fraction of the "
+            f"device in (0, 1] such as '0.9'"
+        )
     return value
+
+
+def _bare_number_error(number: str, value: float) -> str:
+    """Why a bare number is no budget, with the spelling the writer most likely meant.
+
+    Example:
+        >>> _bare_number_error("2200000", 2200000.0).split("; ")[1]
+        "for a size add a unit: '2200000B' is 2200000 bytes (2.10 MiB)"
+        >>> _bare_number_error("0", 0.0).split("; ")[1]
+        'a budget must be more than 0'
+    """
+    head = f"budget {number!r} has no unit, so it is read as a fraction of the device, which must be in (0, 1]"
+    if value <= 0:
+        return f"{head}; a budget must be more than 0"
+    if value >= 1024 and value == int(value):  # a count of bytes written without its unit
+        return f"{head}; for a size add a unit: '{number}B' is {int(value)} bytes ({format_bytes(int(value))})"
+    return f"{head}; for a size add a unit, e.g. '{number}GiB' or '{number}GB'"
 
 
 def _budget_error(budget: object) -> str:

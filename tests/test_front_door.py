@@ -1,0 +1,178 @@
+"""What a new user tripped on (issue #16 of the front door): each defect, with the test that would have caught it.
+
+The numbers in the test names are the defects' numbers in the issue.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from nnmem_callbacks import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FACTORIES = textwrap.dedent(
+    """
+    import torch
+
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 10))
+
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            raise ValueError("my model is broken")
+
+    def broken():
+        return Broken()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def factory_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "front_door_models.py"
+    path.write_text(FACTORIES)
+    return str(path)
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- 3: a closed pipe ends the command with status 0 --------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["calc", "--layers", "1000,100,10", "-b", "32"],
+    ["calc", "--layers", "1000,100,10", "-b", "32", "--json"],
+    ["gpus"],
+])
+def test_3_a_reader_that_goes_away_is_not_an_error(argv):
+    process = subprocess.Popen([sys.executable, "-m", "nnmem_callbacks.cli", *argv], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # as `| head -0`: every write meets a closed pipe
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err.decode()
+    assert b"Traceback" not in err and b"internal error" not in err
+
+
+# -- 4: usage errors are usage errors (exit 2, a message naming the fix), found before any work --------------
+def test_4_a_batch_size_too_large_to_estimate_is_a_usage_error(capsys, factory_file):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["estimate", f"{factory_file}:mlp", "-i", "20", "-b", "99999999999999999999999999"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--batch-size" in err and "at most 16,777,216" in err
+
+
+def test_4_a_plot_format_matplotlib_cannot_write_is_refused_before_estimating(capsys, factory_file):
+    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "4", "--plot", "out.txt")
+    assert code == 2 and out == ""  # nothing printed: the check comes before the estimate
+    assert "--plot out.txt" in err and "png" in err and "internal error" not in err
+
+
+def test_4_a_saved_keras_model_without_keras_names_the_extra(capsys, tmp_path, monkeypatch):
+    saved = tmp_path / "model.keras"
+    saved.write_bytes(b"not really a model")
+    monkeypatch.setitem(sys.modules, "keras", None)  # as if Keras were not installed
+    code, out, err = run_cli(capsys, "estimate", str(saved), "-b", "8")
+    assert code == 2
+    assert "pip install 'nnmem_callbacks[keras,tensorflow]'" in err and "internal error" not in err
+
+
+# -- 12: a saved Keras model: --input-shape is checked, a chosen optimizer or loss is said -------------------
+@pytest.fixture(scope="module")
+def keras_files(tmp_path_factory):
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() == "tensorflow":
+        pytest.importorskip("tensorflow")
+    folder = tmp_path_factory.mktemp("keras")
+
+    def build():
+        inputs = keras.Input((8,))
+        return keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dense(16, activation="relu")(inputs)))
+
+    compiled = build()
+    compiled.compile(optimizer="sgd", loss="mse")
+    compiled.save(folder / "compiled.keras")
+    build().save(folder / "uncompiled.keras")
+    return folder
+
+
+def test_12_a_wrong_input_shape_for_a_saved_keras_model_is_an_error(capsys, keras_files):
+    code, out, err = run_cli(capsys, "estimate", str(keras_files / "compiled.keras"), "-b", "4", "-i", "7,7",
+                             "--device", "cpu")
+    assert code == 2
+    assert "does not match" in err and "-i 8" in err
+
+
+@pytest.mark.slow
+def test_12_an_uncompiled_keras_model_says_which_optimizer_and_loss_it_was_estimated_with(capsys, keras_files):
+    code, out, err = run_cli(capsys, "estimate", str(keras_files / "uncompiled.keras"), "-b", "4", "--device", "cpu",
+                             "--json")
+    assert code == 0, err
+    import json
+
+    notes = json.loads(out)["notes"]
+    assert any("not compiled" in note and "adam" in note for note in notes)
+    assert any("no loss" in note and "mse" in note for note in notes)
+
+
+# -- 14: hints that lead somewhere ------------------------------------------------------------------------------
+def test_14_a_forward_that_raises_is_not_blamed_on_the_input_shape(capsys, factory_file):
+    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:broken", "-i", "4", "-b", "2", "--device", "cpu")
+    assert code == 2
+    assert "my model is broken" in err and "fix --input-shape" not in err
+
+
+@pytest.mark.parametrize("budget, suggestion, wrong", [
+    ("0", "must be more than 0", "'0GiB'"),
+    ("2200000", "'2200000B' is 2200000 bytes", "2200000GiB"),
+    ("0GiB", "positive size", "None"),
+])
+def test_14_budget_hints_suggest_what_would_be_accepted(capsys, factory_file, budget, suggestion, wrong):
+    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "4", "--budget", budget)
+    assert code == 2
+    assert suggestion in err and wrong not in err
+
+
+def test_14_a_factory_that_returns_no_module_is_named_plainly(capsys, tmp_path):
+    path = tmp_path / "numbers.py"
+    path.write_text("def three():\n    return 3\n")
+    code, out, err = run_cli(capsys, "estimate", f"{path}:three", "-i", "4")
+    assert code == 2
+    assert "returned an object of type 'int' (3)" in err and "a int" not in err
+
+
+# -- 15: the plot labels the search's cap as a cap ---------------------------------------------------------------
+def test_15_the_plot_labels_the_search_cap_as_one(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    from nnmem_callbacks.cli.compute import fit_summary
+    from nnmem_callbacks.cli.plots import plot_estimate
+    from nnmem_callbacks.cli.targets import resolve_target
+    from nnmem_callbacks.estimators import napkin
+
+    labels = []
+    original = matplotlib.axes.Axes.legend
+
+    def legend(self, *args, **kwargs):
+        labels.extend(self.get_legend_handles_labels()[1])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", legend)
+    tiny = napkin.params_estimate(1_000, 10, 4, optimizer="sgd", device="cpu")
+    fit = fit_summary(tiny, resolve_target(None), 64 * 2**30)
+    plot_estimate(tiny, fit, str(tmp_path / "tiny.png"))
+    capped = [label for label in labels if "16,777,216" in label or "16777216" in label]
+    assert capped and all("cap" in label for label in capped)
