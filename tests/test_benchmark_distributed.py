@@ -1,4 +1,4 @@
-"""The distributed benchmark's ground truth (benchmarks.distributed.rank_peak) on made-up profiler events."""
+"""The distributed benchmark's ground truth (benchmarks.suites.distributed.rank_peak) on made-up profiler events."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 from torch._C._profiler import _EventType  # noqa: E402
 
-from benchmarks.distributed import rank_peak  # noqa: E402
+from benchmarks.suites.distributed import rank_peak  # noqa: E402
 
 
 def _node(tag, name="", start=0, end=0, parent=None, size=0, ptr=0):

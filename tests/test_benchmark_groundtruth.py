@@ -15,9 +15,9 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # benchmarks/ is not an installed package
     sys.path.insert(0, str(_ROOT))
 
-from benchmarks import zoo  # noqa: E402
-from benchmarks.baselines import memtracker_peak, rule_of_thumb_bytes  # noqa: E402
-from benchmarks.groundtruth import live_bytes, measure_cpu_peak  # noqa: E402
+from benchmarks.common import zoo  # noqa: E402
+from benchmarks.common.baselines import memtracker_peak, rule_of_thumb_bytes  # noqa: E402
+from benchmarks.common.groundtruth import live_bytes, measure_cpu_peak  # noqa: E402
 
 F32 = 4
 
@@ -181,7 +181,7 @@ class _FakeCudaAllocator:
 
 @pytest.mark.parametrize("device,index", [("cuda", 3), ("cuda:1", 1)])
 def test_measure_cuda_peak_passes_an_indexed_device_to_set_device(monkeypatch, device, index):
-    from benchmarks import groundtruth
+    from benchmarks.common import groundtruth
 
     fake = _FakeCudaAllocator(index=3)
     fake.install(monkeypatch, groundtruth)
@@ -195,7 +195,7 @@ def test_measure_cuda_peak_passes_an_indexed_device_to_set_device(monkeypatch, d
 
 
 def test_accuracy_runs_every_cuda_combination_in_its_own_process(monkeypatch):
-    from benchmarks import accuracy
+    from benchmarks.suites import accuracy
 
     calls = []
     original = accuracy.run_case_isolated
@@ -213,7 +213,7 @@ def test_accuracy_runs_every_cuda_combination_in_its_own_process(monkeypatch):
 
 
 def test_accuracy_measures_the_cuda_truth_before_the_estimate(monkeypatch):
-    from benchmarks import accuracy
+    from benchmarks.suites import accuracy
 
     order = []
     monkeypatch.setattr(accuracy, "_estimate_stage", lambda row, *a: order.append("estimate"))

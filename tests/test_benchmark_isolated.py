@@ -1,8 +1,8 @@
-"""benchmarks.isolated: a worker in a fresh process, its record from the last JSON line."""
+"""benchmarks.common.isolated: a worker in a fresh process, its record from the last JSON line."""
 
 from __future__ import annotations
 
-from benchmarks.isolated import run_worker
+from benchmarks.common.isolated import run_worker
 
 
 def _module(tmp_path, name, body):

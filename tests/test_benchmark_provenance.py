@@ -1,4 +1,4 @@
-"""The commit stamp every benchmark result carries (benchmarks/provenance.py), on a throwaway repository."""
+"""The commit stamp every benchmark result carries (benchmarks/tools/provenance.py), on a throwaway repository."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.provenance import changed_files, commit_stamp, file_commit, head_commit
+from benchmarks.tools.provenance import changed_files, commit_stamp, file_commit, head_commit
 
 
 def _git(root: Path, *args: str) -> str:

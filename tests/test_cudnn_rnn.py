@@ -273,7 +273,7 @@ def test_real_h100_lstm_forward_and_backward_peaks():
 )
 def test_zoo_lstm_phases_match_the_h100(precision, measured, tolerance):
     """zoo_cuda.json, lstm case (2 layers 128 -> 256, batch_first, batch 32 x 64 steps), adam."""
-    from benchmarks.zoo import ZOO
+    from benchmarks.common.zoo import ZOO
 
     case = ZOO["lstm"]
     torch.manual_seed(0)

@@ -111,7 +111,7 @@ def test_jax_backend(tmp_path):
         analysis = compile_train_step(model, 256, xs, ys).memory_analysis()
         out["xla"] = int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes
                          - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
-        from benchmarks.keras_accuracy import measure_jax
+        from benchmarks.common.keras_truth import measure_jax
         out["rss_truth"] = measure_jax(model, x, y)["measured_bytes"]
         callback_checks(os.environ["LOG_DIR"])
         """,
@@ -210,7 +210,7 @@ def test_torch_backend(tmp_path):
         out["optimizer_state"] = est.breakdown["optimizer_state"]
         out["keras_state"] = est.extra["keras_optimizer_state_bytes"]
         out["torch_imported"] = "torch" in sys.modules
-        from benchmarks.keras_accuracy import measure_torch
+        from benchmarks.common.keras_truth import measure_torch
         out["truth"] = measure_torch(model, x, y)["measured_bytes"]
         sgd = mlp()
         sgd.compile(optimizer=keras.optimizers.RMSprop(), loss="sparse_categorical_crossentropy")

@@ -1,4 +1,4 @@
-"""benchmarks.keras_recorded_checks: re-estimates judged against recorded step checks and truth runs."""
+"""benchmarks.investigations.keras_recorded_checks: re-estimates judged against recorded step checks and truth runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.keras_recorded_checks import FIRST_RUNS, compare, recorded_rows, summarize, to_markdown
+from benchmarks.investigations.keras_recorded_checks import FIRST_RUNS, compare, recorded_rows, summarize, to_markdown
 
 MiB = 2**20
 

@@ -1,4 +1,4 @@
-"""``benchmarks/largest_batch.py`` without a GPU: the dry run end to end, the refusal, the worker and the table."""
+"""``benchmarks/suites/largest_batch.py`` without a GPU: the dry run end to end, the refusal, the worker and the table."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # benchmarks/ is not an installed package
     sys.path.insert(0, str(_ROOT))
 
-from benchmarks import largest_batch  # noqa: E402
+from benchmarks.suites import largest_batch  # noqa: E402
 
 
 def test_dry_run_estimates_verifies_and_writes_the_table(tmp_path):

@@ -1,4 +1,4 @@
-"""benchmarks.merge_results: one table from runs of disjoint case sets, refusing runs that are not comparable."""
+"""benchmarks.tools.merge_results: one table from runs of disjoint case sets, refusing runs that are not comparable."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.merge_results import main, merge
+from benchmarks.tools.merge_results import main, merge
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 FIRST = "keras_tensorflow_cpu_avx2_subset_onednn0.json"

@@ -1,4 +1,4 @@
-"""The MLP row of ``benchmarks/seeds.py``: ``nnmem calc`` and ``nnmem estimate`` against two real CPU steps."""
+"""The MLP row of ``benchmarks/suites/seeds.py``: ``nnmem calc`` and ``nnmem estimate`` against two real CPU steps."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # benchmarks/ is not an installed package
     sys.path.insert(0, str(_ROOT))
 
-from benchmarks import seeds  # noqa: E402
+from benchmarks.suites import seeds  # noqa: E402
 
 
 def test_mlp_seed_row_napkin_and_trace_match_measured(monkeypatch):

@@ -1,8 +1,8 @@
-"""The allocator-fidelity benchmark's arithmetic (benchmarks.tf_allocator_fidelity), on synthetic events."""
+"""The allocator-fidelity benchmark's arithmetic (benchmarks.suites.tf_allocator_fidelity), on synthetic events."""
 
 from __future__ import annotations
 
-from benchmarks.tf_allocator_fidelity import _feed, start_from_build, to_markdown
+from benchmarks.suites.tf_allocator_fidelity import feed_events, start_from_build, to_markdown
 from nnmem_callbacks.allocators.bfc import BFCSimulator
 
 MIB = 1 << 20
@@ -21,10 +21,10 @@ def test_feeding_events_charges_whole_chunks_and_frees_by_address():
         _event("MemoryDeallocation", "unknown"),  # freed memory allocated before the events is ignored
     ]
     live: dict = {}
-    assert _feed(simulator, events, live) == 2 * MIB
+    assert feed_events(simulator, events, live) == 2 * MIB
     assert simulator.in_use == MIB // 2 and list(live) == ["b"]
     # a second window starts from what the first left: its peak is measured above that
-    assert _feed(simulator, [_event("MemoryDeallocation", "b"), _event("MemoryAllocation", "c", MIB)], live) == MIB // 2
+    assert feed_events(simulator, [_event("MemoryDeallocation", "b"), _event("MemoryAllocation", "c", MIB)], live) == MIB // 2
 
 
 def test_the_report_gives_each_models_error_and_the_median():
@@ -56,7 +56,7 @@ def test_the_replays_start_takes_the_real_variables_by_order_and_size_and_frees_
     assert simulator.chunks[chunks["w2"]][0] < simulator.chunks[chunks["w1"]][0]
     # the window replaces w1's buffer: freeing it by address frees the mapped chunk
     in_use = simulator.in_use
-    _feed(simulator, [_event("MemoryDeallocation", "w1")], chunks)
+    feed_events(simulator, [_event("MemoryDeallocation", "w1")], chunks)
     assert simulator.in_use == in_use - MIB // 4
 
 

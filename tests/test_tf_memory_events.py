@@ -1,8 +1,8 @@
-"""The allocator-event readers of benchmarks/tf_memory_events.py, on made-up events (no TensorFlow)."""
+"""The allocator-event readers of benchmarks/investigations/tf_memory_events.py, on made-up events (no TensorFlow)."""
 
 from __future__ import annotations
 
-from benchmarks.tf_memory_events import large_allocations, live_at_peak, whole_chunk_regions
+from benchmarks.investigations.tf_memory_events import large_allocations, live_at_peak, whole_chunk_regions
 
 MiB = 2**20
 

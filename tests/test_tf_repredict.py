@@ -1,8 +1,8 @@
-"""The comparison and rendering of benchmarks/tf_repredict.py, on made-up rows (no TensorFlow)."""
+"""The comparison and rendering of benchmarks/tools/tf_repredict.py, on made-up rows (no TensorFlow)."""
 
 from __future__ import annotations
 
-from benchmarks.tf_repredict import compare, summary, to_markdown
+from benchmarks.tools.tf_repredict import compare, summary, to_markdown
 
 MiB = 2**20
 

@@ -97,12 +97,12 @@ def test_fsdp_per_rank_estimate_matches_gloo_processes():
     dist = pytest.importorskip("torch.distributed")
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("gloo is not available")
-    from benchmarks.distributed import measure, predict
+    from benchmarks.suites.distributed import measure, predict
 
     import tempfile
 
     # a free that gloo makes on its own thread is not recorded by the profiler and can only add to a run's
-    # measured peak (benchmarks.distributed repairs most, not all): each rank's truth is its smallest peak over
+    # measured peak (benchmarks.suites.distributed repairs most, not all): each rank's truth is its smallest peak over
     # up to 8 runs (about 40% of runs miss a free on one rank here), and runs stop once every rank is within 3%
     predicted = {rank: predict("resmlp", "fsdp", 2, rank)["predicted_bytes"] for rank in (0, 1)}
     best: dict[int, dict] = {}

@@ -505,7 +505,7 @@ class TinyTransformer(nn.Module):
 )
 @pytest.mark.parametrize("optimizer", ["sgd_momentum", "adamw"])
 def test_quick_accuracy_against_profiler_ground_truth(name, factory, batch, optimizer):
-    from benchmarks.groundtruth import measure_cpu_peak
+    from benchmarks.common.groundtruth import measure_cpu_peak
     from nnmem_callbacks.estimators.torch.inputs import OPTIMIZER_NAMES
 
     torch.manual_seed(0)
@@ -641,7 +641,7 @@ def test_batch_first_gru_and_rnn_are_traced_like_without_the_memo(monkeypatch, c
 
 
 def test_batch_first_bidirectional_gru_matches_the_profiler():
-    from benchmarks.groundtruth import measure_cpu_peak
+    from benchmarks.common.groundtruth import measure_cpu_peak
     from nnmem_callbacks.estimators.torch.inputs import OPTIMIZER_NAMES
 
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from benchmarks.groundtruth import measure_cpu_peak  # noqa: E402
+from benchmarks.common.groundtruth import measure_cpu_peak  # noqa: E402
 from nnmem_callbacks import estimate_training  # noqa: E402
 from nnmem_callbacks.estimators.torch import compat  # noqa: E402
 
