@@ -6,34 +6,18 @@ allocations of at least :data:`TF_CPU_COUNTED_MIN_BYTES` (smaller ones go to
 ones come from a best-fit-with-coalescing allocator that charges whole chunks;
 :class:`BFCSimulator` replays its policy.
 
-Known limitations:
+Design: docs/keras-tensorflow-replay.md, "The allocator model".
+
+Known limitations (evidence: docs/keras-tensorflow-replay.md, "The allocator model"):
     * The simulator follows ``bfc_allocator.cc``'s policy (bins, best fit, split
       rule, coalescing, doubling regions), not its garbage collection or the
       ``allow_growth=False`` single region.
-    * A ``TensorList`` whose element size the list ops tell (``TensorListReserve``,
-      ``TensorListFromTensor``, pushes, a loop's accumulators) is charged one
-      chunk per element: its elements fill the free chunks and make the
-      allocator open regions as the real ones do. That decides what a later
-      large buffer is charged: with oneDNN off, the second of a convolution's
-      two 17.1 MiB scratch buffers (behind a bidirectional LSTM) was charged
-      32 MiB at batch 16 and 17.1 MiB at batch 32, where the LSTM's saved steps
-      had filled the 2, 4 and 8 MiB regions and made the allocator open a
-      16 MiB one, so the scratch got a 64 MiB region to split (the allocator's
-      events: ``python -m benchmarks.tf_memory_events cnn_bilstm_text --fresh
-      --batch 16``, then ``--batch 32``). The elements are allocated when the list is made or
-      the loop ends, not one by one between the loop body's other buffers.
-      Other lists are counted by their total (:func:`list_counted_bytes`),
-      outside the chunk model.
-    * The replay starts from the allocator as building a Keras model leaves it
-      (:func:`allocator_after_build`): each randomly initialized variable behind
-      the two freed temporaries of its initializer, then the zero-filled ones
-      and the optimizer's slots. Where the chunks lie decides what a later
-      buffer is charged (ResNet-50's two steps, fed the real requests: 79.4 MiB
-      real, 73.8 MiB from the live buffers alone, 81.9 MiB with the holes;
-      ``benchmarks/results/tf_allocator_fidelity_cpu_avx512.md``). Anything else
-      the user's process allocated before (data pipelines, other models,
-      loaded weights) is not modelled. The benchmark's truth, like the step
-      check, is a fresh process that builds the model and trains it.
+    * A ``TensorList`` whose element size the list ops tell is charged one chunk per element, allocated when the
+      list is made or the loop ends (not one by one between the loop body's other buffers); other lists are
+      counted by their total (:func:`list_counted_bytes`), outside the chunk model.
+    * The replay starts from the allocator as building a Keras model leaves it (:func:`allocator_after_build`);
+      anything else the user's process allocated before (data pipelines, other models, loaded weights) is not
+      modelled.
 """
 
 from __future__ import annotations

@@ -1,148 +1,34 @@
 """TensorFlow backend: simulate tensor lifetimes over the traced graph of ``model.train_step``.
 
-How it works:
-
-1. ``tf.function(model.train_step).get_concrete_function(specs)`` traces the
-   real Keras train step (forward, loss, ``GradientTape`` gradients, the
-   optimizer's update) on :class:`tf.TensorSpec` inputs of the requested batch
-   size, and again at twice it (TensorFlow specializes the function to the
-   shapes it is called with, and so must the replay: a ``Tensordot`` flattens
-   ``batch x steps`` rows that a symbolic batch leaves unknown). Tracing does
-   not execute anything: no variable changes and the optimizer's
-   ``iterations`` stays where it was. If the optimizer was not yet
-   built, tracing builds it (creates its slot variables) exactly as Keras does
-   at the start of the first ``fit``; that is the only side effect.
-2. The ops of the graph are replayed in creation order (a topological order:
-   forward, gradient), except that an optimizer op runs as soon as its inputs
-   exist, as TensorFlow's data-flow executor runs it: a variable's update starts
-   right after its gradient, in the middle of the backward pass (the
-   ``IdentityN`` gathering the gradients is skipped, as Grappler removes it).
-   Ready optimizer ops run in waves as wide as the inter-op thread pool, so
-   that Adam's two moment updates of one variable overlap as they do for real,
-   and so do kernels with scratch that become ready at the same moment (a
-   convolution's two gradients, with their work buffers:
-   :func:`~nnmem_callbacks.estimators.keras.tensorflow.schedule.sibling_waves`). Ops nothing
-   needed reads are dropped, as TensorFlow prunes them
-   (:func:`~nnmem_callbacks.estimators.keras.tensorflow.schedule.pruned`).
-   Before that, Grappler's regrouping of ``Mul`` trees
-   (:func:`minimize_broadcasts`) is replayed: it moves a part of a gradient
-   (``scale * softmax`` in attention) into the forward pass. So is its removal
-   of transposes that undo each other (``inverse_transposes``: between stacked
-   recurrent layers, and in their gradient).
-   An op's outputs are allocated when it runs, a tensor is freed when its last
-   consumer has run. The runtime's aliasing rules are followed:
-   ``ReadVariableOp`` on CPU returns the variable's own buffer,
-   ``Identity``/``Reshape``/``ExpandDims``/``Squeeze``/identity ``Transpose``
-   alias their input, element-wise ops (and ``Softmax``) reuse an input buffer
-   that dies with them (TensorFlow's ``forward_input_or_allocate_output``), and
-   ``Assign*VariableOp`` update in place, or copy when a read of the old value
-   is still alive (copy-on-write) and, in the first step, because the buffer is
-   still shared with the variable's initial value. Kernel scratch comes from
-   :data:`WORKSPACE_RULES` (``Einsum``'s operand transposes) and hidden outputs
-   from :data:`COMPANION_RULES` (oneDNN's ``MaxPool`` workspace).
-3. Called functions (``PartitionedCall``), ``If`` branches and ``While`` bodies
-   are simulated recursively; their transient peak is added at the call. A
-   ``While`` loop's ``TensorList`` accumulators (what the gradient of an RNN
-   keeps per time step) are sized as iterations x element.
-4. The replays at the requested batch and at twice it give each phase's
-   line in the batch size.
-The replay is split by what it does: :mod:`~nnmem_callbacks.estimators.keras.tensorflow.trace`
-(collecting the graph and reading its static sizes),
-:mod:`~nnmem_callbacks.estimators.keras.tensorflow.schedule` (phases, Grappler's regrouping, the
-order and waves ops run in), :mod:`~nnmem_callbacks.estimators.keras.tensorflow.ops` (the registry
-of per-op handlers: outputs, aliases, scratch, companions, ``TensorList`` sizes,
-calls and ``While`` loops), :mod:`~nnmem_callbacks.allocators.tensorflow_cpu`
-(TensorFlow's CPU allocator) and :mod:`~nnmem_callbacks.estimators.keras.tensorflow.replay` (the
-buffers and peaks of one replay). This module estimates from them, and
-re-exports their names for callers that import them from here.
-
-TensorFlow's CPU allocator statistics (``get_memory_info('CPU:0')``) count only
-allocations of at least 256 KiB; smaller tensors come from ``malloc`` (oneDNN's
-``MklCPUAllocator``). The large ones come from a best-fit-with-coalescing
-allocator that charges whole chunks (up to ~2x a request); :class:`BFCSimulator`
-replays it over the allocations of the replay, starting from the variables and
-slots. The estimate's ``peak_bytes`` counts every tensor (the package's
-definition of the peak); the figure comparable to
+The real Keras train step is traced (not run) at the requested batch size and at twice it; its ops are replayed
+in the order TensorFlow's executor runs them, over a model of TensorFlow's CPU allocator, and the two replays give
+each phase's line in the batch size. The parts are :mod:`~nnmem_callbacks.estimators.keras.tensorflow.trace`,
+:mod:`~nnmem_callbacks.estimators.keras.tensorflow.schedule`, :mod:`~nnmem_callbacks.estimators.keras.tensorflow.ops`,
+:mod:`~nnmem_callbacks.estimators.keras.tensorflow.replay` and :mod:`~nnmem_callbacks.allocators.tensorflow_cpu`;
+this module estimates from them (with the step check and the upper bound) and re-exports their names for callers
+that import them from here. ``peak_bytes`` counts every tensor; the figure comparable to
 ``get_memory_info('CPU:0')['peak']`` is in ``extra["tf_allocator_peak_bytes"]``.
 
-Known limitations (see ``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md``):
-    * Forward and backward ops run in creation order; the executor may run
-      independent ones in another order (inter-op parallelism). Running every
-      backward op as soon as it is ready was tried and overestimated ResNet-50
-      by ~10 %. Only the optimizer's ops (and ops regrouped by Grappler) run as
-      soon as they are ready, in waves as wide as the inter-op pool, each op
-      taking the same time: a crude model of the thread pool. Kernels with
-      scratch that become ready at the same moment also run as one wave
-      (:func:`~nnmem_callbacks.estimators.keras.tensorflow.schedule.sibling_waves`): with oneDNN
-      off the allocator's profiler events (``python -m
-      benchmarks.tf_memory_events audio_cnn``) show a layer's
-      ``Conv2DBackpropInput`` and ``Conv2DBackpropFilter`` running at the same
-      time, their Eigen scratch (batch-independent, ~16-32 MiB each) alive
-      together, at the step's peak in EfficientNet-B0 and ``audio_cnn``. Whether
-      they really overlap is a race: in MobileNetV3-Small they did in about a
-      third of the runs (the others peak ~20 MiB lower), and in ``conv1d`` the
-      filter gradient's scratch overlaps the next ops of the chain
-      (``MaxPoolGrad``) instead. The replay assumes the overlap; the step check
-      at half the batch (:mod:`~nnmem_callbacks.estimators.keras.tensorflow.step_check`) measures
-      which way the runs went there. The wave's last kernel (handed to the
-      pool, started later) also outlives the wave: if it takes scratch, its
-      scratch and inputs stay alive while the next kernel runs
-      (:meth:`~nnmem_callbacks.estimators.keras.tensorflow.replay.ReplayRun.op_done`; the U-Net
-      with oneDNN off was -15% without it). Kernel durations are not modelled:
-      a pool kernel that ends first, or one that outlasts two later kernels,
-      is replayed the same way.
-    * Each replay runs the first two steps (:data:`REPLAYED_STEPS`) on one
-      allocator model, as the real window does: an update that copies its
-      variable (a read still alive, or a sibling kernel still reading it,
-      :meth:`~nnmem_callbacks.estimators.keras.tensorflow.replay.ReplayRun.copy_racing`) moves
-      it, and the second step's large buffers find the free chunks as the
-      first left them. The copy is assumed whenever a sibling wave read the
-      variable; in real runs it is a race the update usually wins (MobileNetV3-
-      Small: ten of ten processes), and where the copy lands decides whether a
-      later buffer is charged a free chunk whole. Later steps are not replayed.
-    * Of Grappler's rewrites only two ``ArithmeticOptimizer`` stages are
-      replayed: ``MinimizeBroadcasts``' regrouping of ``Mul`` trees (checked
-      against the executed graph) and ``RemoveIdentityTranspose``'s removal of
-      transposes that undo each other (checked against the allocator's events
-      of two stacked ``LSTM`` layers, where the pair between the layers and its
-      gradient had doubled the counted peak with oneDNN on:
-      :func:`~nnmem_callbacks.estimators.keras.tensorflow.schedule.inverse_transposes`); fusions,
-      constant folding and layout changes are not. Shape-only consumers
-      (``Shape``, ``Size``...) are assumed to run at once and not to keep
-      their input alive.
-    * The measured truth itself varies from run to run with the executor's thread
-      interleaving. In the benchmark LSTM, the gradient ``While`` loop computes
-      each step's recurrent-kernel gradient (256 KiB) in parallel iterations and
-      adds them one after the other; how many wait for the add depends on thread
-      timing (7.3 to 12.0 MiB peaks over six runs of the same first two steps;
-      under the profiler, 33 were waiting at the peak). The replay assumes none
-      wait.
-    * The upper bound replays a few unlucky runs (:data:`UNLUCKY_RUNS`: every
-      ready op at once, the same newest-ready first, element-wise kernels that
-      cannot take over their input's buffer) and keeps the largest. They are
-      the ways the executor was seen to exceed the expected replay, not every
-      way it can: a run that combines two of them, or overlaps more than the
-      inter-op pool's width of kernels, is not bounded. Each unlucky run costs
-      one more replay at the batch and at twice it.
-    * With ``jit_compile=True`` (Keras' default on GPUs) XLA owns the buffers;
-      the replay then approximates XLA's buffer assignment (a note says so).
-    * A first-step copy of each ``AssignAdd``/``AssignSub``-updated variable
-      is not modelled: the allocator's per-buffer events of the first two
-      steps (``python -m benchmarks.tf_memory_events CASE --fresh --grep Assign``)
-      show none in ``gru_text``, ``lstm`` or ``mlp``, in either oneDNN mode, on
-      an AVX2 and an AVX-512 host (only the copy-on-write of a variable whose
-      read is still alive, in every step). The rule was dropped once a
-      ``TensorList``'s elements were counted under the BFC allocator
-      (:func:`~nnmem_callbacks.allocators.tensorflow_cpu.list_counted_bytes`): the two
-      2.9 MiB Adam-slot copies it added had stood in for them, and alone they
-      put ``gru_text``'s replay at half the batch 4.5 MiB above the real steps
-      (oneDNN off). When a variable's initial value outlives the first step,
-      TensorFlow keeps a copy (``persistent_growth_first_steps`` in the
-      benchmark, <= 1.2 MiB there); the replay does not count it.
-    * ``While`` loops whose trip count cannot be read from the graph are
-      assumed to run ``parallel_iterations`` times (reported in ``notes``).
-    * The graph is traced twice (at the batch and at twice it), as TensorFlow
-      specializes the function to the shapes it is called with.
+Design: docs/keras-tensorflow-replay.md (accuracy: docs/keras-tensorflow-cpu.md).
+
+Known limitations (evidence: docs/keras-tensorflow-replay.md, "Known limitations"):
+    * Forward and backward ops run in creation order; only optimizer ops (and ops regrouped by Grappler) run as
+      soon as ready, in waves as wide as the inter-op pool, each op taking the same time.
+    * Kernels with scratch that become ready together run as one wave (a convolution's two gradients); for real
+      their overlap is a race. A wave's last kernel outlives the wave; kernel durations are not modelled.
+    * The first two steps (:data:`REPLAYED_STEPS`) run on one allocator model; an update racing a reader of its
+      variable is assumed to copy it (a race the update usually wins). Later steps are not replayed.
+    * Of Grappler's rewrites only ``MinimizeBroadcasts`` and ``RemoveIdentityTranspose`` are replayed; fusions,
+      constant folding and layout changes are not. Shape-only consumers are assumed not to keep their input alive.
+    * The truth varies with the executor's thread interleaving (the LSTM's gradient loop: 7.3 to 12.0 MiB over six
+      runs); the replay assumes no loop iteration waits for its add.
+    * The upper bound replays only the unlucky runs seen (:data:`UNLUCKY_RUNS`); a run combining two of them, or
+      overlapping more kernels than the inter-op pool is wide, is not bounded. Each costs two more replays.
+    * With ``jit_compile=True`` XLA owns the buffers; the replay approximates its buffer assignment (a note says so).
+    * A first-step copy of ``AssignAdd``/``AssignSub``-updated variables is not modelled (none seen), nor the copy of
+      a variable's initial value that outlives the first step (<= 1.2 MiB in the benchmark).
+    * ``While`` loops whose trip count cannot be read are assumed to run ``parallel_iterations`` times (``notes``).
+    * The graph is traced twice (at the batch and at twice it), as TensorFlow specializes the function to shapes.
 """
 
 from __future__ import annotations

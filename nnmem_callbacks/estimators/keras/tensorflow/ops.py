@@ -1,22 +1,11 @@
 """Per-op rules of the TensorFlow graph replay: a registry of op handlers, looked up by op type.
 
-Each handler says what one op does to memory when TensorFlow's executor runs it:
-which outputs it allocates, which input buffers they alias or overwrite
-(``forward_input_or_allocate_output``), what kernel scratch lives while it runs
-(:data:`WORKSPACE_RULES`, or the scratch :mod:`~nnmem_callbacks.estimators.keras.tensorflow.probes`
-measured), what hidden buffers outlive it (:data:`COMPANION_RULES`), how
-``TensorList`` sizes change, and how called functions, branches and ``While``
-loops are replayed. A handler is registered for op types with :func:`handler`
-and found with :func:`handler_for`; op types without one get
-:func:`kernel_op` (outputs allocated, scratch from the rules).
+Each handler says what one op does to memory when TensorFlow's executor runs it (outputs, aliases, scratch from
+:data:`WORKSPACE_RULES` or the probes, hidden outputs from :data:`COMPANION_RULES`, ``TensorList`` sizes, calls and
+``While`` loops). Handlers are registered with :func:`handler` and found with :func:`handler_for` (default
+:func:`kernel_op`); a handler is ``function(run, op, category) -> (transient, transient_counted)``.
 
-A handler is ``function(run, op, category) -> (transient, transient_counted)``:
-``run`` is the :class:`~nnmem_callbacks.estimators.keras.tensorflow.replay.ReplayRun` replaying
-the graph (its buffers, the allocator model, :meth:`allocate`/:meth:`alias`),
-``category`` the breakdown category of the op's outputs, and the result the
-scratch bytes alive while the op runs (all of them, and those the allocator
-counts: one allocation's bytes, or a list of separate allocations, as a called
-body's or a loop body's buffers are: :func:`body_pieces`).
+Design: docs/keras-tensorflow-replay.md, "Per-op rules".
 
 Example:
     >>> handler_for("Conv2DBackpropInput") is handler_for("SomeOpNobodyRegistered")

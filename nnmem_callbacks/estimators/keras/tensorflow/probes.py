@@ -1,28 +1,11 @@
 """TensorFlow kernel probes: the scratch memory of this host's kernels, measured, not assumed.
 
-A kernel's scratch depends on the build and the host. With oneDNN off (TensorFlow's
-default on CPUs without AVX-512), ``Conv2DBackpropFilter`` takes a 16 MiB work
-buffer at every size, where oneDNN's takes none. The graph cannot show that. So
-every distinct op of a kernel family known to take scratch (:data:`PROBED_OPS`) is
-run for real, small, on this host's TensorFlow, and its extra bytes are measured:
+A kernel's scratch depends on the build and the host (with oneDNN off, ``Conv2DBackpropFilter`` takes a 16 MiB work
+buffer at every size; oneDNN's takes none), which the graph cannot show. So every distinct op of a kernel family
+known to take scratch (:data:`PROBED_OPS`) is run for real, small, in a child process on this host's TensorFlow,
+within :data:`DEFAULT_MEMORY_CAP` and :data:`DEFAULT_TIME_BUDGET`, and its points are cached per host fingerprint.
 
-* **Which dims are the batch**: the step is traced at ``B`` and ``2B``; an input
-  dim (or an element of a constant shape vector such as ``Conv2DBackpropInput``'s
-  ``input_sizes``) that doubles is batch-scaled, with ``value / B`` per sample.
-* **Probing**: each op runs at ``n = 1, 2, 4`` samples and at the batch sizes
-  the replay evaluates (under the memory cap: a kernel's path can change at
-  large sizes) in a child process with the same TensorFlow, the same
-  oneDNN mode and thread counts, and ``TF_CPU_ALLOCATOR_USE_BFC=true`` (so the
-  allocator keeps statistics on every host). The scratch is the allocator's peak
-  during the op minus the inputs already allocated and its outputs. The child
-  keeps the user's process untouched: no allocator pool growth, no RNG, no
-  variables.
-* **Caching**: points are kept on disk per host fingerprint (TensorFlow version,
-  oneDNN on or off, instruction set, thread counts) with
-  :class:`nnmem_callbacks.probes.cache.ProbeCache`; a warm cache runs nothing.
-* **Bounds**: a probe whose tensors exceed :data:`DEFAULT_MEMORY_CAP` is not run,
-  and probing stops after :data:`DEFAULT_TIME_BUDGET` seconds; ops left over
-  fall back to the graph's rules, and ``notes`` says how many.
+Design: docs/keras-tensorflow-replay.md, "Kernel probes".
 
 Known limitations:
     * Only top-level ops of the traced step are probed; ops inside ``While``/``If``

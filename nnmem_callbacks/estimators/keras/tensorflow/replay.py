@@ -6,9 +6,7 @@ and runs each through its handler (:mod:`~nnmem_callbacks.estimators.keras.tenso
 the allocator model (:class:`~nnmem_callbacks.allocators.tensorflow_cpu.BFCSimulator`),
 the ``TensorList`` sizes, the ops of the running wave, and the peaks.
 
-An op's outputs are allocated when it runs (by its handler); a tensor is freed
-when its last consumer has run; the ops of one wave (ready optimizer ops run as
-wide as the inter-op pool) hold their inputs and scratch until the wave is done.
+Design: docs/keras-tensorflow-replay.md, "The replay".
 
 Known limitations:
     See :mod:`nnmem_callbacks.estimators.keras.tensorflow.graph` (the replay's model of the

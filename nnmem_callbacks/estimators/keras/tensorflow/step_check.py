@@ -1,118 +1,28 @@
 """Real TensorFlow train steps at a small batch, on a copy of the model, in a child process.
 
-The graph replay (:mod:`nnmem_callbacks.estimators.keras.tensorflow.graph`) models tensors, the
-executor's order and TensorFlow's allocator. What it cannot see is the runtime
-under them on this host: Eigen's contraction buffers held by concurrently
-running kernels, Grappler's rewrites, the executor's thread interleaving, the
-first step's copies. Those differ between hosts and between oneDNN on and off,
-and the replay missed them by 15 to 48 % on models it was not developed on
-(``benchmarks/results/keras_tensorflow_cpu_onednn{0,1}.md`` before this module).
+The graph replay (:mod:`nnmem_callbacks.estimators.keras.tensorflow.graph`) cannot see the runtime under it on this
+host (Eigen's buffers held by concurrent kernels, Grappler, the executor's interleaving, the first step's copies). So
+a fresh process rebuilds the model from its configuration (no weights; the user's process is untouched) and runs its
+first two steps at :func:`check_batch_size` samples, on :data:`DEFAULT_REPEATS` copies (more when they disagree);
+the run nearest the replay corrects every batch size
+(:attr:`~nnmem_callbacks.estimators.keras.tensorflow.graph.StepCorrection.offset`) and the others' spread goes to
+the upper bound. Results are cached per host fingerprint and model.
 
-So the replay is checked by the real thing, small:
+Design: docs/keras-tensorflow-replay.md, "The step check".
 
-1. The model's architecture (``model.to_json()``) and compile configuration
-   (``model.get_compile_config()``) go to a fresh Python process with the same
-   TensorFlow, oneDNN mode, thread counts and mixed-precision policy; weights
-   are not copied (memory does not depend on their values). The user's process,
-   its variables, optimizer, RNG and allocator are untouched.
-2. The child rebuilds the model, compiles it (leaving the optimizer unbuilt
-   when the user's was, so that the first step's trace builds its slots as
-   Keras's ``fit`` does; :func:`compiled_copy`), makes a batch of
-   :func:`check_batch_size` samples (random floats, ones for integer inputs
-   and labels) and runs the first two ``train_on_batch`` steps, measuring the
-   allocator's peak as the benchmark's truth does: allocator-counted bytes of
-   variables, optimizer slots and batch, plus ``peak - current`` over the
-   steps. It repeats this on :data:`DEFAULT_REPEATS` fresh copies (TensorFlow's
-   own peak moves between identical runs).
-3. The estimator replays the same batch. What the run nearest the replay
-   took beyond it is memory the replay misses in every run, and is added to
-   every batch size (:attr:`~nnmem_callbacks.estimators.keras.tensorflow.graph.StepCorrection.offset`);
-   what the other runs took beyond that is the executor's race, and goes to
-   the upper bound with the replay's unlucky runs. 4 more runs are measured
-   when the first 3 disagree about the side of the replay.
-
-Where the CPU allocator keeps no statistics (oneDNN off, no
-``TF_CPU_ALLOCATOR_USE_BFC``), the child sets ``TF_CPU_ALLOCATOR_USE_BFC=true``
-and the replay predicts what that allocator counts, as it does anyway; otherwise
-the child uses the same allocator as the user's process.
-
-Results are cached per host fingerprint and model
-(:class:`~nnmem_callbacks.probes.cache.ProbeCache`), so a second estimate of
-the same model runs nothing.
-
-Known limitations:
-    * The model must rebuild from its configuration in a fresh process:
-      custom layers must be registered (``keras.saving.register_keras_serializable``)
-      in an importable module. Otherwise the check is skipped and ``notes``
-      says why.
-    * The batch is synthetic: data-dependent memory (ragged inputs, masks that
-      depend on values) is measured for ones and random floats, not the real data.
-    * The correction is one figure, the same at every batch size. Memory the
-      replay misses in proportion to the batch is only corrected at the
-      checked batch; the check runs at half the batch (under a memory cap) to
-      keep that error small. Where the runtime's memory is a peak of its own
-      rather than an addition to the replay's, adding it over-predicts; one
-      checked batch cannot tell the two apart. The case that showed it
-      (EfficientNet-B0 with oneDNN off, +25%) was the two gradients of one
-      convolution running at once with batch-independent work buffers, which
-      the replay now models
-      (:func:`~nnmem_callbacks.estimators.keras.tensorflow.schedule.sibling_waves`). A second
-      check at a quarter of the batch, extrapolating the difference along a
-      line, was tried offline on the committed runs and rejected (commit
-      645d960, branch ``twopoint-check-experiment``): at such small batches the runs are bimodal
-      and the line amplified their noise. The upper bound doubts the
-      extrapolation (:meth:`~nnmem_callbacks.estimators.keras.tensorflow.graph.StepCorrection.doubt_line`).
-    * Where the real peak has two modes (whether two kernels' work buffers
-      overlap, how many loop iterations wait in an RNN's gradient loop), which
-      mode a run takes depends on the batch: the benchmark LSTM (oneDNN off)
-      waited in 4 of 7 check runs at half the batch and in 1 of 5 real runs
-      at the batch (estimator at 685a531, results as committed at dae1b41).
-      The correction takes the run nearest the replay, so the expected peak
-      is the replay's mode; a mode that is more frequent at the full batch
-      than at half of it is missed by the expected peak and covered by the
-      upper bound only: MobileNetV3-Small with oneDNN off, five real runs at
-      93.6-100.1 MiB, the replay 76.6 MiB, the check at half the batch
-      56.4-75.2 MiB, the expected peak -21.8%, the upper bound 134.1 MiB
-      (estimator at 6ab3d93,
-      ``benchmarks/results/keras_tensorflow_cpu_avx512_onednn0.md``). Its
-      peak has three levels, by the allocator's events of single steps: the
-      two gradients of a 1x1 convolution each take a 20-21 MiB column buffer
-      (sized by the kernel's 30 MiB working-set target, not by the batch).
-      Run one after the other, the step peaks near 67 MiB; together, near
-      76-85 MiB; together with the second buffer handed a 37-41 MiB free
-      chunk whole (the allocator splits a chunk only when it is at least
-      twice the request), near 101-104 MiB (2, 3 and 3 of 8 steps of one
-      process). Which free chunks there are at that moment depends on the
-      interleaving of the steps before
-      (``benchmarks/results/tf_memory_events_mobilenetv3small_avx512_onednn0.txt``).
-      On the AVX2 host, ten profiled processes (``python -m
-      benchmarks.tf_memory_events mobilenetv3small --regions --large 8``,
-      ``tf_memory_events_mobilenetv3small_regions_avx2_onednn0.txt``): in
-      every one, Adam's update of the last 1x1 convolution's 2.25 MiB kernel
-      (``AssignSubVariableOp``) ran while that layer's input gradient still
-      read the kernel, and copied it, in both steps. In 5 of 10 the second
-      step peaked at the top level (94.2-101.1 MiB): a 20-21 MiB scratch
-      buffer was handed a 38.3-40.9 MiB chunk whole (the allocator's own
-      charge). In two of the three charges the simulated region agrees with,
-      the copy sat in the free 64 MiB region and left 59.5-61.8 MiB for the
-      scratch pair (in the third, a 5.7 MiB buffer, freed since, sat there); the
-      other 5 processes peaked at 75.7-79.8 MiB. Since 2026-11-27 the replay
-      models both halves: the update's copy and two steps on one allocator
-      model (:mod:`~nnmem_callbacks.estimators.keras.tensorflow.graph`'s Known limitations), so
-      its own expected peak is the top level. Re-predicted against the
-      committed AVX2 runs, with their check runs reused (``python -m
-      benchmarks.tf_repredict
-      benchmarks/results/keras_tensorflow_cpu_avx2_all_onednn0.json``):
-      -0.5%, was -22.7%.
-    * The check costs a TensorFlow import and one trace per repeat in the child
-      (seconds to tens of seconds; minutes for a graph as large as NASNetMobile's
-      on a slow host); ``estimate_training(..., check_steps=False)`` skips it.
-      The child has :data:`DEFAULT_TIME_BUDGET` seconds
-      (``estimate_training(..., step_check_seconds=...)``); runs finished by
-      then count, and ``notes`` warns when fewer than asked finished: with one
-      run the check cannot show the executor's race, and the upper bound then
-      has no spread of its own from the check (NASNetMobile on a 2-core AVX2
-      EPYC: one of three copies in 300 s, 2026-11-27).
+Known limitations (evidence: docs/keras-tensorflow-replay.md, "Known limitations", "The step check"):
+    * The model must rebuild from its configuration in a fresh process: custom layers must be registered
+      (``keras.saving.register_keras_serializable``) in an importable module; otherwise the check is skipped and
+      ``notes`` says why.
+    * The batch is synthetic (ones and random floats): data-dependent memory is not measured for the real data.
+    * The correction is one figure at every batch size: memory the replay misses in proportion to the batch is
+      corrected at the checked batch only, and runtime memory that is a peak of its own is over-predicted. A second
+      check at a quarter of the batch was tried and rejected (645d960); the upper bound doubts the extrapolation.
+    * Where the real peak has two modes, which one a run takes depends on the batch: a mode more frequent at the full
+      batch than at half of it is covered by the upper bound only (MobileNetV3-Small, oneDNN off: -21.8% at 6ab3d93).
+    * The check costs a TensorFlow import and one trace per repeat in the child (minutes for NASNetMobile on a slow
+      host); ``check_steps=False`` skips it, ``step_check_seconds`` (:data:`DEFAULT_TIME_BUDGET`) bounds it, and
+      ``notes`` warns when fewer runs than asked finished.
 
 Example:
     >>> check_batch_size(32, lambda n: n * 2**20, memory_cap=2**30)
