@@ -2,36 +2,16 @@
 
 Given the sequence of tensor allocations and frees of a training step, it
 predicts what ``torch.cuda.max_memory_allocated()`` and
-``torch.cuda.max_memory_reserved()`` will report. Pure Python; no torch import.
+``torch.cuda.max_memory_reserved()`` will report, with the allocator's default rules (512-byte rounding, small and
+large pools, best fit, splitting, merging; segments never returned). Pure Python; no torch import.
 
-The rules modelled (defaults, no ``PYTORCH_CUDA_ALLOC_CONF``):
-
-* every request is rounded up to a multiple of 512 bytes (``kMinBlockSize``);
-* requests of at most 1 MiB (``kSmallSize``) come from the small pool, whose
-  segments are 2 MiB (``kSmallBuffer``);
-* larger requests come from the large pool; a request below 10 MiB
-  (``kMinLargeAlloc``) opens a 20 MiB segment (``kLargeBuffer``), a larger one a
-  segment rounded up to 2 MiB (``kRoundLarge``);
-* a free block is found best-fit (smallest size, then lowest address) within the
-  request's pool; it is split when the remainder is at least 512 bytes (small
-  pool) or more than 1 MiB (large pool); an unsplit remainder counts as
-  allocated, exactly as the real allocator's statistics do;
-* freed blocks merge with free neighbours of the same segment; segments are
-  never returned (no ``empty_cache``), so the reserve only grows.
+Design (the rules, with their constants): docs/cuda-model.md, "The caching allocator replay".
 
 Known limitations:
-    Single stream only; ``expandable_segments``, ``max_split_size_mb`` and
-    garbage-collection thresholds are not modelled; OOM-triggered cache flushes
-    are not modelled. Such a flush is what makes a batch whose peak reserve is
-    above a cap still run: when ``cudaMalloc`` fails, or a new segment would
-    pass the ``set_per_process_memory_fraction`` cap, the allocator frees
-    every cached segment that is wholly free and retries (``malloc``:
-    ``alloc_block || release_available_cached_blocks && alloc_block ||
-    release_cached_blocks && alloc_block`` in ``CUDACachingAllocator.cpp``;
-    the middle step does nothing unless ``max_split_size_mb`` is set). A
-    largest batch chosen by the peak reserve of this model is therefore one
-    that trains without such flushes: safe, and at most a few segments short
-    of the largest that runs at all.
+    * Single stream only; ``expandable_segments``, ``max_split_size_mb`` and garbage-collection thresholds are not
+      modelled.
+    * OOM-triggered cache flushes are not modelled: a largest batch chosen by this model's peak reserve trains
+      without them (safe, at most a few segments short of the largest that runs at all).
 
 Example:
     >>> sim = CachingAllocatorModel()

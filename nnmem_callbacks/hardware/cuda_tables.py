@@ -1,28 +1,12 @@
 """What CUDA libraries take from the device, as PyTorch sets them up: sizes and tables.
 
-Framework-free (no torch import): every function takes the facts it needs (the
-GPU's compute capability, the CUDA version, the environment) as arguments, so
-it serves an estimate made without a GPU, and the torch side
-(:mod:`nnmem_callbacks.estimators.torch.cuda.libraries`) fills them in from the live
-device when there is one.
+cuBLAS/cuBLASLt workspace sizes (as ``CublasHandlePool.cpp`` chooses them), the CUDA context and loaded libraries by
+GPU family and CUDA major version, and cuDNN convolution workspaces measured on one stack; every number in the tables
+names its source. Framework-free (no torch import): every function takes the facts it needs (compute capability,
+CUDA version, environment) as arguments, so it serves an estimate made without a GPU; the torch side
+(:mod:`nnmem_callbacks.estimators.torch.cuda.libraries`) fills them in from the live device when there is one.
 
-Three things live here:
-
-* **cuBLAS / cuBLASLt workspaces.** PyTorch gives every cuBLAS handle a
-  workspace taken from its caching allocator, once per (handle, stream), at
-  the first GEMM; a handle belongs to a thread, so the user's thread (forward,
-  optimizer) and autograd's device thread (backward) each get one. They stay
-  allocated for the life of the process, so they are part of
-  ``max_memory_allocated``. Sizes follow ``parseChosenWorkspaceSize`` /
-  ``parseCUDABlasLtWorkspaceSize`` / ``getCUDABlasLtWorkspaceSize`` in
-  pytorch/pytorch ``aten/src/ATen/cuda/CublasHandlePool.cpp``.
-* **The CUDA context and loaded libraries**: device memory outside the
-  allocator. A table by GPU family and CUDA major version, used when no
-  device can be asked.
-* **cuDNN convolution workspaces** measured on one stack, used when no device
-  can be probed.
-
-Every number in the tables names its source.
+Design: docs/cuda-model.md, sections 2 to 4.
 
 Example:
     >>> cublas_workspace_bytes((9, 0), env={}) // 2**20

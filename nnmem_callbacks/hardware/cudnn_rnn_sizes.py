@@ -1,64 +1,13 @@
 """What cuDNN's RNN kernels allocate, as a rule with its sources (framework-free).
 
-PyTorch runs ``nn.LSTM``/``nn.GRU``/``nn.RNN`` on CUDA through
-``aten._cudnn_rnn`` (``aten/src/ATen/native/cudnn/RNN.cpp``). Besides the
-output, ``hy`` and ``cy``, it allocates:
+``aten._cudnn_rnn`` (``nn.LSTM``/``nn.GRU``/``nn.RNN`` on CUDA) allocates, besides its outputs, a reserve saved for
+backward, a workspace around the forward and each backward kernel, and a weight buffer (with its gradient) when the
+weights are not views of one flat buffer. Their sizes come from cuDNN and cannot be asked for without a GPU: the
+reserve follows from the cells' math (``elements = D * (L * (k + 1) - 1) * H * N * T``, exact against an H100 and a
+P100 measurement), the workspace is fitted per cuDNN major version as ``alpha * reserve + fixed``. Where a GPU is
+present :mod:`nnmem_callbacks.estimators.torch.cuda.cudnn_rnn` measures the real sizes instead (a bounded probe).
 
-* a **reserve** (``cudnnGetRNNTempSpaceSizes(..., CUDNN_FWD_MODE_TRAINING)``),
-  returned as the op's fourth output and saved for backward, so it lives from
-  the forward to the end of the backward;
-* a **workspace** from the same query, allocated for the forward kernel and
-  again, with the *same* query, for ``cudnnRNNBackwardData_v8`` and for
-  ``cudnnRNNBackwardWeights_v8``; freed when each returns;
-* a **weight buffer** of ``cudnnGetRNNWeightSpaceSize`` elements when the
-  weights are not views of one flat buffer (``nn.LSTM`` on CUDA flattens its
-  parameters, functional calls such as Keras' do not; under autocast the
-  weights are always copied into a new fp16 buffer); it is saved for backward,
-  and its gradient ``dw`` (same size) is allocated in backward.
-
-The sizes come from cuDNN and cannot be asked for without a GPU. What cuDNN
-keeps follows from the math of the cells, and two independent measurements
-fix the rule:
-
-* per layer, direction and time step, the reserve holds ``k`` hidden-sized
-  vectors the backward needs (LSTM: the 4 gate activations and the cell state,
-  ``k = 5``; GRU: ``k = 6``) plus the layer's output ``h``; the last layer's
-  output is the op's output ``y`` (passed to the backward), so it is not kept
-  twice: ``elements = D * (L * (k + 1) - 1) * H * N * T``.
-* **H100, cuDNN 9.19, torch 2.11** (``gpu-runs/2026-11-23-h100/cuda_facts.json``):
-  LSTM, L=2, input 512, H=1024, N=64, T=256, fp32. After the forward,
-  740,295,168 B stayed allocated beyond the output: ``h0``/``c0`` (created by
-  ``nn.LSTM``, saved) and ``hy``/``cy`` are 4 x 524,288 B, leaving
-  738,198,016 B = 11 x H x N x T x 4 B + 512 (``L * 6 - 1 = 11``). After the
-  backward the reserve and ``h0``/``c0`` were gone and exactly the output,
-  ``hy``/``cy`` and the 58,785,792 B of weight gradients (= the parameters:
-  no padding in the weight space) remained.
-* **P100, cuDNN 7, pytorch/pytorch#2895** (cudnnGetRNNTrainingReserveSize
-  printed): LSTM 736,000,000 B and GRU 864,000,000 B for the same network. The
-  parameter counts in the issue (LSTM 3,038,090, GRU 2,279,370, RNN 761,930)
-  solve to 4 layers, H=320, input 123, a 320->10 classifier; with N*T=25,000
-  the rule gives 23 x 320 x 25,000 x 4 = 736,000,000 (LSTM) and
-  27 x 320 x 25,000 x 4 = 864,000,000 (GRU), both exact.
-
-The workspace has no such derivation; it is fitted, per cuDNN major version,
-as ``alpha * reserve + fixed`` through two measurements on the H100 (cuDNN
-9.19), which differ in every size but the layer count:
-
-* the LSTM above: the forward peak rose 1,291,846,144 B, i.e. the live tensors
-  plus a 484,442,112 B workspace; the backward peak (1,394,607,616 B) is then
-  matched to within 2 KiB by the backward's own allocations plus a workspace
-  of the same size (the backward asks ``cudnnGetRNNTempSpaceSizes`` the same
-  question, as RNN.cpp shows);
-* the ``lstm`` zoo case (``zoo_cuda.json``: 2 layers 128 -> 256, batch 32 x 64
-  steps, adam, fp32): forward and backward peaks both 18.55 MB above the live
-  tensors plus ``alpha * reserve``, which gives
-  ``alpha = 0.6303`` and ``fixed = 19,148,181`` B.
-
-The zoo case under ``bf16-mixed`` (cuDNN runs it in fp16: half the reserve,
-same fixed part) is the check: the fit is within 0.2 MB (0.4% of the peak) of
-the measured forward peak. Where a GPU is present
-:mod:`nnmem_callbacks.estimators.torch.cuda.cudnn_rnn` measures the real sizes instead (a
-bounded probe).
+Design and evidence: docs/cuda-model.md, "cuDNN RNNs".
 
 Known limitations:
     * RNN_TANH/RNN_RELU (``k = 1``) and LSTM with ``proj_size`` follow the same

@@ -1,31 +1,12 @@
 """CUDA autocast on a CPU trace: the op lists and cast policy read from the running torch.
 
-A CUDA target traced without a CUDA device runs under ``torch.autocast("cpu")``,
-whose op lists differ from CUDA's: CPU autocast keeps ``softmax``,
-``log_softmax``, ``layer_norm``, ``pow`` and most pointwise math in the
-lower precision, while CUDA autocast computes them in fp32 (and keeps fp32
-tensors for backward). This module makes CPU autocast behave like CUDA
-autocast for the duration of a trace, without copying any op list by hand:
+A CUDA target traced without a CUDA device runs under ``torch.autocast("cpu")``, whose op lists differ from CUDA's
+(CPU keeps ``softmax``, ``layer_norm``, ``pow``... in the lower precision; CUDA computes and saves them in fp32). This
+module makes CPU autocast behave like CUDA autocast for the duration of a trace (:func:`cuda_autocast_on_cpu`),
+without copying any op list by hand: the running torch's ``AutocastCUDA`` kernels are probed on stand-in tensors
+and their casts replayed as Python kernels for the ``AutocastCPU`` key.
 
-* **Which ops**: every operator that has a kernel for the ``AutocastCUDA``
-  dispatch key in the running torch (CPU wheels register them too, see
-  ``aten/src/ATen/autocast_mode.cpp``). Ops with an ``AutocastCPU`` kernel but
-  no ``AutocastCUDA`` one (``cross_entropy_loss``) fall through, as on CUDA,
-  so that their composite implementation reaches the CUDA-listed ops inside.
-* **How each is cast**: the ``AutocastCUDA`` kernel itself is called once per
-  (op, argument dtypes, non-tensor arguments) on stand-in tensors that report
-  device ``cuda`` and hold no data (:class:`_Probe`). It casts them as it would
-  on a GPU and makes its inner call; the stand-ins record the casts and the
-  inner call, and stop the kernel there. The recorded plan (which argument
-  goes to which dtype, which overload is called with which extra arguments,
-  e.g. ``softmax(x, dim, dtype=float32)``) is replayed on the trace's tensors.
-  So the policy (lower precision, fp32, fp32 with an output dtype, promote,
-  banned) is whatever this torch does, per version.
-
-The plan is installed as Python kernels for the ``AutocastCPU`` key
-(``torch.library``), registered on entry and removed on exit
-(:func:`cuda_autocast_on_cpu`). Casts of leaf fp32 weights are cached until
-the outermost autocast region exits, like ``cached_cast`` in autocast_mode.h.
+Design: docs/cuda-model.md, "Autocast".
 
 Known limitations:
     * While the context is active, every ``torch.autocast("cpu")`` region of

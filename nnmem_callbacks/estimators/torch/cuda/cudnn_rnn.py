@@ -1,35 +1,12 @@
 """cuDNN RNNs on fake tensors: allocate what ``aten._cudnn_rnn`` allocates.
 
-On CUDA, ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (and functional calls such as the
-Keras torch backend's ``torch._VF.lstm``) run ``aten._cudnn_rnn``. Its fake
-kernel cannot trace a training step: it returns the undefined weight buffer
-("Expected a proper Tensor but got None ... 'weight_buf'"), an empty reserve,
-and ``_cudnn_rnn_backward`` has none. Traced with CPU kernels instead (no GPU
-here), the LSTM runs oneDNN or the per-cell composite, which keep other
-tensors for backward than cuDNN does.
+``aten._cudnn_rnn``'s fake kernel cannot trace a training step, and CPU kernels keep other tensors for backward than
+cuDNN does. For a CUDA target, :func:`cudnn_rnn_emulation` intercepts the RNN entry points (``torch._VF.lstm``,
+``gru``, ``rnn_tanh``, ``rnn_relu``, padded and packed) and runs an autograd function that allocates, on the fake
+device, what ``aten/src/ATen/native/cudnn/RNN.cpp`` allocates, in the same order. The sizes come from a bounded real
+probe on a machine with the target GPU, else from :mod:`nnmem_callbacks.hardware.cudnn_rnn_sizes`.
 
-For a CUDA target, :func:`cudnn_rnn_emulation` intercepts the four RNN entry
-points (``torch._VF.lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``, padded and
-packed) with a :class:`~torch.overrides.TorchFunctionMode` and runs
-:class:`_CudnnRNN` instead, an autograd function whose forward and backward
-allocate, on the fake device, what ``aten/src/ATen/native/cudnn/RNN.cpp``
-allocates, in the same order:
-
-* forward: the input cast to fp16 under autocast (``AutocastRNN.cpp`` casts
-  to half whatever the autocast dtype) and a flat weight buffer when the
-  weights are not views of one (saved), a time-major contiguous copy of a
-  batch-first input (transient), ``output``, ``hy``, ``cy``, the workspace
-  (transient) and the reserve (saved);
-* backward: zeros for missing output gradients (autograd materialises them,
-  as ``_cudnn_rnn_backward`` does), the contiguous copies of ``x`` and ``dy``,
-  ``dx``/``dhx``/``dcx``, a workspace; then ``dw`` (zeros of the weight
-  buffer's size), a workspace, and the weight gradients: views of ``dw`` when
-  the layouts match (as ``_viewParams`` returns them), else copies.
-
-Sizes: on a machine with the target GPU, the reserve and workspace come from a
-bounded real probe of ``torch._cudnn_rnn`` at a few tiny batch x step sizes
-(fitted linearly in batch x steps, reported in ``notes``); without one, from
-:mod:`nnmem_callbacks.hardware.cudnn_rnn_sizes` (the rule and its sources).
+Design: docs/cuda-model.md, "cuDNN RNNs".
 
 Known limitations:
     * Inter-layer dropout masks and bf16 RNNs (not cuDNN-eligible: torch runs

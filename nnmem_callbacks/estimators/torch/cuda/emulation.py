@@ -1,27 +1,13 @@
 """CUDA semantics on a CPU host: the one layer a CUDA target traced without a GPU goes through.
 
-When the target is CUDA but no CUDA device is present, the step is traced
-with CPU kernels. :func:`cuda_kernel_emulation` makes that trace keep the
-tensors CUDA would keep, for one :class:`~nnmem_callbacks.hardware.gpus.CudaArch`:
+When the target is CUDA but no CUDA device is present, the step is traced with CPU kernels;
+:func:`cuda_kernel_emulation` makes that trace keep the tensors CUDA would keep, for one
+:class:`~nnmem_callbacks.hardware.gpus.CudaArch`: CUDA's autocast op lists, the attention backend CUDA would pick,
+CUDA's 1-byte dropout masks, and the plug-ins of :data:`EMULATIONS` (cuDNN RNN, library workspaces). The
+:class:`EmulationReport` says which tables were used and every way the result may differ from an estimate made on
+the device (:meth:`EmulationReport.notes`).
 
-* **Autocast** (:mod:`nnmem_callbacks.estimators.torch.cuda.autocast`): CUDA's op lists
-  and cast policy, read from the running torch's AutocastCUDA kernels, replace
-  CPU autocast's (CPU keeps ``softmax``, ``log_softmax``, ``layer_norm``,
-  ``pow``... in bf16; CUDA computes and saves them in fp32).
-* **scaled_dot_product_attention** (:mod:`nnmem_callbacks.estimators.torch.cuda.sdpa_backends`):
-  the backend CUDA would pick on that architecture (flash, memory-efficient,
-  cuDNN or math), called through its own aten op so that its saved tensors
-  (logsumexp, RNG state, padded bias; the probabilities for math) are CUDA's.
-  A trained float mask (T5's position bias) goes to the memory-efficient
-  kernel, which takes its gradient, as on a GPU.
-* **Dropout**: CPU's ``aten::dropout`` keeps a noise tensor in the activation
-  dtype; CUDA's fused kernel keeps a 1-byte mask (``native_dropout``).
-* **Plug-ins** (:data:`EMULATIONS`): other CUDA-only behaviour (cuDNN RNN,
-  library workspaces) registers a factory here; each gets the architecture and
-  the :class:`EmulationReport`, and may add notes and the tables it used.
-
-The report says which tables were used and lists every way the result may
-differ from an estimate made on the device (:meth:`EmulationReport.notes`).
+Design: docs/cuda-model.md, "CUDA without a GPU".
 
 Known limitations:
     * The Python kernels are registered process-wide while the context is

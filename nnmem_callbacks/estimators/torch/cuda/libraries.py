@@ -1,23 +1,12 @@
 """The CUDA libraries of a training step: cuBLAS/cuDNN workspaces and the device's overhead.
 
-What a fake-tensor trace cannot see on CUDA, modelled from how PyTorch sets
-the libraries up (sizes and tables: :mod:`nnmem_callbacks.hardware.cuda_tables`):
+What a fake-tensor trace cannot see on CUDA, modelled from how PyTorch sets the libraries up (sizes and tables:
+:mod:`nnmem_callbacks.hardware.cuda_tables`): :class:`LibraryModel` logs the cuBLAS/cuBLASLt workspaces (two per
+step: the user's thread and autograd's) as allocations never freed; cuDNN convolution workspaces are measured by a
+bounded :class:`ConvProbe` on a device, else taken from the table; :func:`device_overhead` reads the context and
+loaded libraries from the live device, or takes them from the table.
 
-* **cuBLAS/cuBLASLt workspaces** (``aten/src/ATen/cuda/CublasHandlePool.cpp``):
-  at the first GEMM of a thread on a stream, ``getCurrentCUDABlasHandle``
-  allocates the handle's workspace from the caching allocator and keeps it in
-  ``cublas_handle_stream_to_workspace()`` for the life of the process. The
-  forward and optimizer run on the user's thread; autograd runs CUDA backward
-  on its own device thread with its own handle, so a training step allocates
-  two. :class:`LibraryModel` makes the tracer log them as allocations that are
-  never freed (category ``workspaces``), so the allocator replay rounds them
-  into their own segments like the real allocator does.
-* **cuDNN convolution workspaces**: a transient allocation around each
-  convolution forward and backward: measured on the device by a bounded
-  :class:`ConvProbe` when one is present, else from the table.
-* **Context and loaded libraries**: :func:`device_overhead` reads it from the
-  live device after a bounded probe has created the handles the run will use,
-  or takes it from the table.
+Design: docs/cuda-model.md, sections 2 to 4 and "Probes on the device".
 
 Known limitations:
     * One stream per thread is assumed (side streams get their own workspaces).

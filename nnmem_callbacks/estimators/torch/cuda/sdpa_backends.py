@@ -1,29 +1,11 @@
 """CUDA's choice of scaled_dot_product_attention backend, reproduced on a CPU host.
 
-On a GPU, ``F.scaled_dot_product_attention`` picks one of four kernels at run
-time (``select_sdp_backend`` in aten/src/ATen/native/transformers/cuda/
-sdp_utils.cpp) and each keeps different tensors for backward:
+On a GPU, ``F.scaled_dot_product_attention`` picks one of four kernels (flash, efficient, cuDNN, math) at run time,
+and each keeps different tensors for backward. :func:`select_backend` applies the same gates as ``sdp_utils.cpp``
+from plain shapes and a :class:`~nnmem_callbacks.hardware.gpus.CudaArch`, so it runs and is tested without a GPU;
+:func:`sdpa_on_cpu_like_cuda` then calls the chosen backend's own aten op on the trace's (fake, CPU) tensors.
 
-=================  ==================================================================
-backend            kept for backward (besides q, k, v and the output)
-=================  ==================================================================
-flash              logsumexp ``[B, H, Lq]`` fp32, philox seed/offset; no mask allowed
-efficient          logsumexp ``[B, H, ceil(Lq/32)*32]`` fp32, seed/offset, the bias
-                   (a float mask, which may require grad: T5's position bias)
-cudnn              logsumexp ``[B, H, Lq, 1]`` fp32, seed/offset, the bias
-math               the attention probabilities ``[B, H, Lq, Lk]`` (and the dropout mask)
-=================  ==================================================================
-
-:func:`select_backend` applies the same gates as sdp_utils.cpp (dtype, head
-dim and its alignment, mask, dropout, causal with unequal lengths,
-requires_grad, batch/head counts, compute capability, the user's
-``torch.backends.cuda.enable_*_sdp`` switches and the priority order), from
-plain shapes and a :class:`~nnmem_callbacks.hardware.gpus.CudaArch`, so it runs and is
-tested without a GPU. :func:`sdpa_on_cpu_like_cuda` then calls the chosen
-backend's own aten op on the trace's (fake, CPU) tensors, with the composite
-preprocessing of attention.cpp (boolean mask to additive, memory-efficient
-bias padding, flash head-dim padding); torch's meta kernels give those ops
-the CUDA output shapes.
+Design (what each backend keeps, the gates): docs/cuda-model.md, "Attention".
 
 Known limitations:
     * Nested (jagged) tensors and FP8 (flash-attention 3) are not modelled.
