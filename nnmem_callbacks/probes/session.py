@@ -1,24 +1,15 @@
 """One estimate's kernel probes: settings, the on-disk cache, counters and notes.
 
-The tracer calls every workspace rule as ``rule(func, args, kwargs, out) ->
-bytes``. A probed rule asks the current :class:`ProbeSession` (a context
-variable set by :func:`kernel_probes`, with the traced batch size set by
-:func:`probe_batch`) for the peak of the real kernel's own allocations,
-outputs included; ``None`` means "not probed, use the rule's formula".
+The tracer calls every workspace rule as ``rule(func, args, kwargs, out) -> bytes``. A probed rule asks the current
+:class:`ProbeSession` (a context variable set by :func:`kernel_probes`, with the traced batch size set by
+:func:`probe_batch`) for the peak of the real kernel's own allocations, outputs included; ``None`` means "not
+probed, use the rule's formula". Batch-scaled ops are probed at a few small units of the batch and interpolated
+(:class:`~nnmem_callbacks.probes.fit.Curve`); the points are cached (:class:`~nnmem_callbacks.probes.cache.ProbeCache`).
 
-For an op whose batch-scaled dims (:mod:`~nnmem_callbacks.probes.batch_dims`)
-have a leading size ``L`` that is a multiple of the traced batch ``B``, the
-unit is ``u = L // B`` samples' worth of rows. The kernel is probed at
-``n = 1, 2`` units and checked at ``n = 4``; when the check fails (the kernel
-path changes or its blocking saturates) it is probed at doublings ``8, 16,
-...`` up to ``B`` and then at ``B`` itself (within the memory cap and the time
-budget); the bytes at ``B`` are interpolated piecewise-linearly between the
-probed points, the last segment extrapolating past them
-(:class:`~nnmem_callbacks.probes.fit.Curve`).
-Other ops are probed once at their real size. The probed points are stored
-in the cache (:class:`~nnmem_callbacks.probes.cache.ProbeCache`), keyed by the
-op, the unit and the arguments' dtypes, shapes (batch dims blanked) and
-stride order.
+Design (which sizes are probed, the cache key): docs/torch-estimator.md, "Kernel probes".
+
+Known limitations:
+    * Past the largest probed point the bytes are extrapolated along the last segment of the curve.
 
 Example:
     >>> import tempfile, torch

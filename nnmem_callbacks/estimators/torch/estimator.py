@@ -1,47 +1,26 @@
 """``estimate_training`` for PyTorch: simulate the real training step on fake tensors.
 
-How it works:
+The model's parameters, buffers and batch are swapped for fake tensors; the user's own forward, loss, ``backward()``
+and optimizer run for two steps while a :class:`~nnmem_callbacks.estimators.torch.tracer.StorageTracker` logs every
+storage's allocation and free. Two more traces at other batch sizes give each phase's growth per sample; for CUDA
+targets the log is replayed through a model of the caching allocator. When the step cannot be traced, a closed-form
+estimate takes over (:mod:`nnmem_callbacks.estimators.torch.fallback`), recorded in ``MemoryEstimate.method`` /
+``notes`` with a warning emitted once.
 
-1. The model's parameters and buffers are swapped for fake tensors
-   (:func:`~nnmem_callbacks.estimators.torch.guards.swapped_tensors`); the batch is
-   rebuilt as fake tensors of the same shapes. Nothing real is allocated.
-2. The user's own forward and loss run (under ``torch.autocast`` for the
-   ``*-mixed`` precisions), then ``backward()``, the real optimizer class
-   (``step()`` and ``zero_grad(set_to_none=True)``), for two steps, with a
-   simulated GradScaler for ``16-mixed``, gradient clipping and gradient
-   accumulation when asked.
-3. A :class:`~nnmem_callbacks.estimators.torch.tracer.StorageTracker` logs every storage's
-   allocation and free; the peak of each phase and the bytes per category at
-   that peak follow from the log.
-4. Two more traces at other batch sizes (forward and backward only) give each
-   phase's growth per sample; the third checks that growth is linear.
-5. For CUDA targets, the log is replayed through a model of the caching
-   allocator to predict ``max_memory_allocated`` and ``max_memory_reserved``.
-
-When the step cannot be traced (data-dependent shapes such as ``nonzero``,
-ops without fake kernels), a closed-form estimate takes over
-(:mod:`nnmem_callbacks.estimators.torch.fallback`); the method and reason are recorded in
-``MemoryEstimate.method`` / ``notes`` and a warning is emitted once.
+Design: docs/torch-estimator.md (the CUDA side: docs/cuda-model.md).
 
 Known limitations:
-    * ``.item()`` on a traced value returns a placeholder (1), so Python control
-      flow that depends on tensor values may take another branch than in the
-      real run; the count is reported in ``notes``.
-    * Gradient accumulation is simulated with two micro-batches per step (the
-      third and later are identical to the second).
-    * Memory held by reference cycles until the garbage collector runs, and
-      memory a kernel allocates internally without a registered workspace rule,
-      are not seen.
-    * Estimating for CUDA on a machine without CUDA traces CPU kernels made
-      to behave like CUDA's (:mod:`nnmem_callbacks.estimators.torch.cuda.emulation`: autocast
-      op lists and casts, attention backend, dropout) for the named GPU's
-      architecture (``device="cuda:a100-80gb"``; sm90 assumed otherwise);
-      ``notes`` lists the tables used and every way the result may differ
-      from an estimate made on the device.
+    * ``.item()`` on a traced value returns a placeholder (1): control flow on tensor values may take another
+      branch than the real run (the count is in ``notes``).
+    * Gradient accumulation is simulated with two micro-batches per step (the third and later are as the second).
+    * Memory held by reference cycles until the garbage collector runs, and kernel scratch without a registered
+      workspace rule, are not seen.
+    * For CUDA on a machine without CUDA, CPU kernels are made to behave like CUDA's
+      (:mod:`nnmem_callbacks.estimators.torch.cuda.emulation`) for the named GPU's architecture (sm90 otherwise);
+      ``notes`` lists the tables used and every way the result may differ from an estimate made on the device.
     * A ``torch.compile``'d module is estimated as its eager step (a note says so).
-    * The cuBLAS workspaces follow PyTorch's defaults for the target GPU and
-      cuDNN convolution workspaces only the measured table
-      (:mod:`nnmem_callbacks.hardware.cuda_tables`); notes say so.
+    * cuBLAS workspaces follow PyTorch's defaults for the target GPU, cuDNN convolution workspaces only the measured
+      table (:mod:`nnmem_callbacks.hardware.cuda_tables`); notes say so.
     * Lazy modules must be materialised before estimation.
 """
 

@@ -1,25 +1,14 @@
 """The traced allocation log as a function of the batch size (for the CUDA allocator replay).
 
-The estimator traces the step at the batch ``B`` (two steps, with the
-optimizer), at ``2B`` and at ``B/4`` (step 1's forward and backward only).
-Where a phase runs the same sequence of allocations and frees in two traces,
-its events pair one to one, and each allocation's sizes at the traced batches
-give its size at any batch
-(:class:`~nnmem_callbacks.core.allocation_log.AllocationLog`):
+The traces at ``B`` (two steps, with the optimizer), ``2B`` and ``B/4`` (step 1's forward and backward) are paired
+event by event, phase by phase, so that each allocation's size is known at any batch
+(:class:`~nnmem_callbacks.core.allocation_log.AllocationLog`).
 
-* the setup (parameters, buffers, the batch) pairs on the events the smaller
-  traces share with the main one (they build no optimizer);
-* step 1's phases pair with the same phases of the other traces;
-* step 2's phases take the growth of the same event in step 1 when the two
-  phases run the same sequence, else (another order, or without step 1's
-  one-time workspaces) the growth of the allocation of the same size and
-  rank in step 1;
-* the optimizer phases, which no other trace runs, keep their sizes (the
-  optimizer's tensors do not depend on the batch).
+Design (the pairing rules): docs/torch-estimator.md, "The allocation log at any batch".
 
-A phase that runs different events at another batch cannot be paired; the
-log is then not built and the estimate scales the reserve as a ratio of the
-peak (the estimator notes which phases).
+Known limitations:
+    * A phase that runs different events at another batch cannot be paired; the log is then not built and the
+      estimate scales the reserve as a ratio of the peak (the estimator notes which phases).
 
 Example:
     >>> from nnmem_callbacks.estimators.torch.tracer import TraceResult
