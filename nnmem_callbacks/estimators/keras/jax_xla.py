@@ -1,47 +1,25 @@
 """JAX backend: compile the stateless Keras train step and read XLA's buffer assignment.
 
-Keras' JAX trainer runs ``jax.jit(model.train_step, donate_argnums=0)`` on
-``state = (trainable, non_trainable, optimizer, metrics variables)`` and the
-batch. The same function is lowered here on :class:`jax.ShapeDtypeStruct`
-arguments (nothing is allocated, nothing runs) and compiled; the compiled
-executable's ``memory_analysis()`` gives the bytes of the arguments, outputs,
-aliases (donated state updated in place) and XLA's temporary buffer. The peak is
-``arguments + outputs - aliases + temporaries``.
+The step Keras' JAX trainer jits (``model.train_step`` on the state and the batch, the state donated) is lowered on
+:class:`jax.ShapeDtypeStruct` arguments (nothing is allocated, nothing runs) and compiled at the batch and at twice
+it; ``memory_analysis()`` gives ``arguments + outputs - aliases + temporaries``. Where JAX's GPU allocator is a BFC
+allocator (preallocated or growing on demand), the state's, the batch's and the step's allocations are also replayed
+through it (:mod:`nnmem_callbacks.allocators.bfc`; ``extra["xla_allocator_peak_bytes"]``), and planning allows for
+the temporary buffer being charged up to twice its size.
 
-The step is compiled at the requested batch size and at twice it, which gives
-the growth per sample.
-
-What the device's allocator reports (``memory_stats()['peak_bytes_in_use']``) is
-not always XLA's buffers. JAX's GPU allocator is a BFC allocator
-(:mod:`nnmem_callbacks.allocators.bfc`). Preallocated (JAX's default) it splits every
-chunk, and the peak is the buffers' (on an H100, 9 Keras models within 0.32%:
-``benchmarks/results/keras_jax_gpu_h100_prealloc.md``). Growing on demand
-(``XLA_PYTHON_CLIENT_PREALLOCATE=false``) it opens doubling regions and hands a whole
-region to a buffer that needs more than half of it: XLA's 17 MiB temporary buffer
-is charged 32 MiB, and small models measured up to 2x their buffers
-(``keras_jax_gpu_h100_growth.md``). The estimate then replays the state's, the
-batch's and the step's allocations through the allocator
-(``extra["xla_allocator_peak_bytes"]``, what the callback compares with), and
-planning allows for the temporary buffer being charged up to twice its size
-(:attr:`~nnmem_callbacks.core.estimate.MemoryEstimate.variability`).
+Design and evidence: docs/keras-jax-xla.md.
 
 Known limitations:
-    * XLA's temporary buffer holds activations, gradients and temporaries
-      together; gradients are reported as the trainable parameters' size (they
-      are all live before the update) and the rest of the buffer as activations.
-    * On CPU, JAX has no allocator statistics (``memory_stats()`` is ``None``);
-      the prediction is what XLA assigns, and the measurable truth is the
-      process RSS, which also holds compiled code and runtime overheads.
-    * The allocator replay knows only the model's state, the batch and the step's
-      buffers, allocated in that order: arrays the process allocated before (other
-      models, initializers' temporaries) move where later chunks land. With
-      ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` or ``cuda_async`` there is no BFC
-      allocator; the buffers' peak is the prediction.
-    * ``fit`` prefetches batches onto the device; its peak was up to 3.1 MiB above
-      two ``train_on_batch`` steps on the benchmark models (the prefetched copies).
-    * The first ``fit`` step on JAX also keeps the model's own (non-donated)
-      copy of the variables until Keras purges them; that copy is counted once
-      in ``parameters``/``optimizer_state``.
+    * XLA's temporary buffer holds activations, gradients and temporaries together; gradients are reported as the
+      trainable parameters' size and the rest of the buffer as activations.
+    * On CPU, JAX has no allocator statistics; the prediction is what XLA assigns, and the measurable truth (the
+      process RSS) also holds compiled code and runtime overheads.
+    * The allocator replay knows only the state, the batch and the step's buffers, in that order (not arrays the
+      process allocated before); with ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` or ``cuda_async`` there is no BFC
+      allocator, and the buffers' peak is the prediction.
+    * ``fit`` prefetches batches onto the device: its peak was up to 3.1 MiB above two ``train_on_batch`` steps.
+    * The first ``fit`` step also keeps the model's own (non-donated) copy of the variables until Keras purges them;
+      that copy is counted once in ``parameters``/``optimizer_state``.
 """
 
 from __future__ import annotations
