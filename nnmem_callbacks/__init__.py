@@ -26,7 +26,7 @@ from nnmem_callbacks.core.plan import MemoryBudgetExceeded, Plan
 from nnmem_callbacks.core.strategy import Strategy
 from nnmem_callbacks.core.units import format_bytes, parse_bytes
 
-__version__ = "0.1.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "Category",
