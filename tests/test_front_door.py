@@ -176,3 +176,13 @@ def test_15_the_plot_labels_the_search_cap_as_one(tmp_path, monkeypatch):
     plot_estimate(tiny, fit, str(tmp_path / "tiny.png"))
     capped = [label for label in labels if "16,777,216" in label or "16777216" in label]
     assert capped and all("cap" in label for label in capped)
+
+
+# -- 13: the installed command carries its demo ----------------------------------------------------------------
+def test_13_the_demo_is_found_from_any_folder(tmp_path):
+    code = "from nnmem_callbacks.cli.demo import find_quickstart; print(find_quickstart())"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = Path(done.stdout.strip())
+    assert found.name == "lightning_quickstart.py" and found.is_file()
+    assert "MemoryBudgetCallback" in found.read_text()

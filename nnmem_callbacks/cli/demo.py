@@ -1,4 +1,5 @@
-"""``nnmem demo``: runs ``examples/lightning_quickstart.py`` in a subprocess."""
+"""``nnmem demo``: runs the Lightning quickstart (``examples/lightning_quickstart.py``, installed with the package as
+``nnmem_callbacks.examples.lightning_quickstart``) in a subprocess, from any folder."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ def demo_command(args: argparse.Namespace) -> int:
     script = find_quickstart()
     if script is None:
         raise CliError(
-            "examples/lightning_quickstart.py not found; `nnmem demo` runs it from a source checkout of "
-            "nnmem_callbacks (run nnmem from the repository root)"
+            "examples/lightning_quickstart.py not found: the package is installed without its examples "
+            "(nnmem_callbacks.examples); reinstall it (pip install 'nnmem_callbacks[lightning]')"
         )
     if importlib.util.find_spec("pytorch_lightning") is None and importlib.util.find_spec("lightning") is None:
         raise CliError("the demo needs PyTorch Lightning: pip install 'nnmem_callbacks[lightning]'")
@@ -29,11 +30,18 @@ def demo_command(args: argparse.Namespace) -> int:
 
 
 def find_quickstart() -> Path | None:
-    """``examples/lightning_quickstart.py`` next to the package or below the working directory."""
-    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
-        candidate = root / "examples" / "lightning_quickstart.py"
-        if candidate.is_file():
-            return candidate
-    return None
+    """The installed quickstart's file (``nnmem_callbacks.examples.lightning_quickstart``), wherever nnmem runs.
+
+    Example:
+        >>> find_quickstart().name
+        'lightning_quickstart.py'
+    """
+    try:
+        spec = importlib.util.find_spec("nnmem_callbacks.examples.lightning_quickstart")
+    except ModuleNotFoundError:  # installed without its examples
+        return None
+    if spec is None or spec.origin is None or not Path(spec.origin).is_file():
+        return None
+    return Path(spec.origin)
 
 
