@@ -186,3 +186,25 @@ def test_13_the_demo_is_found_from_any_folder(tmp_path):
     found = Path(done.stdout.strip())
     assert found.name == "lightning_quickstart.py" and found.is_file()
     assert "MemoryBudgetCallback" in found.read_text()
+
+
+# -- 11: the step check's figures are said to be the allocator's, beside the prediction in the same terms ---------
+@pytest.mark.slow
+def test_11_the_step_check_notes_say_which_figure_they_compare():
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the step check is TensorFlow's")
+    pytest.importorskip("tensorflow")
+    from nnmem_callbacks.keras import estimate_training
+
+    inputs = keras.Input((16, 16, 3))
+    outputs = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(8, 3)(inputs)))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse")
+    estimate = estimate_training(model, batch_size=16)
+    if "step_check_batch_size" not in estimate.extra:
+        pytest.skip("the step check did not run here")
+    (terms,) = [note for note in estimate.notes if "allocator peak" in note]
+    assert "not the tensor peak" in terms
+    assert f"{estimate.extra['tf_allocator_peak_bytes'] / 2**20:.1f} MiB" in terms
+    assert f"{estimate.peak_bytes / 2**20:.1f} MiB" in terms

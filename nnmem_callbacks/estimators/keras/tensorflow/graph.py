@@ -46,6 +46,7 @@ from nnmem_callbacks.estimators.keras.tensorflow.trace import (
 )
 
 __all__ = [
+    "allocator_terms_note",
     "build_state",
     "estimate_tensorflow",
     "EXTRAPOLATION_DOUBT",
@@ -59,6 +60,29 @@ __all__ = [
     "UnluckyRun",
     "with_runtime_offset",
 ]
+
+
+def allocator_terms_note(allocator: str, batch_size: int, counted_peak: int, tensor_peak: int) -> str:
+    """Says that the step check's figures are the allocator's, and gives the prediction in those terms.
+
+    The check reads ``get_memory_info('CPU:0')['peak']``: whole chunks of the BFC allocator (every allocation), or
+    with oneDNN's allocator only allocations of 256 KiB and more; the estimate's peak is live tensor bytes. Without
+    this note a check at half the batch can read as larger than the prediction at the full one.
+
+    Example:
+        >>> allocator_terms_note("bfc", 64, 40 * 2**20, 23 * 2**20)[:80]
+        "the step check's figures are TensorFlow's allocator peak (get_memory_info('CPU:0"
+    """
+    counts = {
+        "bfc": "every allocation, in the allocator's whole chunks",
+        "onednn": "only allocations of 256 KiB and more (oneDNN's allocator), in whole chunks",
+    }.get(allocator, "allocations as the BFC allocator would count them")
+    return (
+        f"the step check's figures are TensorFlow's allocator peak (get_memory_info('CPU:0')['peak']: {counts}), "
+        f"not the tensor peak: in those terms batch {batch_size} is predicted at {counted_peak / 2**20:.1f} MiB "
+        f"(extra['tf_allocator_peak_bytes']), while the peak above counts live tensor bytes "
+        f"({tensor_peak / 2**20:.1f} MiB)"
+    )
 
 
 def initialized_at_random(variable: Any) -> bool:
@@ -382,6 +406,8 @@ def estimate_tensorflow(
     counted_peak = counted_static + main.peak_counted + offset
     checked = {}
     if correction is not None:
+        notes.append(allocator_terms_note(correction.measurement.allocator, batch_size, counted_peak,
+                                          int(static_total + main.peak + offset)))
         checked = {
             "step_check_batch_size": correction.measurement.batch_size,
             "step_check_runs": list(correction.measurement.runs),
