@@ -25,6 +25,12 @@ is skipped. Prints one JSON line per case as it goes and a table at the end.
 Exit status: 0 when every compared case predicts the committed bytes, 1 when any differs or fails,
 2 for a usage error or a result of another host.
 
+The kernel probes measure the host's kernels afresh in every run, and on TensorFlow a few of them move by
+one allocator unit (256 bytes) from one run to the next with the same code (seen on EfficientNet-B0,
+ResNet-50 and the Conv1D + BiLSTM text model). ``--retries N`` estimates a case that differs up to N more
+times and counts it as matching when one of them gives the committed bytes (the table says on which try): a
+change to the code moves every try; probe noise does not. The default, 0, is strict.
+
 Known limitations:
     * A TensorFlow row whose step check now asks for another batch, or for copies that start otherwise
       than the committed ones, cannot be re-estimated with the committed runs: it fails (exit 1) with the
@@ -202,6 +208,8 @@ def to_markdown(lines: list[dict[str, Any]], header: dict[str, Any]) -> str:
         if upper:
             cells += [cell(line.get("committed_upper_bytes")), cell(line.get("now_upper_bytes"))]
         verdict = "yes" if line["match"] else "NO" + (f": {line['error'][:120]}" if line.get("error") else "")
+        if line.get("matched_on_try"):
+            verdict += f" (try {line['matched_on_try']}; the first gave {line.get('first_try_bytes', '?')})"
         out.append("| " + " | ".join(cells + [verdict]) + " |")
     matched = sum(bool(line["match"]) for line in lines)
     out += ["", f"{matched} of {len(lines)} cases predict the committed bytes."]
@@ -216,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--any-host", action="store_true", help="compare even if the result was made on another host")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per case's process")
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
+    parser.add_argument("--retries", type=int, default=0,
+                        help="estimate a case that differs up to N more times; it matches if one try gives the "
+                             "committed bytes (probe noise), default 0")
     args = parser.parse_args(argv)
     with open(args.result, encoding="utf-8") as handle:
         result = json.load(handle)
@@ -252,18 +263,38 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     started = time.perf_counter()
     lines: list[dict[str, Any]] = []
+    if args.retries < 0:
+        parser.error(f"--retries must be 0 or more, got {args.retries}")
     if kind == "torch":
         cache = tempfile.mkdtemp(prefix="nnmem-repredict-cache-")  # cold, as the committed runs started
         for case in dict.fromkeys(r["case"] for r in rows):
-            for line in _torch_case(case, [r for r in rows if r["case"] == case], cache, args.timeout):
+            case_rows = [r for r in rows if r["case"] == case]
+            case_lines = _torch_case(case, case_rows, cache, args.timeout)
+            for attempt in range(2, args.retries + 2):
+                if all(line["match"] for line in case_lines):
+                    break
+                again = _torch_case(case, case_rows, tempfile.mkdtemp(prefix="nnmem-repredict-cache-"), args.timeout)
+                for index, (old, new) in enumerate(zip(case_lines, again)):
+                    if new["match"] and not old["match"]:
+                        case_lines[index] = {**new, "matched_on_try": attempt, "first_try_bytes": old["now_bytes"]}
+            for line in case_lines:
                 lines.append(line)
                 print(json.dumps(line), flush=True)
     else:
         for row in rows:
             line = _tensorflow_case(row, onednn, args.timeout)
+            for attempt in range(1, args.retries + 1):
+                if line["match"]:
+                    break
+                again = _tensorflow_case(row, onednn, args.timeout)
+                if again["match"]:
+                    line = {**again, "matched_on_try": attempt + 1, "first_try_bytes": line["now_bytes"],
+                            "first_try_upper_bytes": line.get("now_upper_bytes")}
             lines.append(line)
             print(json.dumps(line), flush=True)
     header = {"result": args.result, "kind": kind, "elapsed_s": round(time.perf_counter() - started, 1)}
+    if args.retries:
+        header["retries"] = args.retries
     if mismatch:
         header["another host"] = mismatch
     if kind == "tensorflow":
