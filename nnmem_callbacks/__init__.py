@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine
+from nnmem_callbacks.core.formatting import format_summary
 from nnmem_callbacks.core.plan import MemoryBudgetExceeded, Plan
 from nnmem_callbacks.core.strategy import Strategy
 from nnmem_callbacks.core.units import format_bytes, parse_bytes
@@ -38,6 +39,7 @@ __all__ = [
     "estimate_per_rank",
     "estimate_training",
     "format_bytes",
+    "format_summary",
     "parse_bytes",
 ]
 

@@ -208,3 +208,14 @@ def test_11_the_step_check_notes_say_which_figure_they_compare():
     assert "not the tensor peak" in terms
     assert f"{estimate.extra['tf_allocator_peak_bytes'] / 2**20:.1f} MiB" in terms
     assert f"{estimate.peak_bytes / 2**20:.1f} MiB" in terms
+
+
+# -- 2: the Keras quickstart says what to install when Keras or its backend is missing ---------------------------
+def test_2_the_keras_quickstart_without_its_backend_says_what_to_install(tmp_path):
+    blocker = tmp_path / "sitecustomize.py"  # makes `import keras` fail in the child, as on a machine without it
+    blocker.write_text("import sys\nsys.modules['keras'] = None\n")
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}", "KERAS_BACKEND": "tensorflow"}
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "keras_quickstart.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert 'pip install -e ".[tensorflow]"' in done.stderr and "Traceback" not in done.stderr

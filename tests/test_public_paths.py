@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nnmem_callbacks"
 #: (module, names it must offer, the optional framework it needs)
 DOCUMENTED = [
     ("nnmem_callbacks", ["estimate_training", "estimate_per_rank", "MemoryEstimate", "Category", "PhaseLine", "Plan",
-                         "MemoryBudgetExceeded", "Strategy", "format_bytes", "parse_bytes", "__version__"], "torch"),
+                         "MemoryBudgetExceeded", "Strategy", "format_bytes", "format_summary", "parse_bytes", "__version__"], "torch"),
     ("nnmem_callbacks.torch", ["estimate_training", "estimate_per_rank", "EstimationInputError",
                                "UnsupportedKernelError"], "torch"),
     ("nnmem_callbacks.lightning", ["MemoryBudgetCallback", "MemoryBudgetExceeded"], "pytorch_lightning"),
