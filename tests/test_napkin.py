@@ -96,12 +96,24 @@ def test_counts_mode_by_hand_cnn_seed():
     params, acts, b = 19_000_000, 532_752, 128
     sgd = napkin.params_estimate(params, acts, b, optimizer="sgd")
     assert sgd.peak_phase == "step2/forward"
-    assert sgd.peak_bytes == params * 4 + acts * b * 4
+    assert sgd.peak_bytes == params * 4 + acts * b * 4 + napkin.CUDA_WORKSPACE_BYTES  # the two cuBLAS workspaces
     adam = napkin.params_estimate(params, acts, b, optimizer="adam")
-    assert adam.peak_bytes == 3 * params * 4 + acts * b * 4
+    assert adam.peak_bytes == 3 * params * 4 + acts * b * 4 + napkin.CUDA_WORKSPACE_BYTES
     # with a small batch the optimizer step (params + grads + 2 states + one foreach temp) is the peak
-    assert napkin.params_estimate(params, acts, 1, optimizer="adam").peak_bytes == 5 * params * 4
+    assert napkin.params_estimate(params, acts, 1, optimizer="adam").peak_bytes == 5 * params * 4 + napkin.CUDA_WORKSPACE_BYTES
     assert adam.overhead_bytes == napkin.CUDA_OVERHEAD_BYTES
+
+
+def test_5_the_napkin_and_the_trace_take_the_same_cuda_context_and_workspaces():
+    """Front door defect 5: `nnmem calc` assumed 544 MiB of context + cuBLAS, `nnmem estimate` 750.8 MiB and 64 MiB."""
+    torch = pytest.importorskip("torch")
+    from nnmem_callbacks.estimators.torch.estimator import estimate_training
+
+    model = torch.nn.Sequential(torch.nn.Linear(1000, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
+    traced = estimate_training(model, torch.empty(64, 1000, device="meta"), optimizer="sgd", device="cuda:h100")
+    calc = napkin.mlp_estimate([1000, 100, 10], 64, optimizer="sgd", device="cuda")
+    assert calc.overhead_bytes == traced.overhead_bytes
+    assert calc.breakdown["workspaces"] == traced.breakdown["workspaces"]
 
 
 @pytest.mark.parametrize("make", [

@@ -15,7 +15,8 @@ Example:
 Known limitations:
     * Model-specific extras (key/value caches, attention masks, architecture quirks) are not counted.
     * The CUDA caching allocator's reserve is not modelled (``reserved_bytes`` is ``None``); on CUDA
-      ``overhead_bytes`` is a default context plus cuBLAS workspace (:data:`CUDA_OVERHEAD_BYTES`).
+      ``overhead_bytes`` is the measured context of a GEMM run (:data:`CUDA_OVERHEAD_BYTES`, the traced estimator's
+      figure without a GPU) and the two cuBLAS workspaces are ``workspaces`` (:data:`CUDA_WORKSPACE_BYTES`).
     * Kernel workspaces are ignored.
 """
 
@@ -24,6 +25,7 @@ from nnmem_callbacks.estimators.napkin.common import (
     ARCHITECTURES,
     ATTENTION,
     CUDA_OVERHEAD_BYTES,
+    CUDA_WORKSPACE_BYTES,
     OPTIMIZER_STATE,
     PRECISION_ALIASES,
     PRECISIONS,
@@ -45,6 +47,7 @@ __all__ = [
     "ARCHITECTURES",
     "ATTENTION",
     "CUDA_OVERHEAD_BYTES",
+    "CUDA_WORKSPACE_BYTES",
     "OPTIMIZER_STATE",
     "PRECISION_ALIASES",
     "PRECISIONS",

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from nnmem_callbacks.core import vocabulary
 from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine
+from nnmem_callbacks.hardware import cuda_tables
 
 __all__ = [
     "ACTIVATIONS",
@@ -26,6 +27,7 @@ __all__ = [
     "common_parts",
     "COMPUTE_BYTES",
     "CUDA_OVERHEAD_BYTES",
+    "CUDA_WORKSPACE_BYTES",
     "input_bytes",
     "OPTIMIZER_STATE",
     "OPTIMIZER_TEMP",
@@ -85,10 +87,14 @@ ACTIVATIONS = ("gelu", "gelu_new")
 #: Accepted spellings besides :data:`PRECISIONS` (:data:`nnmem_callbacks.core.vocabulary.PRECISION_ALIASES`).
 PRECISION_ALIASES = vocabulary.PRECISION_ALIASES
 
-#: What a CUDA device shows beyond the tensors when no GPU is at hand to measure it:
-#: the CUDA context (512 MiB) and the cuBLAS workspace on Hopper (32 MiB), the same
-#: defaults the PyTorch estimator assumes.
-CUDA_OVERHEAD_BYTES = 512 * 2**20 + 32 * 2**20
+#: What a CUDA device shows beyond the allocator when no GPU is at hand to measure it: the CUDA context and the
+#: libraries a run with GEMMs loads, the figure the PyTorch estimator takes for such a run
+#: (:data:`nnmem_callbacks.hardware.cuda_tables.CONTEXT_TABLE`; the napkin's models are GEMMs only).
+CUDA_OVERHEAD_BYTES = cuda_tables.context_figures()[0].gemm
+#: The cuBLAS workspaces a training step allocates on CUDA: one for the forward's thread, one for autograd's
+#: (:func:`nnmem_callbacks.hardware.cuda_tables.cublas_workspace_bytes`), counted as ``workspaces`` as the PyTorch
+#: estimator counts them.
+CUDA_WORKSPACE_BYTES = 2 * cuda_tables.cublas_workspace_bytes()
 
 
 # -- validation ----------------------------------------------------------------
@@ -204,6 +210,8 @@ def assemble(
             {"inputs": parts.inputs},
         ),
     ]
+    if device.startswith("cuda"):  # the cuBLAS workspaces live from the first GEMM to the end of the process
+        rows = [(name, {**fixed, "workspaces": CUDA_WORKSPACE_BYTES}, per_sample) for name, fixed, per_sample in rows]
     phases = []
     breakdowns: dict[str, dict[str, int]] = {}
     for name, fixed, per_sample in rows:

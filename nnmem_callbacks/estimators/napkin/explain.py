@@ -75,7 +75,7 @@ def dominant_terms(estimate: MemoryEstimate, top: int = 3) -> list[tuple[str, in
     """The largest contributions to the peak, with activations split by term.
 
     Example:
-        >>> est = mlp_estimate([1000, 100, 10], 1024, optimizer="sgd")
+        >>> est = mlp_estimate([1000, 100, 10], 1024, optimizer="sgd", device="cpu")
         >>> dominant_terms(est, top=1)[0][0]
         'inputs'
     """
