@@ -219,3 +219,62 @@ def test_2_the_keras_quickstart_without_its_backend_says_what_to_install(tmp_pat
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert 'pip install -e ".[tensorflow]"' in done.stderr and "Traceback" not in done.stderr
+
+
+# -- 1: one budget rule: a batch fits exactly when it is at most the largest batch that fits --------------------
+def test_1_fits_exactly_when_at_most_the_largest_fitting_batch():
+    from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+    from nnmem_callbacks.core.plan import make_plan
+
+    for per_sample in (10, 100, 1_000):
+        for batch in (1, 7, 64, 300):
+            estimate = MemoryEstimate(peak_bytes=5_000 + per_sample * batch, breakdown={"parameters": 5_000},
+                                      batch_size=batch, phases=(PhaseLine("step", 5_000, per_sample),))
+            for budget in range(4_000, 400_000, 7_919):
+                for margin in (0.0, 0.05, 0.2):
+                    plan = make_plan(estimate, budget, "warn", margin)
+                    assert plan.fits == (batch <= plan.max_fitting_batch_size), (per_sample, batch, budget, margin)
+                    assert plan.usable_bytes == int(budget * (1 - margin))
+
+
+def test_1_the_cli_answer_agrees_with_itself(capsys, factory_file):
+    pytest.importorskip("torch")
+    import json
+
+    argv = ["estimate", f"{factory_file}:mlp", "-i", "20", "-b", "256", "--optimizer", "sgd", "--device", "cpu"]
+    code, out, _ = run_cli(capsys, *argv, "--json")
+    fit = json.loads(out)
+    predicted = fit["fit"]["predicted_bytes"]
+    budget = f"{int(predicted / 0.97)}B"  # the whole budget holds batch 256, the budget less the 5% margin does not
+    code, out, _ = run_cli(capsys, *argv, "--budget", budget, "--json")
+    document = json.loads(out)["fit"]
+    assert document["fits"] is False and document["max_batch_size"] < 256 and code == 3
+    code, out, _ = run_cli(capsys, *argv, "--budget", budget)
+    assert "does NOT fit" in out and "keeping 5% free" in out and "usable" in out
+
+
+@pytest.mark.slow
+def test_1_the_lightning_callback_plans_on_the_budget_less_the_margin(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    import pytorch_lightning as pl
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _lightning_models import MLP, DataModule
+
+    from nnmem_callbacks.estimators.torch.estimator import estimate_training
+    from nnmem_callbacks.lightning import MemoryBudgetCallback
+
+    model = MLP()
+    peak = estimate_training(model, (torch.zeros(64, 32), torch.zeros(64, dtype=torch.long)),
+                             optimizer=torch.optim.Adam(model.parameters()), loss_fn=lambda m, b: m.training_step(b, 0),
+                             device="cpu").peak_bytes
+    callback = MemoryBudgetCallback(budget=int(peak / 0.97), policy="shrink")  # within the budget, over the margin
+    datamodule = DataModule(batch_size=64)
+    trainer = pl.Trainer(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[callback])
+    trainer.fit(model, datamodule=datamodule)
+    plan = callback.plan
+    assert not plan.fits and plan.batch_size == plan.max_fitting_batch_size < 64
+    assert datamodule.batch_size == plan.batch_size

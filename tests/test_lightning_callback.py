@@ -104,7 +104,7 @@ def test_warn_over_budget_gives_one_warning_with_advice(tmp_path):
     warned = [m for m in ours(messages) if "exceeds the budget" in m]
     assert len(warned) == 1
     text = warned[0]
-    assert f"Largest batch size that fits (with margin): {callback.plan.max_fitting_batch_size}" in text
+    assert f"Largest batch size that fits: {callback.plan.max_fitting_batch_size}" in text and "keeping 5% free" in text
     assert callback.plan.max_fitting_batch_size >= 16
     assert "gradient accumulation" in text and "bf16-mixed" in text and "category" in text
     kinds = {s.kind for s in callback.plan.suggestions}

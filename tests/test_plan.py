@@ -118,7 +118,8 @@ def test_describe_plan_has_breakdown_and_advice():
     plan = make_plan(est, 180 * KiB, "warn")
     text = describe_plan(plan, est)
     assert "Predicted peak 228.00 KiB at batch size 64 vs budget 180.00 KiB" in text
-    assert "activations" in text and f"Largest batch size that fits (with margin): {plan.max_fitting_batch_size}" in text
+    assert "activations" in text and f"Largest batch size that fits: {plan.max_fitting_batch_size}" in text
+    assert "(171.00 KiB usable, keeping 5% free)" in text  # the margin, stated once
     assert text.count("\n- ") == len(plan.suggestions)
 
 

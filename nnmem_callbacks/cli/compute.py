@@ -243,8 +243,9 @@ class FitSummary:
     """The estimate compared with the target's budget and with the GPU table.
 
     The comparison is :func:`nnmem_callbacks.core.plan.make_plan`'s, the one the
-    callbacks make: ``fits`` compares the prediction with the budget,
-    ``max_batch_size`` keeps ``margin`` of the budget free.
+    callbacks make: the batch fits exactly when it is at most ``max_batch_size``,
+    the largest batch below the budget less ``margin`` (a budget resolved from no
+    ``--budget`` is the free memory less ``margin`` already: ``budget_named`` False).
     """
 
     target: Target
@@ -256,6 +257,14 @@ class FitSummary:
     gpus: tuple[GpuFit, ...]
     margin: float = DEFAULT_MARGIN
     plan: Plan | None = None
+    budget_named: bool = True
+
+    @property
+    def usable_bytes(self) -> int | None:
+        """What the batch must fit into: the budget less the margin (once)."""
+        if self.budget_bytes is None:
+            return None
+        return self.plan.usable_bytes if self.plan is not None else int(self.budget_bytes * (1 - self.margin))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -267,6 +276,8 @@ class FitSummary:
             },
             "budget_bytes": self.budget_bytes,
             "margin": self.margin,
+            "budget_named": self.budget_named,
+            "usable_bytes": self.usable_bytes,
             "compared": self.compared,
             "predicted_bytes": self.predicted_bytes,
             "max_batch_size": self.max_batch_size,
@@ -316,5 +327,5 @@ def fit_summary(estimate: MemoryEstimate, target: Target, budget_bytes: int | No
         rows = tuple(gpu_rows)
     return FitSummary(
         target, budget_bytes, "device" if include_reserve else "peak", predicted,
-        plan.max_fitting_batch_size if plan else None, plan.fits if plan else None, rows, margin, plan,
+        plan.max_fitting_batch_size if plan else None, plan.fits if plan else None, rows, margin, plan, budget_named,
     )

@@ -105,10 +105,16 @@ def render_estimate(
         where = fit.target.gpu.name if fit.target.gpu else fit.target.label
         what = "device total" if fit.compared == "device" else "peak"
         verdict = "fits" if fit.fits else "does NOT fit"
+        if fit.budget_named:
+            budget = (f"budget {format_bytes(fit.budget_bytes)} ({where}), keeping {fit.margin:.0%} free: "
+                      f"{format_bytes(fit.usable_bytes)} usable")
+        else:
+            memory = "memory" if fit.target.free_bytes is None else "free memory"
+            budget = f"budget {format_bytes(fit.budget_bytes)}: {where}'s {memory} less {fit.margin:.0%}"
+        console.print(budget)
         console.print(
-            f"budget {format_bytes(fit.budget_bytes)} ({where}): batch {estimate.batch_size} {verdict} "
-            f"({what} {format_bytes(fit.predicted_bytes)}); largest batch that fits "
-            f"(keeping {fit.margin:.0%} free): [bold]{_batch_text(fit.max_batch_size)}[/bold]"
+            f"batch {estimate.batch_size} {verdict} ({what} {format_bytes(fit.predicted_bytes)}); "
+            f"largest batch that fits: [bold]{_batch_text(fit.max_batch_size)}[/bold]"
         )
         if fit.plan is not None and fit.plan.verification is not None:
             console.print(fit.plan.verification.text, markup=False)

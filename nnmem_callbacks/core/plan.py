@@ -234,12 +234,14 @@ class Plan:
         batch_size: The batch size to train with (changed only by the
             ``shrink``/``accumulate`` policies).
         accumulate_grad_batches: Gradient accumulation to train with.
-        max_fitting_batch_size: Largest batch predicted to fit (0: none fits).
-        fits: Whether the original configuration fits the budget.
+        max_fitting_batch_size: Largest batch predicted to fit (0: none fits), below :attr:`usable_bytes`.
+        fits: Whether the original batch fits: exactly when it is at most :attr:`max_fitting_batch_size`.
         suggestions: Ways to fit, each with its predicted saving.
         verification: How the chosen batch was checked by a direct estimate
             at that batch (:class:`~nnmem_callbacks.core.verification.Verification`),
             or ``None`` when it was not (nothing changed, or no verifier).
+        margin: The fraction of the budget kept free; both :attr:`fits` and
+            :attr:`max_fitting_batch_size` compare with :attr:`usable_bytes`.
     """
 
     policy: str
@@ -252,6 +254,12 @@ class Plan:
     fits: bool
     suggestions: tuple[Suggestion, ...] = ()
     verification: Verification | None = None
+    margin: float = 0.0
+
+    @property
+    def usable_bytes(self) -> int:
+        """The budget less the margin: what a batch must fit into."""
+        return int(self.budget_bytes * (1 - self.margin))
 
     @property
     def changed(self) -> bool:
@@ -330,7 +338,8 @@ def make_plan(
     # where the runtime varies from run to run, an unlucky run must fit too (MemoryEstimate.upper_bytes_at)
     measure = estimate.device_bytes_at if include_reserve else estimate.upper_bytes_at
     predicted = measure(estimate.batch_size)
-    fits = predicted <= budget_bytes
+    # one rule: a batch fits exactly when it is at most the largest batch that fits, both below the budget less
+    # the margin
     usable = int(budget_bytes * (1 - margin))
     max_fit = estimate.max_batch_size(usable, include_reserve=include_reserve, verify=False)
     original = estimate.batch_size
@@ -342,7 +351,7 @@ def make_plan(
             return math.ceil(original / math.ceil(original / largest))
         return min(largest, original)
 
-    changes = not fits and max_fit >= 1 and policy in ("shrink", "accumulate")
+    changes = original > max_fit >= 1 and policy in ("shrink", "accumulate")
     batch_size, accumulate = original, accumulate_grad_batches
     verification = None
     verifier = verifier or estimate.verifier
@@ -357,6 +366,7 @@ def make_plan(
         batch_size = verification.batch_size if verification is not None else choose(max_fit)
         if policy == "accumulate":
             accumulate = accumulate_grad_batches * math.ceil(original / batch_size)
+    fits = original <= max_fit
     suggestions = suggest(estimate, budget_bytes, max_fit, alternatives or {}, include_reserve=include_reserve)
     return Plan(
         policy=policy,
@@ -369,6 +379,7 @@ def make_plan(
         fits=fits,
         suggestions=tuple(suggestions),
         verification=verification,
+        margin=float(margin),
     )
 
 
@@ -435,13 +446,14 @@ def describe_plan(plan: Plan, estimate: MemoryEstimate, suggestions: Sequence[Su
     """A multi-line human description of a plan (for warnings and errors)."""
     from nnmem_callbacks.core.formatting import format_breakdown
 
+    kept = f" ({format_bytes(plan.usable_bytes)} usable, keeping {plan.margin:.0%} free)" if plan.margin else ""
     lines = [
         f"Predicted peak {format_bytes(plan.predicted_bytes)} at batch size {plan.original_batch_size} "
-        f"vs budget {format_bytes(plan.budget_bytes)}: {plan.decision}.",
+        f"vs budget {format_bytes(plan.budget_bytes)}{kept}: {plan.decision}.",
         format_breakdown(estimate),
     ]
     if plan.max_fitting_batch_size:
-        lines.append(f"Largest batch size that fits (with margin): {plan.max_fitting_batch_size}.")
+        lines.append(f"Largest batch size that fits: {plan.max_fitting_batch_size}.")
     if plan.verification is not None:
         lines.append(f"Checked: {plan.verification.text}.")
     for suggestion in suggestions if suggestions is not None else plan.suggestions:
