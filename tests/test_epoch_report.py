@@ -12,6 +12,7 @@ import pytest
 from nnmem_callbacks.monitoring import (
     epoch_comparison as epoch_report,
     meters as monitor,
+    oom,
     tensorboard as tensorboard_report,
 )
 from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
@@ -270,7 +271,7 @@ def test_rss_miss_warning_says_it_measured_a_rise():
 def test_diagnosis_of_a_run_that_was_predicted_to_fit_blames_memory_outside_the_estimate():
     estimate = cuda_estimate()
     plan = make_plan(estimate, 8 * 1024 * MiB)
-    text = monitor.diagnose_out_of_memory(
+    text = oom.diagnose_out_of_memory(
         "cuda", phase="backward", plan=plan, estimate=estimate, predicted_bytes=400 * MiB, batch_size=32,
         measured_peak_bytes=3 * 1024 * MiB, phase_peaks={"forward": 1024 * MiB}, advice=("Use a policy.",),
     )
@@ -280,28 +281,29 @@ def test_diagnosis_of_a_run_that_was_predicted_to_fit_blames_memory_outside_the_
     assert "Measured peak before the failure: 3.00 GiB." in lines
     assert "Measured peaks by phase: forward=1.00 GiB" in lines
     assert "Use a policy." in lines and any("memory outside the estimate" in line for line in lines)
-    assert monitor.NO_PLAN_ADVICE not in text
+    assert oom.NO_PLAN_ADVICE not in text
 
 
 def test_diagnosis_of_a_run_predicted_not_to_fit_gives_the_largest_batch_and_remedies():
     estimate = cuda_estimate()
     plan = make_plan(estimate, 300 * MiB)
     assert not plan.fits and plan.max_fitting_batch_size
-    text = monitor.diagnose_out_of_memory("cpu", phase="forward", plan=plan, estimate=estimate,
-                                          predicted_bytes=400 * MiB, batch_size=32)
+    text = oom.diagnose_out_of_memory("cpu", phase="forward", plan=plan, estimate=estimate,
+                                      predicted_bytes=400 * MiB, batch_size=32)
     assert f"Largest batch size predicted to fit: {plan.max_fitting_batch_size}." in text
     assert "memory outside the estimate" not in text
     assert all(f"- {s.text}" in text for s in plan.suggestions) and plan.suggestions
 
 
 def test_diagnosis_without_a_prediction_says_why_and_what_to_do():
-    text = monitor.diagnose_out_of_memory("cuda", phase="optimizer", failure="the estimator failed",
-                                          no_plan_advice="Try bf16-mixed.")
+    text = oom.diagnose_out_of_memory("cuda", phase="optimizer", failure="the estimator failed",
+                                      no_plan_advice="Try bf16-mixed.")
     assert text.splitlines()[1:] == ["No prediction was available (the estimator failed).", "Try bf16-mixed."]
-    assert "did not run at fit start" in monitor.diagnose_out_of_memory("cpu", phase="forward")
+    assert "did not run at fit start" in oom.diagnose_out_of_memory("cpu", phase="forward")
 
 
 def test_shared_measuring_modules_import_no_framework():
-    code = ("import sys, nnmem_callbacks.monitoring.epoch_comparison, nnmem_callbacks.monitoring.phase_tracking; "
+    code = ("import sys, nnmem_callbacks.monitoring.epoch_comparison, nnmem_callbacks.monitoring.phase_tracking, "
+            "nnmem_callbacks.monitoring.oom; "
             "assert not {'torch', 'tensorflow', 'jax', 'keras'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,4 +1,5 @@
-"""Meters and metric names shared by both callbacks (CPU for real; CUDA fakes live in test_lightning_cuda.py)."""
+"""Meters, metric names and the out-of-memory classification shared by both callbacks (CPU for real; CUDA fakes live
+in test_lightning_cuda.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import sys
 import pytest
 
 from nnmem_callbacks.hardware import devices
-from nnmem_callbacks.monitoring import meters as monitor
+from nnmem_callbacks.monitoring import meters as monitor, oom
 
 MiB = 2**20
 
 
 def test_import_is_framework_free():
-    code = "import sys, nnmem_callbacks.monitoring.meters; assert not {'torch', 'tensorflow', 'jax', 'keras'} & set(sys.modules)"
+    code = (
+        "import sys, nnmem_callbacks.monitoring.meters, nnmem_callbacks.monitoring.oom, "
+        "nnmem_callbacks.monitoring.tensorboard; assert not {'torch', 'tensorflow', 'jax', 'keras'} & set(sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -61,12 +65,12 @@ def test_rss_fallback_without_clear_refs(monkeypatch, tmp_path):
     ],
 )
 def test_out_of_memory_classification(exception, kind):
-    assert monitor.is_out_of_memory(exception) == kind
+    assert oom.is_out_of_memory(exception) == kind
 
 
 def test_torch_oom_error_class():
     torch = pytest.importorskip("torch")
-    assert monitor.is_out_of_memory(torch.cuda.OutOfMemoryError("whatever")) == "cuda"
+    assert oom.is_out_of_memory(torch.cuda.OutOfMemoryError("whatever")) == "cuda"
 
 
 class FakeJaxDevice:

@@ -37,8 +37,8 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-from nnmem_callbacks.monitoring.meters import Meter, MetricNames, PeakReading
 from nnmem_callbacks.core.units import MiB, format_bytes
+from nnmem_callbacks.monitoring.meters import Meter, MetricNames, PeakReading
 
 __all__ = ["compare_epoch", "EpochComparison", "MISS_CAUSES", "MISS_TOLERANCE", "miss_warning", "missed"]
 

@@ -46,7 +46,7 @@ from nnmem_callbacks.adapters.lightning import planning
 from nnmem_callbacks.adapters.lightning import ranks
 from nnmem_callbacks.adapters.lightning import summary as report
 from nnmem_callbacks.hardware import devices
-from nnmem_callbacks.monitoring import epoch_comparison as epoch_report, meters as monitor
+from nnmem_callbacks.monitoring import epoch_comparison as epoch_report, meters as monitor, oom
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.monitoring.phase_tracking import PhaseTracker
 from nnmem_callbacks.core.plan import POLICIES, Plan, check_budget, check_margin, check_policy
@@ -333,12 +333,12 @@ class MemoryBudgetCallbackMixin:
                 self._warn(warning)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        kind = monitor.is_out_of_memory(exception)
+        kind = oom.is_out_of_memory(exception)
         if kind is None:
             return
         reading = self._phases.read()
         policy_advice = "Use policy='shrink' or policy='accumulate' to let the callback lower the batch size."
-        self.last_diagnosis = monitor.diagnose_out_of_memory(
+        self.last_diagnosis = oom.diagnose_out_of_memory(
             kind,
             phase=self._phases.phase,
             plan=self.plan,
