@@ -1,9 +1,13 @@
-"""TensorBoard artefacts for memory estimates: a custom-scalars layout, text and a figure.
+"""TensorBoard output of both callbacks: a custom-scalars layout, text, a figure, and a framework-free event writer.
 
-The functions take any object with the ``SummaryWriter`` methods
-(``add_custom_scalars``, ``add_text``, ``add_figure``), which is what
-``TensorBoardLogger.experiment`` returns for both ``torch.utils.tensorboard`` and
-``tensorboardX``. matplotlib is imported lazily, with the ``Agg`` backend.
+* :func:`write_fit_start` (the Lightning callback) takes any object with the
+  ``SummaryWriter`` methods (``add_custom_scalars``, ``add_text``,
+  ``add_figure``), which is what ``TensorBoardLogger.experiment`` returns for
+  both ``torch.utils.tensorboard`` and ``tensorboardX``. matplotlib is imported
+  lazily, with the ``Agg`` backend.
+* :class:`EventWriter` (the Keras callback) writes scalars and text to an event
+  file with the ``tensorboard`` package alone: no TensorFlow, no torch (its
+  docstring says why).
 
 Example:
     >>> layout = custom_scalars_layout("cuda")
@@ -15,6 +19,9 @@ Example:
 
 from __future__ import annotations
 
+import os
+import socket
+import time
 from typing import Any
 
 from nnmem_callbacks.core.estimate import MemoryEstimate
@@ -25,6 +32,7 @@ __all__ = [
     "BUDGET",
     "BUDGET_ON_AXIS_RATIO",
     "custom_scalars_layout",
+    "EventWriter",
     "MEASURED_DEVICE",
     "MEASURED_PEAK",
     "MEASURED_RESERVED",
@@ -190,3 +198,65 @@ def write_fit_start(
         writer.add_figure("memory/breakdown", figure, global_step=step, close=True)
         written.append("figure")
     return written
+
+
+class EventWriter:
+    """Scalars and text as TensorBoard event files, with the ``tensorboard`` package only (no TensorFlow).
+
+    The library writers do not fit a backend-neutral callback: tensorboard's
+    ``EventFileWriter`` (behind ``tensorboard.summary.Writer``, which writes no
+    text either, and behind ``torch.utils.tensorboard``, which needs torch)
+    imports TensorFlow through ``tensorboard.compat`` whenever it is installed,
+    which under the JAX and torch backends costs seconds and inflates the
+    process RSS the Keras callback measures. tensorboard's ``RecordWriter`` and
+    protos import no framework, so the file is written with them here.
+
+    Args:
+        log_dir: The folder of the event file (made when missing).
+
+    Example:
+        >>> import os, tempfile
+        >>> writer = EventWriter(tempfile.mkdtemp())
+        >>> writer.scalar("memory/budget_mib", 2048.0, step=0)
+        >>> writer.text("memory/estimate", "predicted peak 1.00 GiB", step=0)
+        >>> writer.close()
+        >>> os.path.getsize(writer.path) > 0
+        True
+    """
+
+    def __init__(self, log_dir: str) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        os.makedirs(log_dir, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.nnmem"
+        self.path = os.path.join(log_dir, name)
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._writer = RecordWriter(self._file)
+        self._writer.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+
+    def _write(self, summary: Any, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        self._writer.write(Event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._write(Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]), step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+
+        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
+        tensor = TensorProto(dtype=7, string_val=[text.encode("utf-8")], tensor_shape=TensorShapeProto())  # DT_STRING
+        self._write(Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)]), step)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()

@@ -22,8 +22,7 @@ from typing import Any
 
 import keras
 
-from nnmem_callbacks.hardware import devices
-from nnmem_callbacks.monitoring import epoch_comparison as epoch_report, meters as monitor
+from nnmem_callbacks.adapters.common import Guard, compared_prediction, predicted_peak
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import (
     DEFAULT_MARGIN,
@@ -35,6 +34,10 @@ from nnmem_callbacks.core.plan import (
     planning_margin,
     resolve_budget,
 )
+from nnmem_callbacks.hardware import devices
+from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
+from nnmem_callbacks.monitoring import meters as monitor
+from nnmem_callbacks.monitoring.tensorboard import EventWriter
 
 __all__ = ["INPUT_PIPELINE_BATCHES", "JAX_LOOKAHEAD_BATCHES", "log", "MemoryBudgetCallback"]
 
@@ -55,6 +58,9 @@ def _tf_counted(num_bytes: int) -> int:
 
     return tf_allocator_bytes(num_bytes)
 
+
+def _warn(message: str) -> None:
+    warnings.warn(message, UserWarning, stacklevel=4)  # the callback's hook, as Keras calls it
 
 
 class MemoryBudgetCallback(keras.callbacks.Callback):
@@ -158,7 +164,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self._meter: monitor.Meter | None = None
         self._names: monitor.MetricNames | None = None
         self._writer: Any = None
-        self._warned: set[str] = set()
+        self._guard = Guard(_warn, log)
 
     @property
     def metric_names(self) -> monitor.MetricNames | None:
@@ -168,13 +174,14 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._close_writer()
         if self._meter is not None:
-            self._safe(self._meter.close, "stopping the previous fit's meter")
+            self._guard.safe(self._meter.close, "stopping the previous fit's meter")
         self._reset()
-        chosen = self._safe(lambda: monitor.keras_meter(keras.backend.backend()), "choosing a meter")
+        guard = self._guard
+        chosen = guard.safe(lambda: monitor.keras_meter(keras.backend.backend()), "choosing a meter")
         self._meter, meter_warning = chosen if chosen is not None else (monitor.RssMeter(), None)
         self._names = monitor.metric_names(self._meter)
         if meter_warning:
-            self._warn(meter_warning)
+            guard.warn(meter_warning)
         batch_size, reason = self._infer_batch_size()
         self._train_batch_size = batch_size
         if batch_size is None:
@@ -188,27 +195,26 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             except Exception as error:  # noqa: BLE001 - never break training
                 self.failure = f"{type(error).__name__}: {error}"
         if self.estimate is None:
-            self._warn(
+            guard.warn(
                 f"MemoryBudgetCallback could not estimate the training memory, so training goes on unchanged and the "
                 f"callback only measures: {self.failure}"
             )
         else:
-            for note in self.estimate.warnings:  # a missing or cut-short measurement is never silent
-                self._warn(f"MemoryBudgetCallback: {note}")
+            guard.notes(self.estimate)
             self._plan()
-        self._safe(self._meter.start, "reading the memory at fit start")
+        guard.safe(self._meter.start, "reading the memory at fit start")
         self._open_writer()
         if self.estimate is not None and self.plan is not None and self.message and not self.plan.fits:
             if self.policy == "raise":
                 raise MemoryBudgetExceeded(self.message)
-            self._warn(self.message)
+            guard.warn(self.message)
 
     def _plan(self) -> None:
         from nnmem_callbacks.adapters.keras.planning import describe, keras_suggestions, optimizer_name
 
         estimate = self.estimate
         assert estimate is not None
-        capacity, free = self._safe(self._meter.capacity, "reading the device capacity") or devices.cpu_capacity()
+        capacity, free = self._guard.safe(self._meter.capacity, "reading the device capacity") or devices.cpu_capacity()
         budget_bytes = resolve_budget(self.budget, capacity_bytes=capacity, free_bytes=free, margin=self.margin)
         self.plan = make_plan(estimate, budget_bytes, policy="warn", margin=planning_margin(self.budget, self.margin))
         suggestions = keras_suggestions(
@@ -256,19 +262,19 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     # --------------------------------------------------------------- epochs
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self._meter is not None:
-            self._safe(self._meter.reset, "resetting the memory peak")
+            self._guard.safe(self._meter.reset, "resetting the memory peak")
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self._meter is not None:
-            self._safe(self._meter.sample, "sampling the memory in use")
+            self._guard.safe(self._meter.sample, "sampling the memory in use")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Adds the measured and predicted figures to ``logs`` (every key every epoch; NaN when unmeasurable)."""
         if self._meter is None or self._names is None:
             return
-        reading = self._safe(self._meter.read, "reading the memory peak")
+        reading = self._guard.safe(self._meter.read, "reading the memory peak")
         if reading is not None and not reading.exact and self._meter.kind == "jax":
-            self._warn(
+            self._guard.warn(
                 "MemoryBudgetCallback: JAX's peak_bytes_in_use cannot be reset, and an earlier peak holds it above "
                 "this fit's steps (XLA's autotuning when the step was compiled, or an earlier model in this process). "
                 f"{self._names.measured} is therefore the largest bytes_in_use sampled during the epoch, a floor of the "
@@ -283,7 +289,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             names=self._names,
             baseline_bytes=self._meter.baseline,
             predicted_bytes=self._predicted_comparable(),
-            predicted_peak_bytes=self._predicted_peak() if self.estimate is not None else None,
+            predicted_peak_bytes=predicted_peak(self.estimate, self._train_batch_size),
             budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
         )
         self.measurements.append(comparison.row)
@@ -294,26 +300,22 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     def on_train_end(self, logs: dict | None = None) -> None:
         self._close_writer()
         if self._meter is not None:
-            self._safe(self._meter.close, "stopping the meter")
+            self._guard.safe(self._meter.close, "stopping the meter")
 
     # ---------------------------------------------------------- predictions
-    def _predicted_peak(self) -> int:
-        assert self.estimate is not None
-        return int(self.estimate.peak_bytes_at(self._train_batch_size or self.estimate.batch_size))
-
     def _predicted_comparable(self) -> int | None:
         """The prediction of what the meter measures: the allocator's peak, or the rise of process RSS."""
         if self.estimate is None or self._meter is None:
             return None
         size = self._train_batch_size or self.estimate.batch_size
-        peak = self._predicted_peak()
+        # what exists before the first step (all but the gradients) is already in the fit-start figure
+        resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]
         if self._meter.kind == "tensorflow":
             extra = self.estimate.extra
+            peak = predicted_peak(self.estimate, size)
             if "tf_allocator_peak_bytes" in extra and self.estimate.batch_size == size:
                 peak = int(extra["tf_allocator_peak_bytes"])
                 resident = int(extra.get("tf_allocator_static_bytes", 0))
-            else:
-                resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]
             # fit's tf.data pipeline prefetches: about INPUT_PIPELINE_BATCHES more batches are alive
             batch_inputs = self._batch_input_bytes(size)
             pipeline = sum(
@@ -323,11 +325,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         if self._meter.kind == "jax" and "xla_allocator_peak_bytes" in self.estimate.extra and self.estimate.batch_size == size:
             # peak_bytes_in_use counts the allocator's chunks (whole regions when JAX allocates on demand)
             return int(self.estimate.extra["xla_allocator_peak_bytes"]) + self._jax_lookahead_bytes(size)
-        if self._meter.process_level:
-            # what exists before the first step is already in the fit-start RSS
-            resident = self.estimate.static_bytes - self.estimate.breakdown["gradients"]
-            return monitor.predicted_rss_rise(peak, resident)
-        return peak
+        return compared_prediction(self.estimate, size, process_level=self._meter.process_level, resident_bytes=resident)
 
     def _jax_lookahead_bytes(self, size: int) -> int:
         """The batch Keras' JAX ``fit`` moves to the accelerator while the step before it runs.
@@ -357,7 +355,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     def _open_writer(self) -> None:
         if not self.log_dir:
             return
-        self._writer = self._safe(lambda: _EventWriter(self.log_dir), "opening the TensorBoard event file")
+        self._writer = self._guard.safe(lambda: EventWriter(self.log_dir), "opening the TensorBoard event file")
         if self._writer is None:
             return
         from nnmem_callbacks.core.formatting import format_summary
@@ -369,7 +367,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             parts.append("```\n" + self.message + "\n```")
         if self.failure:
             parts.append(f"no prediction: {self.failure}")
-        self._safe(
+        self._guard.safe(
             lambda: self._writer.text("memory/estimate", "\n\n".join(parts) or "no estimate", 0), "writing TensorBoard"
         )
 
@@ -378,29 +376,13 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             return
         for name, value in values.items():
             tag = "memory/" + name[len("memory_"):]
-            self._safe(lambda tag=tag, value=value: self._writer.scalar(tag, value, epoch), "writing TensorBoard")
-        self._safe(self._writer.flush, "writing TensorBoard")
+            self._guard.safe(lambda tag=tag, value=value: self._writer.scalar(tag, value, epoch), "writing TensorBoard")
+        self._guard.safe(self._writer.flush, "writing TensorBoard")
 
     def _close_writer(self) -> None:
         writer, self._writer = getattr(self, "_writer", None), None
         if writer is not None:
-            self._safe(writer.close, "closing the TensorBoard event file")
-
-    # --------------------------------------------------------------- helpers
-    def _warn(self, message: str) -> None:
-        if message in self._warned:
-            return
-        self._warned.add(message)
-        warnings.warn(message, UserWarning, stacklevel=3)
-
-    def _safe(self, function: Any, what: str) -> Any:
-        """Runs ``function``; a failure never breaks training, and is said once (never silently)."""
-        try:
-            return function()
-        except Exception as error:  # noqa: BLE001 - measuring and logging never break training
-            log.debug("MemoryBudgetCallback: %s failed", what, exc_info=True)
-            self._warn(f"MemoryBudgetCallback: {what} failed ({type(error).__name__}: {error}); training goes on.")
-            return None
+            self._guard.safe(writer.close, "closing the TensorBoard event file")
 
 
 def _num_samples(data: Any) -> int | None:
@@ -413,59 +395,3 @@ def _num_samples(data: Any) -> int | None:
     if shape is not None and len(shape) > 0 and shape[0] is not None:
         return int(shape[0])
     return None
-
-
-class _EventWriter:
-    """Scalars and text as TensorBoard event files, with the ``tensorboard`` package only (no TensorFlow).
-
-    The library writers do not fit a backend-neutral callback: tensorboard's
-    ``EventFileWriter`` (behind ``tensorboard.summary.Writer``, which writes no
-    text either, and behind ``torch.utils.tensorboard``, which needs torch)
-    imports TensorFlow through ``tensorboard.compat`` whenever it is installed,
-    which under the JAX and torch backends costs seconds and inflates the
-    process RSS this callback measures. tensorboard's ``RecordWriter`` and
-    protos import no framework, so the file is written with them here.
-    """
-
-    def __init__(self, log_dir: str) -> None:
-        import os
-        import socket
-        import time
-
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.summary.writer.record_writer import RecordWriter
-
-        os.makedirs(log_dir, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.nnmem"
-        self.path = os.path.join(log_dir, name)
-        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
-        self._writer = RecordWriter(self._file)
-        self._writer.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
-
-    def _write(self, summary: Any, step: int) -> None:
-        import time
-
-        from tensorboard.compat.proto.event_pb2 import Event
-
-        self._writer.write(Event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
-
-    def scalar(self, tag: str, value: float, step: int) -> None:
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        self._write(Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]), step)
-
-    def text(self, tag: str, text: str, step: int) -> None:
-        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
-        from tensorboard.compat.proto.tensor_pb2 import TensorProto
-        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
-
-        metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
-        tensor = TensorProto(dtype=7, string_val=[text.encode("utf-8")], tensor_shape=TensorShapeProto())  # DT_STRING
-        self._write(Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)]), step)
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
