@@ -16,8 +16,9 @@ pl = pytest.importorskip("pytorch_lightning")
 sys.path.insert(0, os.path.dirname(__file__))
 from _lightning_models import GAN, MLP, DataModule, MLPWithLoader, make_dataset, trainer_kwargs  # noqa: E402
 
-import nnmem_callbacks.adapters.lightning.callback as impl  # noqa: E402
 from nnmem_callbacks import MemoryBudgetExceeded, format_bytes  # noqa: E402
+from nnmem_callbacks.adapters.lightning import estimation, trainer_io  # noqa: E402
+from nnmem_callbacks.adapters.lightning.namespace import Namespace  # noqa: E402
 from nnmem_callbacks.lightning import MemoryBudgetCallback  # noqa: E402
 
 pytestmark = pytest.mark.lightning
@@ -194,13 +195,13 @@ def test_missing_batch_size_attribute_explains(tmp_path):
 
 def test_accumulate_grad_batches_reaches_the_estimator(tmp_path, monkeypatch):
     calls = []
-    real = impl._estimator()
+    real = estimation.estimate_training
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(impl, "_estimator", lambda: spy)
+    monkeypatch.setattr(estimation, "estimate_training", spy)
     callback = MemoryBudgetCallback(budget=HUGE)
     fit(tmp_path, MLP(optimizer="sgd"), callback, DataModule(batch_size=16), limit_train_batches=1,
         accumulate_grad_batches=3, gradient_clip_val=0.5, precision="bf16-mixed")
@@ -275,7 +276,7 @@ def test_estimator_exception_warns_once_and_training_goes_on(tmp_path, monkeypat
     def broken(*args, **kwargs):
         raise RuntimeError("cannot trace this model")
 
-    monkeypatch.setattr(impl, "_estimator", lambda: broken)
+    monkeypatch.setattr(estimation, "estimate_training", broken)
     callback = MemoryBudgetCallback(budget=TINY, policy="raise")
     trainer, messages = fit(tmp_path, MLP(), callback, DataModule(batch_size=32), max_epochs=2, limit_train_batches=3)
     failures = [m for m in ours(messages) if "could not estimate" in m]
@@ -315,7 +316,7 @@ def test_example_input_array_fallback(tmp_path, monkeypatch):
     def no_batch(loader):
         raise RuntimeError("stream not available")
 
-    monkeypatch.setattr(impl, "_one_batch", no_batch)
+    monkeypatch.setattr(trainer_io, "one_batch", no_batch)
     callback = MemoryBudgetCallback(budget=HUGE)
     fit(tmp_path, MLP(), callback, DataModule(batch_size=32), limit_train_batches=1)
     assert callback.estimate is not None and callback.estimate.batch_size == 2
@@ -441,5 +442,5 @@ def test_lightning_pytorch_namespace_trains_with_shrink():
 
 def test_missing_namespace_gives_install_hint():
     with pytest.raises(ImportError) as error:
-        impl.Namespace("no_such_lightning")
+        Namespace("no_such_lightning")
     assert "pip install" in str(error.value) and "nnmem_callbacks.lightning" in str(error.value)

@@ -15,10 +15,11 @@ pl = pytest.importorskip("pytorch_lightning")
 sys.path.insert(0, os.path.dirname(__file__))
 from _lightning_models import MLP, DataModule, trainer_kwargs  # noqa: E402
 
-from nnmem_callbacks.hardware import devices  # noqa: E402
-from nnmem_callbacks.monitoring import meters as monitor
+from nnmem_callbacks.adapters.lightning.planning import device_budget, includes_reserve  # noqa: E402
 from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine  # noqa: E402
+from nnmem_callbacks.hardware import devices  # noqa: E402
 from nnmem_callbacks.lightning import MemoryBudgetCallback  # noqa: E402
+from nnmem_callbacks.monitoring import meters as monitor  # noqa: E402
 
 MiB = 2**20
 GiB = 2**30
@@ -124,16 +125,12 @@ def test_epoch_measurement_logs_cuda_series_and_warns_on_miss(monkeypatch):
 def test_cuda_budget_counts_memory_the_process_already_holds(monkeypatch):
     cuda = FakeCuda()
     cuda.install(monkeypatch)
-    trainer = fake_trainer(RecordingLogger())
-    callback = MemoryBudgetCallback(budget=None, margin=0.1)
-    callback._device_kind = "cuda"
-    estimate = cuda_estimate()
-    budget, include_reserve = callback._budget_bytes(trainer, torch.nn.Linear(2, 2), estimate)
-    assert include_reserve
+    device, estimate = torch.device("cuda", 0), cuda_estimate()
+    budget = device_budget(estimate, device=device, device_kind="cuda", resident_bytes=0, budget=None, margin=0.1)
+    assert includes_reserve(estimate, "cuda")
     assert budget == int((12 * GiB + 256 * MiB + 500 * MiB) * 0.9)
-    callback = MemoryBudgetCallback(budget=0.5)
-    callback._device_kind = "cuda"
-    assert callback._budget_bytes(trainer, torch.nn.Linear(2, 2), estimate)[0] == 8 * GiB
+    half = device_budget(estimate, device=device, device_kind="cuda", resident_bytes=0, budget=0.5, margin=0.05)
+    assert half == 8 * GiB
 
 
 def test_cuda_oom_diagnosis_from_fakes(monkeypatch):

@@ -1,4 +1,4 @@
-"""What both ``MemoryBudgetCallback`` classes share, framework-free: the guarded call, warn-once, the prediction to compare.
+"""What both ``MemoryBudgetCallback`` classes share, framework-free: the guarded call, warn-once, the prediction.
 
 * :class:`Guard` says each warning once, and runs measuring and logging so that a
   failure never breaks training and is never silent (:meth:`Guard.safe`). Each

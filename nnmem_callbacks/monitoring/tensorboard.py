@@ -1,6 +1,7 @@
 """TensorBoard output of both callbacks: a custom-scalars layout, text, a figure, and a framework-free event writer.
 
-* :func:`write_fit_start` (the Lightning callback) takes any object with the
+* :func:`write_fit_start` (the Lightning callback) writes the layout, the
+  breakdown figure and the fit-start text to any object with the
   ``SummaryWriter`` methods (``add_custom_scalars``, ``add_text``,
   ``add_figure``), which is what ``TensorBoardLogger.experiment`` returns for
   both ``torch.utils.tensorboard`` and ``tensorboardX``. matplotlib is imported
@@ -25,6 +26,8 @@ import time
 from typing import Any
 
 from nnmem_callbacks.core.estimate import MemoryEstimate
+from nnmem_callbacks.core.formatting import format_markdown_breakdown, format_summary
+from nnmem_callbacks.core.plan import Plan, describe_plan
 from nnmem_callbacks.core.units import GiB, KiB, MiB, format_bytes
 
 __all__ = [
@@ -167,36 +170,56 @@ def breakdown_figure(estimate: MemoryEstimate, *, budget_bytes: int | None = Non
 
 def write_fit_start(
     writer: Any,
-    estimate: MemoryEstimate | None,
+    estimate: MemoryEstimate,
+    plan: Plan,
     *,
     kind: str,
-    text: str,
-    budget_bytes: int | None = None,
+    summary: str,
     batch_size: int | None = None,
     step: int = 0,
 ) -> list[str]:
-    """Writes the layout, the breakdown text and the figure to a SummaryWriter.
+    """Writes the custom-scalars layout, the breakdown figure and the fit-start text to a SummaryWriter.
 
-    Each artefact is written independently; a writer without one of the
-    methods (or a failing matplotlib) skips that artefact.
+    The text is ``summary`` (without its ``MemoryBudgetCallback:`` prefix), the
+    breakdown as a Markdown table and as plain text, and, when the plan does not
+    fit, the plan's description. Each artefact is written independently; a
+    writer without one of the methods (or a missing matplotlib) skips that
+    artefact.
+
+    Args:
+        writer: A ``SummaryWriter`` (``TensorBoardLogger.experiment``).
+        estimate: The estimate made at fit start.
+        plan: The plan decided on it (its budget is drawn on the figure).
+        kind: The training device's kind (see :func:`custom_scalars_layout`).
+        summary: The callback's one-line summary.
+        batch_size: The batch size trained with (see :func:`breakdown_figure`).
+        step: The global step to write at.
 
     Returns:
-        The names of the artefacts written (``"layout"``, ``"text"``, ``"figure"``).
+        The names of the artefacts written (``"layout"``, ``"figure"``, ``"text"``).
     """
     written: list[str] = []
     if hasattr(writer, "add_custom_scalars"):
         writer.add_custom_scalars(custom_scalars_layout(kind))
         written.append("layout")
-    if hasattr(writer, "add_text"):
-        writer.add_text("memory/estimate", text, global_step=step)
-        written.append("text")
-    if estimate is not None and hasattr(writer, "add_figure"):
+    if hasattr(writer, "add_figure"):
         try:
-            figure = breakdown_figure(estimate, budget_bytes=budget_bytes, batch_size=batch_size)
-        except ImportError:
-            return written
-        writer.add_figure("memory/breakdown", figure, global_step=step, close=True)
-        written.append("figure")
+            figure = breakdown_figure(estimate, budget_bytes=plan.budget_bytes, batch_size=batch_size)
+        except ImportError:  # no matplotlib: no figure
+            figure = None
+        if figure is not None:
+            writer.add_figure("memory/breakdown", figure, global_step=step, close=True)
+            written.append("figure")
+    if hasattr(writer, "add_text"):
+        parts = [
+            summary.replace("MemoryBudgetCallback: ", ""),
+            format_markdown_breakdown(estimate),
+            "```\n" + format_summary(estimate) + "\n```",
+        ]
+        if not plan.fits:
+            parts.append("```\n" + describe_plan(plan, estimate) + "\n```")
+        writer.add_text("memory/estimate", "\n\n".join(parts), global_step=step)
+        written.append("text")
     return written
 
 

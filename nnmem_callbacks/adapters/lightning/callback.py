@@ -1,76 +1,69 @@
-"""The Lightning ``MemoryBudgetCallback``, written once for both Lightning namespaces: the hook wiring.
+"""The Lightning ``MemoryBudgetCallback``, written once for both Lightning namespaces: the hooks and their state.
 
 Lightning ships as ``pytorch_lightning`` and as ``lightning.pytorch``, and a
-Trainer of one rejects callbacks built on the other. This private module holds
-the implementation as a mixin, :class:`MemoryBudgetCallbackMixin`, that
-reaches Lightning only through a
-:class:`~nnmem_callbacks.adapters.lightning.namespace.Namespace` (the root package and
-the few utilities used). The public modules define the real classes:
+Trainer of one rejects callbacks built on the other. This module holds the
+implementation as a mixin, :class:`MemoryBudgetCallbackMixin`, that reaches
+Lightning only through a :class:`~nnmem_callbacks.adapters.lightning.namespace.Namespace`
+(the root package and the few utilities used). The public modules define the
+real classes:
 
 * ``nnmem_callbacks.lightning`` - ``class MemoryBudgetCallback(Mixin, pytorch_lightning.Callback)``
 * ``nnmem_callbacks.lightning_pytorch`` - the same on ``lightning.pytorch.Callback``
 
-Import this module only from those two. The mixin wires Lightning's hooks to
-the modules that do the work:
+The hooks are annotated with ``pytorch_lightning`` classes; the same classes
+serve ``lightning.pytorch``. Only the hooks and
+:mod:`~nnmem_callbacks.adapters.lightning.trainer_io` touch the Trainer: the
+hooks read its facts once, hand data to modules that return decisions, and
+apply them.
 
-* :mod:`~nnmem_callbacks.adapters.lightning.estimation`: one real batch, the
-  ``training_step`` loss, the estimator call;
-* :mod:`~nnmem_callbacks.adapters.lightning.planning`: the budget on the training
-  device and the plan (with the ``bf16-mixed`` offer);
-* :mod:`~nnmem_callbacks.adapters.lightning.ranks`: one plan for all ranks, the
-  largest measured peak over the ranks;
-* :mod:`~nnmem_callbacks.adapters.lightning.actions`: warn, raise, or change the batch
-  size and accumulation and rebuild the loaders;
-* :mod:`~nnmem_callbacks.adapters.lightning.summary`: the fit-start summary and its
-  TensorBoard artefacts;
-* shared with the Keras callback: :mod:`~nnmem_callbacks.monitoring.phase_tracking`
-  (peaks per phase of the step), :mod:`~nnmem_callbacks.monitoring.epoch_comparison` (each
-  epoch's measurement beside its prediction, the miss warning) and
-  :mod:`~nnmem_callbacks.monitoring.meters` (meters, metric names, out-of-memory
-  diagnosis).
-
-What stays here: the state across hooks (and in checkpoints) and the hooks
-themselves.
+* :mod:`~nnmem_callbacks.adapters.lightning.estimation`: the module, one batch
+  and the facts -> an estimate, or why there is none;
+* :mod:`~nnmem_callbacks.adapters.lightning.planning`: the budget on the
+  training device and the plan (the callback asks whether ``bf16-mixed`` is
+  worth offering, estimates at that precision and plans again);
+* :mod:`~nnmem_callbacks.adapters.lightning.ranks`: what this rank sends, and
+  the plan agreed from what came back (the hook reduces over the ranks);
+* :mod:`~nnmem_callbacks.adapters.lightning.actions`: the decision (keep, warn,
+  raise, or change the batch size and accumulation) that the hook applies;
+* :mod:`~nnmem_callbacks.adapters.lightning.summary`: the fit-start summary,
+  which the hook logs and writes, with the breakdown, to each
+  ``TensorBoardLogger`` (:func:`~nnmem_callbacks.monitoring.tensorboard.write_fit_start`);
+* shared with the Keras callback: :mod:`~nnmem_callbacks.adapters.common` (the
+  guarded call, warn-once, the prediction to compare) and the
+  :mod:`~nnmem_callbacks.monitoring` modules (meters, per-phase peaks, each
+  epoch's comparison, out-of-memory diagnosis, TensorBoard).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from nnmem_callbacks.adapters.lightning import actions
-from nnmem_callbacks.adapters.lightning import estimation
-from nnmem_callbacks.adapters.lightning.namespace import Namespace  # noqa: F401 - the public modules import it from here
-from nnmem_callbacks.adapters.lightning import planning
-from nnmem_callbacks.adapters.lightning import ranks
+from nnmem_callbacks.adapters.common import Guard, compared_prediction, predicted_peak
+from nnmem_callbacks.adapters.lightning import actions, estimation, planning, ranks, trainer_io
 from nnmem_callbacks.adapters.lightning import summary as report
-from nnmem_callbacks.hardware import devices
-from nnmem_callbacks.monitoring import epoch_comparison as epoch_report, meters as monitor, oom
 from nnmem_callbacks.core.estimate import MemoryEstimate
+from nnmem_callbacks.core.plan import POLICIES, MemoryBudgetExceeded, Plan, check_budget, check_margin, check_policy
+from nnmem_callbacks.hardware import devices
+from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
+from nnmem_callbacks.monitoring import meters as monitor
+from nnmem_callbacks.monitoring import oom
 from nnmem_callbacks.monitoring.phase_tracking import PhaseTracker
-from nnmem_callbacks.core.plan import POLICIES, Plan, check_budget, check_margin, check_policy
+from nnmem_callbacks.monitoring.tensorboard import write_fit_start
+
+if TYPE_CHECKING:  # the same classes serve lightning.pytorch
+    import pytorch_lightning as pl
+
+    from nnmem_callbacks.adapters.lightning.namespace import Namespace
+    from nnmem_callbacks.adapters.lightning.strategy import StrategyReading
+    from nnmem_callbacks.adapters.lightning.trainer_io import TrainBatch, TrainerFacts
 
 __all__ = ["log", "MemoryBudgetCallbackMixin"]
 
 log = logging.getLogger(__name__)
 
-def _estimator() -> Callable[..., MemoryEstimate]:
-    """The PyTorch estimator (a seam for tests)."""
-    from nnmem_callbacks.estimators.torch.estimator import estimate_training
-
-    return estimate_training
-
-
-def _per_rank_estimator() -> Callable[..., MemoryEstimate]:
-    """The per-rank PyTorch estimator for DDP, FSDP and ZeRO (a seam for tests)."""
-    from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
-
-    return estimate_per_rank
-
-
-#: Takes one batch from a DataLoader (a seam for tests).
-_one_batch = estimation.one_batch
 #: The closing sentence of the miss warning: what usually allocates beyond the estimate in Lightning.
 _MISS_CAUSES = (
     "Memory allocated outside training_step (hooks, callbacks, data on the device) or ops the estimator does not "
@@ -159,6 +152,9 @@ class MemoryBudgetCallbackMixin:
             raise ValueError(f"batch_size_attr must be a non-empty attribute name, got {batch_size_attr!r}")
         self.batch_size_attr = batch_size_attr
         self._restored: dict[str, Any] | None = None
+        self._strategy_reading: StrategyReading | None = None
+        # the estimate made in setup under a sharding strategy (before it wraps the model), its reason and batch
+        self._early: tuple[MemoryEstimate | None, str | None, TrainBatch] | None = None
         self._reset_run_state()
 
     # ------------------------------------------------------------------ state
@@ -168,18 +164,16 @@ class MemoryBudgetCallbackMixin:
         self.measurements: list[dict[str, Any]] = []
         self.failure: str | None = None
         self.last_diagnosis: str | None = None
-        self._warnings = self._ns.WarningCache()
+        self._guard = Guard(functools.partial(self._ns.rank_zero_warn, stacklevel=5), log)
         self._applied = False
         self._original_accumulate = 1
         self._train_batch_size: int | None = None
         self._baseline_rss: int | None = None
         self._resident_bytes = 0
-        self._phases = PhaseTracker(guard=self._safe)
+        self._phases = PhaseTracker(guard=self._guard.safe)
         self._miss_warned = False
         self._fit_started = False
         self._device_kind = "cpu"
-        self._strategy_reading: Any = None
-        self._early: tuple[MemoryEstimate | None, int | None, str | None] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """The decisions taken at fit start, as plain values (saved in checkpoints)."""
@@ -191,7 +185,7 @@ class MemoryBudgetCallbackMixin:
             "batch_size": self._train_batch_size,
             "original_accumulate_grad_batches": int(self._original_accumulate),
             "accumulate_grad_batches": plan.accumulate_grad_batches if (plan and self._applied) else None,
-            "predicted_peak_bytes": self._predicted_peak(),
+            "predicted_peak_bytes": predicted_peak(self.estimate, self._train_batch_size),
             "budget_bytes": plan.budget_bytes if plan else None,
             "decision": plan.decision if plan else (self.failure or ""),
         }
@@ -206,97 +200,95 @@ class MemoryBudgetCallbackMixin:
                 self._apply_restored(trainer, trainer.lightning_module)
 
     # ------------------------------------------------------------------ hooks
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Reads the strategy; a sharding strategy is estimated here, before it wraps the model."""
         if stage != "fit":
             return
         reading = self._read_strategy(trainer)
         self._early = None
         if reading is not None and reading.strategy is not None and reading.strategy.sharded:
-            self._strategy_reading = reading
-            self._device_kind = _device_kind(trainer)
-            self._early = self._estimate_from_module(trainer, pl_module)
+            self._early = self._estimate(trainer, pl_module, self._read_facts(trainer, pl_module, reading))
         self._strategy_reading = reading
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Estimates, plans, agrees with the other ranks, acts on the plan and reports it."""
         restored, reading, early = self._restored, self._strategy_reading, self._early
+        self._early = None
         self._reset_run_state()
         self._restored = restored
         self._strategy_reading = reading = reading if reading is not None else self._read_strategy(trainer)
         self._fit_started, self._trainer = True, trainer
-        self._device_kind = _device_kind(trainer)
-        self._original_accumulate = int(trainer.accumulate_grad_batches)
+        facts = self._read_facts(trainer, pl_module, reading)
+        self._device_kind = facts.device_kind
+        self._original_accumulate = facts.accumulate_grad_batches
         if reading is not None and reading.strategy is None:
-            self.failure = f"the strategy is not modelled: {reading.reason}"
-            self._warn(
+            self._stand_aside(
+                f"the strategy is not modelled: {reading.reason}",
                 f"MemoryBudgetCallback does not act under {reading.name}: {reading.reason}. "
-                f"It measures only; the budget is not enforced."
+                "It measures only; the budget is not enforced.",
             )
-            self._restored = None
             return
 
-        if early is not None:
-            estimate, batch_size, reason = early
-        else:
-            estimate, batch_size, reason = self._estimate_from_module(trainer, pl_module)
-        self._resident_bytes = estimation.model_resident_bytes(pl_module, self._device_kind)
-        if self._device_kind == "cpu":
-            self._baseline_rss = self._safe(devices.current_rss, "reading the process RSS at fit start")
-        failed = estimate is None
-
+        estimate, reason, batch = early if early is not None else self._estimate(trainer, pl_module, facts)
+        self._resident_bytes = estimation.model_resident_bytes(pl_module, facts.device_kind)
+        if facts.device_kind == "cpu":
+            self._baseline_rss = self._guard.safe(devices.current_rss, "reading the process RSS at fit start")
         plan: Plan | None = None
         if estimate is not None:
             try:
-                plan = self._make_plan(trainer, pl_module, estimate)
-            except Exception as error:  # never harm the run
-                reason = f"planning failed: {type(error).__name__}: {error}"
-                failed, estimate = True, None
-
-        plan = ranks.agree_on_plan(trainer, plan, failed, policy=self.policy, warn=self._warn)
+                plan = self._plan(pl_module, estimate, batch, facts)
+            except Exception as error:  # noqa: BLE001 - never harm the run
+                reason, estimate = f"planning failed: {type(error).__name__}: {error}", None
+        plan = self._agree_with_other_ranks(trainer, plan, facts)
         if plan is None or estimate is None:
-            self.failure = reason or "another rank could not estimate the training memory"
-            self._warn(
-                f"MemoryBudgetCallback could not estimate the training memory, so training goes on unchanged: "
-                f"{self.failure}"
+            failure = reason or "another rank could not estimate the training memory"
+            self._stand_aside(
+                failure,
+                "MemoryBudgetCallback could not estimate the training memory, so training goes on unchanged: "
+                f"{failure}",
             )
             self._info("MemoryBudgetCallback: no prediction (estimation failed); measuring only.")
-            self._restored = None
             return
         self.estimate, self.plan = estimate, plan
-        self._train_batch_size = batch_size
-        for note in estimate.warnings:  # a measurement that went missing or was cut short is never silent
-            self._warn(f"MemoryBudgetCallback: {note}")
+        self._train_batch_size = estimate.batch_size
+        self._guard.notes(estimate)
 
         if self._restored is not None and self._restored.get("applied"):
             self._apply_restored(trainer, pl_module)
-        elif not plan.fits:
-            actions.act(
-                self._ns, trainer, pl_module, plan, estimate, policy=self.policy, batch_size_attr=self.batch_size_attr,
-                apply=lambda size, accumulate: self._apply(trainer, pl_module, size, accumulate), warn=self._warn,
+        else:
+            decision = actions.decide(
+                plan, estimate, facts.batch_size, policy=self.policy, batch_size_attr=self.batch_size_attr
             )
+            self._apply(trainer, pl_module, decision)
         self._restored = None
-        self._info(self._summary())
-        self._write_tensorboard_fit_start(trainer)
+        summary = self._summary()
+        self._info(summary)
+        if facts.is_global_zero:
+            self._write_tensorboard(trainer, summary)
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._phases.start_epoch(monitor.torch_meter(trainer.strategy.root_device))
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._phases.enter("forward")
 
-    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
         self._phases.enter("backward")
 
-    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._phases.enter("after backward")
 
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         self._phases.enter("optimizer")
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._phases.end_batch()
 
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         phases, meter = self._phases, self._phases.meter
         if meter is None:
             return
@@ -311,9 +303,9 @@ class MemoryBudgetCallbackMixin:
             epoch=int(trainer.current_epoch),
             names=monitor.metric_names(meter).for_lightning(),
             baseline_bytes=self._baseline_rss or 0,
-            measured_peak_bytes=ranks.reduce_max(trainer, phases.peak_bytes(reading)),
+            measured_peak_bytes=self._largest_over_ranks(trainer, phases.peak_bytes(reading)),
             predicted_bytes=self._predicted_comparable(),
-            predicted_peak_bytes=self._predicted_peak(),
+            predicted_peak_bytes=predicted_peak(self.estimate, size),
             budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
             phase_peaks=phases.peaks,
             phase_rises=phases.rises,
@@ -324,15 +316,15 @@ class MemoryBudgetCallbackMixin:
         self.measurements.append(comparison.row)
         metrics, step = comparison.metrics, trainer.global_step
         for logger in trainer.loggers:
-            self._safe(lambda logger=logger: logger.log_metrics(metrics, step=step), "logging metrics")
+            self._guard.safe(lambda logger=logger: logger.log_metrics(metrics, step=step), "logging metrics")
         if not self._miss_warned:
             predicted_phase = self.estimate.peak_phase if self.estimate is not None else None
             warning = epoch_report.miss_warning(comparison, predicted_phase=predicted_phase, causes=_MISS_CAUSES)
             if warning is not None:
                 self._miss_warned = True
-                self._warn(warning)
+                self._guard.warn(warning)
 
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         kind = oom.is_out_of_memory(exception)
         if kind is None:
             return
@@ -358,48 +350,84 @@ class MemoryBudgetCallbackMixin:
         else:  # the failing rank may not be rank zero: say it from here
             warnings.warn(f"[rank {trainer.global_rank}] {self.last_diagnosis}", stacklevel=2)
 
+    # ------------------------------------------------------ reading the trainer
+    def _read_strategy(self, trainer: pl.Trainer) -> StrategyReading | None:
+        return self._guard.safe(lambda: trainer_io.read_strategy(trainer), "reading the strategy")
+
+    def _read_facts(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, reading: StrategyReading | None
+    ) -> TrainerFacts:
+        return trainer_io.read_facts(
+            trainer, pl_module, self._ns, strategy=reading, batch_size_attr=self.batch_size_attr
+        )
+
     # ---------------------------------------------------- estimating, planning
-    def _estimation(self) -> estimation.ModuleEstimation:
-        # the seams are read at call time, so tests can replace them on this module
-        return estimation.ModuleEstimation(
-            self._ns, _estimator, _per_rank_estimator, one_batch=_one_batch, strategy_reading=self._strategy_reading
+    def _estimate(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, facts: TrainerFacts
+    ) -> tuple[MemoryEstimate | None, str | None, TrainBatch]:
+        """``(estimate, failure reason, the batch it was made on)``; never raises."""
+        batch = trainer_io.first_train_batch(trainer, pl_module, self._ns)
+        with self._ns.isolate_rng():
+            estimate, reason = estimation.estimate_module(pl_module, batch, facts)
+        return estimate, reason, batch
+
+    def _plan(
+        self, pl_module: pl.LightningModule, estimate: MemoryEstimate, batch: TrainBatch, facts: TrainerFacts
+    ) -> Plan:
+        """The plan on the training device; when full precision does not fit, with ``bf16-mixed`` as an offer."""
+        plan = planning.plan_on_device(
+            estimate, device=facts.device, device_kind=facts.device_kind, resident_bytes=self._resident_bytes,
+            budget=self.budget, margin=self.margin, policy=self.policy,
+            accumulate_grad_batches=facts.accumulate_grad_batches,
         )
+        if planning.offers_bf16(plan, facts.precision):
+            with self._ns.isolate_rng():
+                bf16, why_not = estimation.estimate_module(pl_module, batch, facts, precision="bf16-mixed")
+            if bf16 is None:
+                log.debug("bf16-mixed re-estimate failed: %s", why_not)
+            else:
+                plan = planning.with_bf16_offer(
+                    plan, estimate, bf16, device_kind=facts.device_kind,
+                    accumulate_grad_batches=facts.accumulate_grad_batches,
+                )
+        return plan
 
-    def _estimate_from_module(self, trainer: Any, pl_module: Any) -> tuple[MemoryEstimate | None, int | None, str | None]:
-        """Returns ``(estimate, batch size, failure reason)``; never raises."""
-        return self._estimation().from_module(trainer, pl_module)
-
-    def _budget_bytes(self, trainer: Any, pl_module: Any, estimate: MemoryEstimate) -> tuple[int, bool]:
-        """``(budget bytes, include_reserve)`` for the training device."""
-        return planning.budget_bytes(
-            trainer, pl_module, estimate, budget=self.budget, margin=self.margin, device_kind=self._device_kind
-        )
-
-    def _make_plan(self, trainer: Any, pl_module: Any, estimate: MemoryEstimate) -> Plan:
-        return planning.make_lightning_plan(
-            trainer,
-            estimate,
-            budget=self.budget,
-            budget_and_reserve=self._budget_bytes(trainer, pl_module, estimate),
-            policy=self.policy,
-            margin=self.margin,
-            bf16_alternative=lambda: self._estimation().at_precision(trainer, pl_module, "bf16-mixed"),
+    def _agree_with_other_ranks(self, trainer: pl.Trainer, plan: Plan | None, facts: TrainerFacts) -> Plan | None:
+        """The plan all ranks use (see :mod:`~nnmem_callbacks.adapters.lightning.ranks`); ``None`` when any failed."""
+        try:
+            received = trainer_io.reduce_max(trainer, ranks.what_this_rank_sends(plan))
+        except Exception as error:  # noqa: BLE001 - depends on the backend
+            self._guard.warn(
+                f"MemoryBudgetCallback: ranks could not agree on a batch size ({error}); using this rank's plan"
+            )
+            return plan
+        return ranks.agreed_plan(
+            plan, received, policy=self.policy, accumulate_grad_batches=facts.accumulate_grad_batches
         )
 
     # ---------------------------------------------------------------- acting
-    def _apply(self, trainer: Any, pl_module: Any, batch_size: int, accumulate: int) -> None:
-        if self.policy == "accumulate":
-            trainer.accumulate_grad_batches = int(accumulate)
-        self._train_batch_size = int(batch_size)
-        self._applied = True
-        actions.set_batch_size(self._ns, trainer, pl_module, self.batch_size_attr, batch_size)
+    def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: actions.Decision) -> None:
+        if decision.action == "raise":
+            raise MemoryBudgetExceeded(decision.message)
+        if decision.action == "change":
+            assert decision.batch_size is not None
+            if decision.accumulate_grad_batches is not None:
+                trainer_io.set_accumulation(trainer, decision.accumulate_grad_batches)
+            self._train_batch_size = int(decision.batch_size)
+            self._applied = True
+            trainer_io.set_batch_size(trainer, pl_module, self._ns, self.batch_size_attr, decision.batch_size)
+        if decision.message:
+            self._guard.warn(decision.message)
 
-    def _apply_restored(self, trainer: Any, pl_module: Any) -> None:
+    def _apply_restored(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         restored = self._restored or {}
         if restored.get("batch_size") is None:
             return
-        if actions.restore(self._ns, trainer, pl_module, restored, self.batch_size_attr):
+        if trainer_io.batch_size_attr_found(pl_module, self._ns, self.batch_size_attr):
+            trainer_io.set_batch_size(trainer, pl_module, self._ns, self.batch_size_attr, restored["batch_size"])
             self._train_batch_size = int(restored["batch_size"])
+        if restored.get("accumulate_grad_batches"):
+            trainer_io.set_accumulation(trainer, restored["accumulate_grad_batches"])
         if restored.get("original_accumulate_grad_batches"):
             self._original_accumulate = int(restored["original_accumulate_grad_batches"])
         self._applied = True
@@ -410,24 +438,25 @@ class MemoryBudgetCallbackMixin:
             f"{restored['batch_size']}, accumulate_grad_batches {trainer.accumulate_grad_batches}."
         )
 
-    # ------------------------------------------------------------- reporting
-    def _predicted_peak(self) -> int | None:
-        if self.estimate is None:
-            return None
-        size = self._train_batch_size or self.estimate.batch_size
-        return int(self.estimate.peak_bytes_at(size)) if size else int(self.estimate.peak_bytes)
+    def _stand_aside(self, failure: str, warning: str) -> None:
+        """Training goes on unchanged, measured only: ``failure`` says why (and ``warning`` says it once)."""
+        self.failure = failure
+        self._guard.warn(warning)
+        self._restored = None
 
+    # ------------------------------------------------------------- reporting
     def _predicted_comparable(self) -> int | None:
         """The prediction of what the epoch measurement compares (CUDA: allocated; CPU: the rise of process RSS)."""
-        peak = self._predicted_peak()
-        if peak is None:
-            return None
-        if self._device_kind == "cpu":
-            return monitor.predicted_rss_rise(peak, self._resident_bytes)
-        return peak
+        return compared_prediction(
+            self.estimate,
+            self._train_batch_size,
+            process_level=self._device_kind == "cpu",
+            resident_bytes=self._resident_bytes,
+        )
 
     def _summary(self) -> str:
         assert self.plan is not None and self.estimate is not None
+        rise = self._predicted_comparable() or 0
         return report.fit_start_summary(
             self.plan,
             self.estimate,
@@ -435,43 +464,29 @@ class MemoryBudgetCallbackMixin:
             applied=self._applied,
             batch_size=self._train_batch_size,
             baseline_rss=self._baseline_rss if self._device_kind == "cpu" else None,
-            predicted_rss_rise=self._predicted_comparable() or 0,
+            predicted_rss_rise=rise,
         )
 
-    def _write_tensorboard_fit_start(self, trainer: Any) -> None:
-        report.write_tensorboard_fit_start(
-            self._ns,
-            trainer,
-            summary=self._summary,
-            estimate=self.estimate,
-            plan=self.plan,
-            device_kind=self._device_kind,
-            batch_size=self._train_batch_size,
-            safe=self._safe,
-        )
+    def _write_tensorboard(self, trainer: pl.Trainer, summary: str) -> None:
+        """Writes the fit-start summary, layout and figure to each ``TensorBoardLogger``; a failure is said once."""
+        estimate, plan, step = self.estimate, self.plan, int(trainer.global_step)
+        assert estimate is not None and plan is not None
+        for logger in trainer_io.tensorboard_loggers(trainer, self._ns):
 
-    # --------------------------------------------------------------- helpers
-    def _warn(self, message: str) -> None:
-        self._warnings.warn(message)
+            def write(logger: Any = logger) -> None:
+                write_fit_start(
+                    logger.experiment, estimate, plan, kind=self._device_kind, summary=summary,
+                    batch_size=self._train_batch_size, step=step,
+                )
+
+            self._guard.safe(write, "writing the fit-start summary to TensorBoard")
+
+    def _largest_over_ranks(self, trainer: pl.Trainer, value: int) -> int:
+        """The largest ``value`` over the ranks (``value`` itself on one device or when the reduction fails)."""
+        try:
+            return trainer_io.reduce_max(trainer, [value])[0]
+        except Exception:  # noqa: BLE001 - depends on the backend
+            return value
 
     def _info(self, message: str) -> None:
         self._ns.rank_zero_info(message)
-
-    def _read_strategy(self, trainer: Any) -> Any:
-        from nnmem_callbacks.adapters.lightning.strategy import read_strategy
-
-        return self._safe(lambda: read_strategy(trainer), "reading the strategy")
-
-    def _safe(self, function: Callable[[], Any], what: str) -> Any:
-        """Runs ``function``; a failure never breaks training, and is said once (never silently)."""
-        try:
-            return function()
-        except Exception as error:  # measuring and logging must never break training
-            log.debug("MemoryBudgetCallback: %s failed", what, exc_info=True)
-            self._warn(f"MemoryBudgetCallback: {what} failed ({type(error).__name__}: {error}); training goes on.")
-            return None
-
-
-def _device_kind(trainer: Any) -> str:
-    """``"cuda"`` or ``"cpu"``: the kind of the training device (what is measured and budgeted)."""
-    return "cuda" if devices.device_type(trainer.strategy.root_device) == "cuda" else "cpu"

@@ -1,48 +1,58 @@
-"""Estimating a LightningModule's training step: one real batch, the loss to trace, the estimator call.
+"""Estimating a LightningModule's training step from one batch and the trainer's facts: an estimate or why not.
 
-Part of the Lightning ``MemoryBudgetCallback`` (see :mod:`nnmem_callbacks.adapters.lightning.callback`):
+Part of the Lightning ``MemoryBudgetCallback`` (see :mod:`nnmem_callbacks.adapters.lightning.callback`).
+:func:`estimate_module` takes the module, one batch (as
+:func:`~nnmem_callbacks.adapters.lightning.trainer_io.first_train_batch` took it)
+and the :class:`~nnmem_callbacks.adapters.lightning.trainer_io.TrainerFacts`, and
+returns ``(estimate, None)`` or ``(None, why)``; it never raises:
 
-* :meth:`ModuleEstimation.batch_and_loss` takes one batch the way the fit loop
-  would (``train_dataloader`` of the module or datamodule, combined loaders,
-  the batch-transfer hooks), without starting worker processes for map-style
-  datasets; without one it falls back to ``example_input_array`` and a
-  sum-of-outputs loss.
-* :func:`training_step_loss` traces the module's own ``training_step``, with
-  ``log`` silenced and, under manual optimization,
-  :class:`ManualOptimizationShim` recording the losses given to
-  ``manual_backward`` instead of stepping the optimizers.
-* :meth:`ModuleEstimation.run` calls the PyTorch estimator (per rank for DDP,
-  FSDP and ZeRO) with the trainer's optimizers, precision, accumulation and
-  clipping, under Lightning's ``isolate_rng`` and with every module's
-  ``training`` flag restored.
+* the loss traced is the module's own ``training_step`` on that batch
+  (:func:`training_step_loss`), with ``log`` silenced and, under manual
+  optimization, :class:`ManualOptimizationShim` recording the losses given to
+  ``manual_backward`` instead of stepping the optimizers; without a batch it is
+  ``forward(example_input_array)`` with a sum-of-outputs loss;
+* the estimator is :func:`~nnmem_callbacks.estimators.torch.estimator.estimate_training`
+  (per rank for DDP, FSDP and ZeRO:
+  :func:`~nnmem_callbacks.estimators.torch.distributed.estimate_per_rank`), with
+  the trainer's optimizers, precision, accumulation and clipping, and every
+  module's ``training`` flag restored afterwards.
 
-Lightning is reached only through the callback's ``Namespace`` (``ns``), so
-this works for ``pytorch_lightning`` and ``lightning.pytorch`` alike. Nothing of
-the real run changes: parameters, optimizer state, RNG and BN statistics are
-left as they were.
+Nothing of the real run changes: parameters, optimizer state and BN statistics
+are left as they were (the callback isolates the RNG around the call).
+
+Known limitations:
+    * Under manual optimization the losses given to ``manual_backward`` are
+      summed into one backward, and each optimizer steps once: a
+      ``training_step`` that steps one optimizer between two backwards peaks
+      differently.
+    * Without an optimizer from the trainer or ``configure_optimizers``, the
+      estimate assumes SGD.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import importlib
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
+from nnmem_callbacks.adapters.lightning.strategy import units_for
 from nnmem_callbacks.core.estimate import MemoryEstimate
+from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
+from nnmem_callbacks.estimators.torch.estimator import estimate_training
 
-if TYPE_CHECKING:
-    from nnmem_callbacks.adapters.lightning.namespace import Namespace
+if TYPE_CHECKING:  # the same classes serve lightning.pytorch
+    import pytorch_lightning as pl
+
+    from nnmem_callbacks.adapters.lightning.trainer_io import TrainBatch, TrainerFacts
 
 __all__ = [
+    "batch_and_loss",
     "configured_optimizers",
+    "estimate_module",
     "instance_patches",
     "log",
     "ManualOptimizationShim",
     "model_resident_bytes",
-    "ModuleEstimation",
-    "one_batch",
     "sum_outputs",
     "training_step_loss",
 ]
@@ -215,131 +225,79 @@ def sum_outputs(out: Any) -> Any:
     return None
 
 
-def one_batch(loader: Any) -> Any:
-    """One batch from a DataLoader; for map-style datasets without starting worker processes."""
-    import torch.utils.data as data
-
-    dataset = loader.dataset
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    if not isinstance(dataset, data.IterableDataset) and batch_sampler is not None:
-        indices = next(iter(batch_sampler))
-        return loader.collate_fn([dataset[i] for i in indices])
-    return next(iter(loader))
-
-
-@dataclasses.dataclass
-class ModuleEstimation:
-    """Estimates a LightningModule's training step on one of its own batches.
+def estimate_module(
+    pl_module: pl.LightningModule, batch: TrainBatch, facts: TrainerFacts, *, precision: Any = None
+) -> tuple[MemoryEstimate | None, str | None]:
+    """The estimate of ``pl_module``'s training step on ``batch``, or why there is none; never raises.
 
     Args:
-        ns: The callback's Lightning ``Namespace`` (``root``, ``isolate_rng``).
-        estimator: Returns the PyTorch estimator (``estimate_training``).
-        per_rank_estimator: Returns the per-rank estimator for DDP, FSDP and
-            ZeRO (``estimate_per_rank``).
-        one_batch: Takes one batch from a DataLoader.
-        strategy_reading: The strategy as
-            :func:`~nnmem_callbacks.adapters.lightning.strategy.read_strategy` read it
-            (``None``: a single device).
+        pl_module: The LightningModule.
+        batch: One train batch, or why there is none (then ``example_input_array`` serves).
+        facts: The trainer's facts: optimizers, precision, accumulation, clipping, device and strategy.
+        precision: Another precision to estimate at (the ``bf16-mixed`` offer); default: the trainer's.
+
+    Returns:
+        ``(estimate, None)``, or ``(None, why)``.
     """
+    try:
+        inputs, loss_fn, source = batch_and_loss(pl_module, batch)
+    except Exception as error:  # noqa: BLE001 - never harm the run
+        return None, f"no batch to estimate with ({type(error).__name__}: {error})"
+    precision = facts.precision if precision is None else precision
+    try:
+        return run_estimator(pl_module, inputs, loss_fn, facts, precision), None
+    except Exception as error:  # noqa: BLE001 - never harm the run
+        return None, f"the estimator failed on {source}: {type(error).__name__}: {error}"
 
-    ns: Namespace
-    estimator: Callable[[], Callable[..., MemoryEstimate]]
-    per_rank_estimator: Callable[[], Callable[..., MemoryEstimate]]
-    one_batch: Callable[[Any], Any] = one_batch
-    strategy_reading: Any = None
 
-    def from_module(self, trainer: Any, pl_module: Any) -> tuple[MemoryEstimate | None, int | None, str | None]:
-        """Returns ``(estimate, batch size, failure reason)``; never raises."""
-        try:
-            batch, loss_fn, source = self.batch_and_loss(trainer, pl_module)
-        except Exception as error:
-            return None, None, f"no batch to estimate with ({type(error).__name__}: {error})"
-        try:
-            estimate = self.run(trainer, pl_module, batch, loss_fn, trainer.precision)
-        except Exception as error:
-            return None, None, f"the estimator failed on {source}: {type(error).__name__}: {error}"
-        return estimate, estimate.batch_size, None  # the estimator reads it from the batch (dim 0 of the first tensor)
+def batch_and_loss(pl_module: pl.LightningModule, batch: TrainBatch) -> tuple[Any, Callable[[Any, Any], Any], str]:
+    """The inputs and the loss function to trace, with a description of their source.
 
-    def at_precision(self, trainer: Any, pl_module: Any, precision: str) -> MemoryEstimate | None:
-        """The estimate under another precision (the ``bf16-mixed`` offer); ``None`` when that fails."""
-        try:
-            batch, loss_fn, _ = self.batch_and_loss(trainer, pl_module)
-            return self.run(trainer, pl_module, batch, loss_fn, precision)
-        except Exception as error:
-            log.debug("%s re-estimate failed: %s", precision, error)
-            return None
+    Raises:
+        RuntimeError: When there is no batch and the module has no ``example_input_array``.
+    """
+    if batch.batch is not None:
+        return batch.batch, training_step_loss(pl_module), "LightningModule.training_step with one train batch"
+    example = getattr(pl_module, "example_input_array", None)
+    if example is None:
+        raise RuntimeError(f"{batch.missing}; and the module has no example_input_array")
 
-    def batch_and_loss(self, trainer: Any, pl_module: Any) -> tuple[Any, Callable[[Any, Any], Any], str]:
-        """One real batch and the loss function to trace, with a description of their source."""
-        batch, error = None, None
-        try:
-            with self.ns.isolate_rng():
-                batch = self.first_train_batch(trainer, pl_module)
-        except Exception as caught:  # fall back to example_input_array
-            error = caught
-        if batch is not None:
-            return batch, training_step_loss(pl_module), "LightningModule.training_step with one train batch"
-        example = getattr(pl_module, "example_input_array", None)
-        if example is None:
-            why = f"{type(error).__name__}: {error}" if error else "the train dataloader gave no batch"
-            raise RuntimeError(f"{why}; and the module has no example_input_array")
+    def forward_loss(model: Any, inputs: Any) -> Any:
+        if isinstance(inputs, tuple):
+            out = model(*inputs)
+        elif isinstance(inputs, dict):
+            out = model(**inputs)
+        else:
+            out = model(inputs)
+        return sum_outputs(out)
 
-        def forward_loss(model: Any, inputs: Any) -> Any:
-            if isinstance(inputs, tuple):
-                out = model(*inputs)
-            elif isinstance(inputs, dict):
-                out = model(**inputs)
-            else:
-                out = model(inputs)
-            return sum_outputs(out)
+    return example, forward_loss, "forward(example_input_array) with a sum-of-outputs loss"
 
-        return example, forward_loss, "forward(example_input_array) with a sum-of-outputs loss"
 
-    def first_train_batch(self, trainer: Any, pl_module: Any) -> Any:
-        """The first train batch, through the batch-transfer hooks, as the fit loop would see it."""
-        import torch.utils.data as data
-
-        if trainer.limit_train_batches == 0:
-            raise RuntimeError("limit_train_batches=0")
-        loader = trainer.fit_loop._data_source.dataloader()
-        if isinstance(loader, data.DataLoader):
-            batch = self.one_batch(loader)
-        else:  # collections of loaders: let Lightning combine them like the fit loop does
-            combined_cls = importlib.import_module(f"{self.ns.root}.utilities.combined_loader").CombinedLoader
-            combined = loader if isinstance(loader, combined_cls) else combined_cls(loader, "max_size_cycle")
-            iterator = iter(combined)
-            batch = next(iterator)
-            if isinstance(batch, tuple) and len(batch) == 3:
-                batch = batch[0]
-        batch = pl_module.on_before_batch_transfer(batch, 0)
-        return pl_module.on_after_batch_transfer(batch, 0)
-
-    def run(self, trainer: Any, pl_module: Any, batch: Any, loss_fn: Any, precision: Any) -> MemoryEstimate:
-        """Runs the estimator with the trainer's optimizers, precision, accumulation and clipping."""
-        optimizers = list(trainer.optimizers) or configured_optimizers(pl_module)
-        optimizer: Any = optimizers[0] if len(optimizers) == 1 else (optimizers or "sgd")
-        training = {name: module.training for name, module in pl_module.named_modules()}
-        pl_module.train()
-        reading = self.strategy_reading
-        kwargs = dict(
-            optimizer=optimizer,
-            loss_fn=loss_fn,
-            precision=precision,
-            device=str(trainer.strategy.root_device),
-            accumulate_grad_batches=int(trainer.accumulate_grad_batches),
-            gradient_clip_val=trainer.gradient_clip_val,
-            gradient_clip_algorithm=trainer.gradient_clip_algorithm or "norm",
-        )
-        try:
-            with self.ns.isolate_rng():
-                if reading is None or reading.strategy is None or reading.strategy.kind == "single":
-                    return self.estimator()(pl_module, batch, **kwargs)
-                from nnmem_callbacks.adapters.lightning.strategy import units_for
-
-                return self.per_rank_estimator()(
-                    pl_module, batch, strategy=reading.strategy, units=units_for(pl_module, reading), **kwargs
-                )
-        finally:
-            for name, module in pl_module.named_modules():
-                if name in training:
-                    module.training = training[name]
+def run_estimator(
+    pl_module: pl.LightningModule, inputs: Any, loss_fn: Callable[[Any, Any], Any], facts: TrainerFacts, precision: Any
+) -> MemoryEstimate:
+    """Runs the estimator with the trainer's optimizers, precision, accumulation and clipping."""
+    optimizers = list(facts.optimizers) or configured_optimizers(pl_module)
+    optimizer: Any = optimizers[0] if len(optimizers) == 1 else (optimizers or "sgd")
+    training = {name: module.training for name, module in pl_module.named_modules()}
+    pl_module.train()
+    kwargs = dict(
+        optimizer=optimizer,
+        loss_fn=loss_fn,
+        precision=precision,
+        device=str(facts.device),
+        accumulate_grad_batches=facts.accumulate_grad_batches,
+        gradient_clip_val=facts.gradient_clip_val,
+        gradient_clip_algorithm=facts.gradient_clip_algorithm,
+    )
+    reading = facts.strategy
+    try:
+        if reading is None or reading.strategy is None or reading.strategy.kind == "single":
+            return estimate_training(pl_module, inputs, **kwargs)
+        units = units_for(pl_module, reading)
+        return estimate_per_rank(pl_module, inputs, strategy=reading.strategy, units=units, **kwargs)
+    finally:
+        for name, module in pl_module.named_modules():
+            if name in training:
+                module.training = training[name]

@@ -1,10 +1,10 @@
 """How the Lightning ``MemoryBudgetCallback`` reaches Lightning: one ``Namespace`` per Lightning package.
 
 Lightning ships as ``pytorch_lightning`` and as ``lightning.pytorch``, and a
-Trainer of one rejects callbacks built on the other. Every ``_lightning_*``
-module therefore reaches Lightning only through the :class:`Namespace` the
-concrete callback class was built on: the root package and the few utilities
-used (rank-zero warnings, ``lightning_setattr`` and friends, ``isolate_rng``,
+Trainer of one rejects callbacks built on the other. The callback's modules
+therefore reach Lightning only through the :class:`Namespace` the concrete
+callback class was built on: the root package and the few utilities used
+(rank-zero messages, ``lightning_setattr`` and friends, ``isolate_rng``,
 ``TensorBoardLogger``).
 
 Example:
@@ -51,7 +51,6 @@ class Namespace:
         self.Callback = self.pl.Callback
         self.rank_zero_warn = rank_zero.rank_zero_warn
         self.rank_zero_info = rank_zero.rank_zero_info
-        self.WarningCache = rank_zero.WarningCache
         self.lightning_hasattr = parsing.lightning_hasattr
         self.lightning_getattr = parsing.lightning_getattr
         self.lightning_setattr = parsing.lightning_setattr

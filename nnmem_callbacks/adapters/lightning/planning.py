@@ -2,102 +2,120 @@
 
 Part of the Lightning callback (see :mod:`nnmem_callbacks.adapters.lightning.callback`).
 The policies themselves live in :mod:`nnmem_callbacks.core.plan`; this module adds
-what only the trainer knows:
+what only the training device and the trainer's settings say:
 
-* :func:`budget_bytes` resolves the user's budget against the training
+* :func:`device_budget` resolves the user's budget against the training
   device, counting memory the process already holds (on CUDA the caching
   allocator's reserve and the context; on CPU the model) as available to the
   run, since the prediction includes it.
-* :func:`make_lightning_plan` makes the plan with the trainer's gradient
-  accumulation, and when a full-precision run does not fit, offers
-  ``bf16-mixed`` as an alternative, estimated again at that precision.
+* :func:`plan_on_device` makes the plan under that budget with the trainer's
+  gradient accumulation. When a full-precision run does not fit,
+  :func:`offers_bf16` says so; the callback then estimates again under
+  ``bf16-mixed``, and :func:`with_bf16_offer` makes the plan again, under the
+  same budget, with that estimate as an alternative.
+
+Example:
+    >>> from nnmem_callbacks.core.estimate import MemoryEstimate
+    >>> est = MemoryEstimate(peak_bytes=3 * 2**20, breakdown={"activations": 3 * 2**20}, batch_size=8)
+    >>> plan = plan_on_device(est, device="cpu", device_kind="cpu", resident_bytes=0, budget="1MiB", margin=0.05,
+    ...                       policy="warn")
+    >>> plan.budget_bytes, plan.fits, offers_bf16(plan, "32-true"), offers_bf16(plan, "bf16-mixed")
+    (1048576, False, True, False)
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Callable
+from typing import Any
 
-from nnmem_callbacks.hardware import devices
-from nnmem_callbacks.adapters.lightning.estimation import model_resident_bytes
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import Plan, make_plan, planning_margin, resolve_budget
+from nnmem_callbacks.hardware import devices
 
-__all__ = ["budget_bytes", "FP32_PRECISIONS", "log", "make_lightning_plan"]
-
-log = logging.getLogger(__name__)
+__all__ = ["device_budget", "FP32_PRECISIONS", "includes_reserve", "offers_bf16", "plan_on_device", "with_bf16_offer"]
 
 #: The trainer precisions that train in full precision (where ``bf16-mixed`` is offered).
 FP32_PRECISIONS = {"32-true", "32", 32}
 
 
-def budget_bytes(
-    trainer: Any, pl_module: Any, estimate: MemoryEstimate, *, budget: Any, margin: float, device_kind: str
-) -> tuple[int, bool]:
-    """``(budget bytes, include_reserve)`` for the training device.
+def includes_reserve(estimate: MemoryEstimate, device_kind: str) -> bool:
+    """Whether plans compare the predicted CUDA reserve (the estimate predicts it) rather than the tensor peak."""
+    return device_kind == "cuda" and estimate.reserved_bytes is not None
+
+
+def device_budget(
+    estimate: MemoryEstimate, *, device: Any, device_kind: str, resident_bytes: int, budget: Any, margin: float
+) -> int:
+    """The budget in bytes on the training device.
 
     Args:
-        trainer: The Trainer (its strategy's root device).
-        pl_module: The LightningModule (its parameters already on the device).
-        estimate: The estimate (its CUDA overhead, and whether it predicts the reserve).
+        estimate: The estimate (its CUDA overhead).
+        device: The training device (the strategy's root device).
+        device_kind: ``"cuda"`` or ``"cpu"``.
+        resident_bytes: CPU: the bytes of the model already in memory.
         budget: The user's budget (see :func:`~nnmem_callbacks.core.plan.resolve_budget`).
         margin: Headroom kept below free memory when ``budget`` is ``None``.
-        device_kind: ``"cuda"`` or ``"cpu"``.
     """
-    device = trainer.strategy.root_device
     capacity, free = devices.device_capacity(device)
     if device_kind == "cuda":
         import torch
 
         # memory this process already holds (the model) is part of the predicted peak
         free += int(torch.cuda.memory_reserved(device)) + int(estimate.overhead_bytes)
-        include_reserve = estimate.reserved_bytes is not None
     else:
-        free += model_resident_bytes(pl_module, "cpu")
-        include_reserve = False
-    resolved = resolve_budget(budget, capacity_bytes=capacity, free_bytes=min(free, capacity), margin=margin)
-    return resolved, include_reserve
+        free += resident_bytes
+    return resolve_budget(budget, capacity_bytes=capacity, free_bytes=min(free, capacity), margin=margin)
 
 
-def make_lightning_plan(
-    trainer: Any,
+def plan_on_device(
     estimate: MemoryEstimate,
     *,
+    device: Any,
+    device_kind: str,
+    resident_bytes: int,
     budget: Any,
-    budget_and_reserve: tuple[int, bool],
-    policy: str,
     margin: float,
-    bf16_alternative: Callable[[], MemoryEstimate | None],
+    policy: str,
+    accumulate_grad_batches: int = 1,
 ) -> Plan:
-    """The plan for ``estimate`` under the budget, with the trainer's accumulation.
+    """The plan for ``estimate`` under the budget on the training device, with the trainer's accumulation.
 
     Args:
-        trainer: The Trainer (``accumulate_grad_batches``, ``precision``).
         estimate: The estimate at the training precision.
-        budget: The user's budget (it decides the planning margin).
-        budget_and_reserve: What :func:`budget_bytes` returned.
-        policy: The callback's policy.
+        device, device_kind, resident_bytes: As :func:`device_budget` takes them.
+        budget: The user's budget (it also decides the planning margin).
         margin: The callback's margin.
-        bf16_alternative: Estimates the step again under ``bf16-mixed``
-            (``None`` when that fails); called only when a full-precision run
-            does not fit.
+        policy: The callback's policy.
+        accumulate_grad_batches: The trainer's accumulation.
     """
-    budget_value, include_reserve = budget_and_reserve
-    accumulate = int(trainer.accumulate_grad_batches)
-    planning = planning_margin(budget, margin)
-    plan = make_plan(
-        estimate, budget_value, policy, planning, accumulate_grad_batches=accumulate, include_reserve=include_reserve
+    include_reserve = includes_reserve(estimate, device_kind)
+    budget_bytes = device_budget(
+        estimate, device=device, device_kind=device_kind, resident_bytes=resident_bytes, budget=budget, margin=margin
     )
-    if not plan.fits and str(trainer.precision) in {str(p) for p in FP32_PRECISIONS}:
-        alternative = bf16_alternative()
-        if alternative is not None:
-            plan = make_plan(
-                estimate,
-                budget_value,
-                policy,
-                planning,
-                accumulate_grad_batches=accumulate,
-                alternatives={"bf16-mixed": alternative},
-                include_reserve=include_reserve,
-            )
-    return plan
+    return make_plan(
+        estimate,
+        budget_bytes,
+        policy,
+        planning_margin(budget, margin),
+        accumulate_grad_batches=int(accumulate_grad_batches),
+        include_reserve=include_reserve,
+    )
+
+
+def offers_bf16(plan: Plan, precision: Any) -> bool:
+    """Whether to offer ``bf16-mixed``: the plan does not fit and the trainer trains in full precision."""
+    return not plan.fits and str(precision) in {str(p) for p in FP32_PRECISIONS}
+
+
+def with_bf16_offer(
+    plan: Plan, estimate: MemoryEstimate, bf16: MemoryEstimate, *, device_kind: str, accumulate_grad_batches: int = 1
+) -> Plan:
+    """``plan`` made again (same budget, margin and policy) with ``bf16`` as the ``bf16-mixed`` alternative."""
+    return make_plan(
+        estimate,
+        plan.budget_bytes,
+        plan.policy,
+        plan.margin,
+        accumulate_grad_batches=int(accumulate_grad_batches),
+        alternatives={"bf16-mixed": bf16},
+        include_reserve=includes_reserve(estimate, device_kind),
+    )

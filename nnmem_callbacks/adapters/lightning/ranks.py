@@ -1,58 +1,60 @@
-"""What the ranks of a distributed Lightning run agree on: one plan for all, and the largest measured peak.
+"""What the ranks of a distributed Lightning run agree on: one plan for all.
 
 Part of the Lightning ``MemoryBudgetCallback`` (see :mod:`nnmem_callbacks.adapters.lightning.callback`).
 Each rank estimates and plans on its own; before anything changes, all ranks
 train with the smallest batch size any rank chose, and a failure on any rank
-disables the callback's actions on all of them. The epoch's measured peak is
-the largest over the ranks. Both go through ``trainer.strategy.reduce`` (one
-``max`` reduction of an int64 tensor), so they work for every strategy
-Lightning can reduce with; a single-device run reduces nothing.
+disables the callback's actions on all of them. Each rank sends
+:func:`what_this_rank_sends` (a list of ints); the callback reduces the lists
+by ``max`` over the ranks (``trainer.strategy.reduce``, one int64 tensor), and
+:func:`agreed_plan` makes the plan from what came back. On one device what
+comes back is what was sent, and the plan stays as it is.
+
+Example:
+    >>> plan = Plan(budget_bytes=100, predicted_bytes=150, fits=False, policy="accumulate", original_batch_size=64,
+    ...             batch_size=16, accumulate_grad_batches=4, max_fitting_batch_size=16)
+    >>> what_this_rank_sends(plan)
+    [0, -16, 1]
+    >>> agreed = agreed_plan(plan, [0, -8, 1], policy="accumulate", accumulate_grad_batches=1)
+    >>> agreed.batch_size, agreed.accumulate_grad_batches
+    (8, 8)
+    >>> agreed_plan(plan, [1, -16, 1], policy="accumulate", accumulate_grad_batches=1) is None
+    True
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Sequence
 
 from nnmem_callbacks.core.plan import Plan
 
-__all__ = ["agree_on_plan", "reduce_max"]
+__all__ = ["agreed_plan", "what_this_rank_sends"]
 
 
-def agree_on_plan(
-    trainer: Any, plan: Plan | None, failed: bool, *, policy: str, warn: Callable[[str], None]
+def what_this_rank_sends(plan: Plan | None) -> list[int]:
+    """``[no plan here, -batch size, does not fit]``: the ``max`` over ranks of each says what all must know.
+
+    The batch size is sent negated so that ``max`` picks the smallest.
+    """
+    if plan is None:
+        return [1, 0, 0]
+    return [0, -plan.batch_size, 0 if plan.fits else 1]
+
+
+def agreed_plan(
+    plan: Plan | None, received: Sequence[int], *, policy: str, accumulate_grad_batches: int
 ) -> Plan | None:
-    """All ranks train with one batch size: the smallest any rank chose; any failure disables all.
+    """The plan every rank uses: the smallest batch size any rank chose; ``None`` when any rank has no plan.
 
     Args:
-        trainer: The Trainer (``world_size``, ``strategy``, ``accumulate_grad_batches``).
         plan: This rank's plan (``None`` when it has none).
-        failed: Whether this rank's estimate or plan failed.
+        received: The ``max`` over ranks of what :func:`what_this_rank_sends` sent.
         policy: The callback's policy (``"accumulate"`` raises the accumulation
             so that the effective batch stays at least the original one).
-        warn: Says that the ranks could not agree (this rank's plan is kept).
-
-    Returns:
-        The plan every rank uses, or ``None`` when any rank failed.
+        accumulate_grad_batches: The trainer's accumulation before any change.
     """
-    if int(getattr(trainer, "world_size", 1)) <= 1:
-        return plan
-    import torch
-
-    local_batch = plan.batch_size if plan is not None else 0
-    unfit = 0 if (plan is None or plan.fits) else 1
-    flags = torch.tensor(
-        [1 if (failed or plan is None) else 0, -local_batch, unfit],
-        dtype=torch.int64,
-        device=trainer.strategy.root_device,
-    )
-    try:
-        reduced = trainer.strategy.reduce(flags, reduce_op="max")
-    except Exception as error:  # pragma: no cover - depends on the backend
-        warn(f"MemoryBudgetCallback: ranks could not agree on a batch size ({error}); using this rank's plan")
-        return plan
-    any_failed, agreed_batch, any_unfit = (int(v) for v in reduced.tolist())
+    any_failed, agreed_batch, any_unfit = (int(v) for v in received)
     agreed_batch = -agreed_batch
     if any_failed or plan is None:
         return None
@@ -60,7 +62,7 @@ def agree_on_plan(
         return plan
     accumulate = plan.accumulate_grad_batches
     if policy == "accumulate" and agreed_batch != plan.original_batch_size:
-        accumulate = int(trainer.accumulate_grad_batches) * math.ceil(plan.original_batch_size / agreed_batch)
+        accumulate = int(accumulate_grad_batches) * math.ceil(plan.original_batch_size / agreed_batch)
     # this rank's direct check was of its own batch; another rank's smaller one was checked there, not here
     verification = plan.verification
     if verification is not None and verification.batch_size != agreed_batch:
@@ -72,16 +74,3 @@ def agree_on_plan(
         fits=plan.fits and not any_unfit,
         verification=verification,
     )
-
-
-def reduce_max(trainer: Any, value: int) -> int:
-    """The largest ``value`` over the ranks (``value`` itself on one device or when the reduction fails)."""
-    if int(getattr(trainer, "world_size", 1)) <= 1:
-        return value
-    import torch
-
-    try:
-        tensor = torch.tensor([int(value)], dtype=torch.int64, device=trainer.strategy.root_device)
-        return int(trainer.strategy.reduce(tensor, reduce_op="max").item())
-    except Exception:  # pragma: no cover - depends on the backend
-        return value

@@ -1,4 +1,4 @@
-"""Reads a Lightning trainer's strategy as a :class:`~nnmem_callbacks.core.strategy.Strategy`.
+"""Reads a Lightning strategy as a :class:`~nnmem_callbacks.core.strategy.Strategy`.
 
 Works for both Lightning namespaces (``pytorch_lightning`` and
 ``lightning.pytorch``): strategies are recognised by class name and read by
@@ -18,14 +18,10 @@ attribute, so nothing here imports Lightning.
 
 Example:
     >>> class SingleDeviceStrategy: pass
-    >>> class Trainer:
-    ...     strategy = SingleDeviceStrategy()
-    ...     world_size = 1
-    >>> read_strategy(Trainer()).strategy.kind
+    >>> read_strategy(SingleDeviceStrategy()).strategy.kind
     'single'
     >>> class XLAStrategy: pass
-    >>> Trainer.strategy = XLAStrategy()
-    >>> read_strategy(Trainer()).strategy is None
+    >>> read_strategy(XLAStrategy(), world_size=8, global_rank=3).strategy is None
     True
 """
 
@@ -63,13 +59,12 @@ def _classes(strategy: Any) -> list[str]:
     return [cls.__name__ for cls in type(strategy).__mro__]
 
 
-def read_strategy(trainer: Any) -> StrategyReading:
-    """The strategy of ``trainer`` as a :class:`Strategy` for this rank."""
-    strategy = trainer.strategy
+def read_strategy(strategy: Any, *, world_size: int = 1, global_rank: int = 0) -> StrategyReading:
+    """A Lightning strategy (``trainer.strategy``) as a :class:`Strategy` for rank ``global_rank`` of ``world_size``."""
     name = type(strategy).__name__
     names = _classes(strategy)
-    world_size = int(getattr(trainer, "world_size", 1) or 1)
-    rank = int(getattr(trainer, "global_rank", 0) or 0)
+    world_size = int(world_size or 1)
+    rank = int(global_rank or 0)
     rank = rank if 0 <= rank < world_size else None
     if "SingleDeviceStrategy" in names:
         return StrategyReading(Strategy("single"), name)

@@ -1,26 +1,19 @@
-"""What the Lightning ``MemoryBudgetCallback`` says at fit start: the one-line summary and its TensorBoard artefacts.
+"""What the Lightning ``MemoryBudgetCallback`` says at fit start: the one-line summary.
 
 Part of the Lightning callback (see :mod:`nnmem_callbacks.adapters.lightning.callback`).
-The summary goes to the log through ``rank_zero_info``; every
-``TensorBoardLogger`` of the trainer also gets the summary with the breakdown
-as text, the custom-scalars layout for the epoch series and the breakdown
-figure (:func:`nnmem_callbacks.monitoring.tensorboard.write_fit_start`), written by
-rank zero only. A failing writer never breaks training (``safe`` says it once).
+The callback logs the line through ``rank_zero_info``, and writes it, with the
+breakdown, the custom-scalars layout and the breakdown figure
+(:func:`nnmem_callbacks.monitoring.tensorboard.write_fit_start`), to every
+``TensorBoardLogger`` of the trainer, from rank zero only.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
-
 from nnmem_callbacks.core.estimate import MemoryEstimate
-from nnmem_callbacks.core.plan import Plan, describe_plan
-from nnmem_callbacks.core.formatting import format_markdown_breakdown, format_summary
+from nnmem_callbacks.core.plan import Plan
 from nnmem_callbacks.core.units import format_bytes
 
-if TYPE_CHECKING:
-    from nnmem_callbacks.adapters.lightning.namespace import Namespace
-
-__all__ = ["fit_start_summary", "write_tensorboard_fit_start"]
+__all__ = ["fit_start_summary"]
 
 
 def fit_start_summary(
@@ -65,45 +58,3 @@ def fit_start_summary(
             f"{format_bytes(predicted_rss_rise)}"
         )
     return text
-
-
-def write_tensorboard_fit_start(
-    ns: Namespace,
-    trainer: Any,
-    *,
-    summary: Callable[[], str],
-    estimate: MemoryEstimate | None,
-    plan: Plan | None,
-    device_kind: str,
-    batch_size: int | None,
-    safe: Callable[[Callable[[], Any], str], Any],
-) -> None:
-    """Writes the fit-start text, layout and figure to each ``TensorBoardLogger`` (rank zero only)."""
-    if not getattr(trainer, "is_global_zero", True):
-        return
-    for logger in trainer.loggers:
-        if not isinstance(logger, ns.TensorBoardLogger):
-            continue
-        text = "\n\n".join(
-            [
-                summary().replace("MemoryBudgetCallback: ", ""),
-                format_markdown_breakdown(estimate) if estimate else "",
-                "```\n" + format_summary(estimate) + "\n```" if estimate else "",
-            ]
-        )
-        if plan is not None and estimate is not None and not plan.fits:
-            text += "\n\n```\n" + describe_plan(plan, estimate) + "\n```"
-        from nnmem_callbacks.monitoring.tensorboard import write_fit_start
-
-        def write(logger: Any = logger, text: str = text) -> None:
-            write_fit_start(
-                logger.experiment,
-                estimate,
-                kind=device_kind,
-                text=text,
-                budget_bytes=plan.budget_bytes if plan else None,
-                batch_size=batch_size,
-                step=int(trainer.global_step),
-            )
-
-        safe(write, "writing the fit-start summary to TensorBoard")
