@@ -14,7 +14,13 @@ torch or tensorflow on its own; each backend estimator is imported on use.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # loaded on use by __getattr__ below
+    from nnmem_callbacks.adapters.keras.callback import MemoryBudgetCallback
+    from nnmem_callbacks.adapters.keras.planning import FitPlan, fit_plan
+    from nnmem_callbacks.estimators.keras.common import KerasEstimationError
+    from nnmem_callbacks.estimators.keras.estimator import estimate_training
 
 __all__ = ["FitPlan", "KerasEstimationError", "MemoryBudgetCallback", "estimate_training", "fit_plan"]
 

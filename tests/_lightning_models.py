@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import torch
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 

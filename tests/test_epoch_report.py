@@ -9,16 +9,14 @@ import sys
 
 import pytest
 
-from nnmem_callbacks.monitoring import (
-    epoch_comparison as epoch_report,
-    meters as monitor,
-    oom,
-    tensorboard as tensorboard_report,
-)
 from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+from nnmem_callbacks.core.plan import make_plan
+from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
+from nnmem_callbacks.monitoring import meters as monitor
+from nnmem_callbacks.monitoring import oom
+from nnmem_callbacks.monitoring import tensorboard as tensorboard_report
 from nnmem_callbacks.monitoring.meters import Meter, PeakReading
 from nnmem_callbacks.monitoring.phase_tracking import BETWEEN_STEPS, PhaseTracker
-from nnmem_callbacks.core.plan import make_plan
 
 MiB = 2**20
 

@@ -14,8 +14,8 @@ pl = pytest.importorskip("pytorch_lightning")
 sys.path.insert(0, os.path.dirname(__file__))
 from _lightning_models import MLP, DataModule, trainer_kwargs  # noqa: E402
 
-from nnmem_callbacks.lightning import MemoryBudgetCallback  # noqa: E402
 from nnmem_callbacks.estimators.torch.estimator import TraceVerifier  # noqa: E402
+from nnmem_callbacks.lightning import MemoryBudgetCallback  # noqa: E402
 
 pytestmark = pytest.mark.lightning
 

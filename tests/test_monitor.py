@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from nnmem_callbacks.hardware import devices
-from nnmem_callbacks.monitoring import meters as monitor, oom
+from nnmem_callbacks.monitoring import meters as monitor
+from nnmem_callbacks.monitoring import oom
 
 MiB = 2**20
 

@@ -194,8 +194,8 @@ def fit_plan(
     Returns:
         A :class:`FitPlan`; ``plan.code`` shows how to use it.
     """
-    from nnmem_callbacks.hardware import devices
     from nnmem_callbacks.estimators.keras.estimator import estimate_training
+    from nnmem_callbacks.hardware import devices
 
     check_margin(margin)
     estimate = estimate_training(model, batch_size, x, y)
