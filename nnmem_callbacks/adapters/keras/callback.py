@@ -5,9 +5,11 @@ batch size and a running ``fit`` cannot change it, so the callback takes the
 batch size as an argument, only warns or raises, and points to
 :func:`~nnmem_callbacks.keras.fit_plan` for choosing a batch before ``fit``.
 
-Measuring is shared with the Lightning callback: the meter comes from
-:func:`nnmem_callbacks.monitoring.meters.keras_meter`, and each epoch's figures from
-:func:`nnmem_callbacks.monitoring.epoch_comparison.compare_epoch`. Keras has no hook for an
+Much is shared with the Lightning callback: the guarded call, warn-once and the
+prediction to compare (:mod:`nnmem_callbacks.adapters.common`); the meter, from
+:func:`nnmem_callbacks.monitoring.meters.keras_meter`; each epoch's figures, from
+:func:`nnmem_callbacks.monitoring.epoch_comparison.compare_epoch`; the TensorBoard
+event file, from :class:`nnmem_callbacks.monitoring.tensorboard.EventWriter`. Keras has no hook for an
 exception raised inside ``fit`` (``on_train_end`` is not called then), so there
 is no out-of-memory diagnosis here; Keras has no phase hooks either, so the
 peak is measured per epoch, not per phase of the step.
