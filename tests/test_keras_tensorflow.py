@@ -806,7 +806,7 @@ def test_a_list_of_known_elements_is_counted_once_without_an_allocator_model():
 def test_the_replays_allocator_starts_as_keras_build_left_it():
     """Random-initialized variables are made through two freed temporaries; zero-filled ones and slots are not."""
     from nnmem_callbacks.allocators.tensorflow_cpu import allocator_after_build
-    from nnmem_callbacks.estimators.keras.tensorflow.graph import build_state
+    from nnmem_callbacks.estimators.keras.tensorflow.state import build_state
 
     model = keras.Sequential([keras.Input((64,)), L.Dense(1024), L.Dense(1024, kernel_initializer="zeros")])
     model.compile(optimizer="adam", loss="mse")
@@ -832,7 +832,7 @@ def test_an_update_racing_its_layers_input_gradient_moves_the_variable_for_the_n
     from nnmem_callbacks.estimators.keras.common import input_specs
     from nnmem_callbacks.allocators.tensorflow_cpu import VariablePlacement, allocator_after_build
     from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
-    from nnmem_callbacks.estimators.keras.tensorflow.graph import build_state, resource_indices, state_variables
+    from nnmem_callbacks.estimators.keras.tensorflow.state import build_state, resource_indices, state_variables
     from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
     from nnmem_callbacks.estimators.keras.tensorflow.trace import trace_train_step
 

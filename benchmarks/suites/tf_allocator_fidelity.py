@@ -129,7 +129,7 @@ def worker(name: str, batch_size: int | None = None) -> dict[str, Any]:
 
     from benchmarks.common.keras_cases import CASES, build_case
     from nnmem_callbacks.allocators.bfc import BFCSimulator
-    from nnmem_callbacks.estimators.keras.tensorflow.graph import build_state
+    from nnmem_callbacks.estimators.keras.tensorflow.state import build_state
 
     if batch_size is not None:
         CASES[name] = (batch_size, CASES[name][1])

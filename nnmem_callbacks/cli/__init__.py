@@ -64,11 +64,36 @@ from nnmem_callbacks.cli.targets import Target, resolve_budget_bytes, resolve_ta
 from nnmem_callbacks.cli.values import InputSpec, parse_count, parse_input_shape, parse_model_args
 
 __all__ = [
-    "EXIT_DOES_NOT_FIT", "EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "CliError", "FitSummary", "GpuFit", "InputSpec",
-    "Target", "build_model", "build_parser", "calc_command_parser", "demo_command_parser", "estimate_command_parser",
-    "estimate_to_json", "find_quickstart", "fit_summary", "gpus_command_parser", "load_factory", "main", "make_batch",
-    "napkin_from_args", "parse_count", "parse_input_shape", "parse_model_args", "plot_estimate", "render_estimate",
-    "resolve_budget_bytes", "resolve_target", "run_estimate",
+    "EXIT_DOES_NOT_FIT",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CliError",
+    "FitSummary",
+    "GpuFit",
+    "InputSpec",
+    "Target",
+    "build_model",
+    "build_parser",
+    "calc_command_parser",
+    "demo_command_parser",
+    "estimate_command_parser",
+    "estimate_to_json",
+    "find_quickstart",
+    "fit_summary",
+    "gpus_command_parser",
+    "load_factory",
+    "main",
+    "make_batch",
+    "napkin_from_args",
+    "parse_count",
+    "parse_input_shape",
+    "parse_model_args",
+    "plot_estimate",
+    "render_estimate",
+    "resolve_budget_bytes",
+    "resolve_target",
+    "run_estimate",
 ]
 
 
@@ -117,4 +142,3 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # pragma: no cover - stdout without a descriptor
         pass
-

@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from nnmem_callbacks.hardware import gpus as gpu_table
-from nnmem_callbacks.estimators import napkin
-from nnmem_callbacks.core import vocabulary
 from nnmem_callbacks.cli.compute import (
     FitSummary,
     fit_summary,
@@ -18,11 +15,15 @@ from nnmem_callbacks.cli.compute import (
 )
 from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_OK, checked_value
 from nnmem_callbacks.cli.plots import check_plot_path
-from nnmem_callbacks.cli.render import make_console, emit_estimate
+from nnmem_callbacks.cli.render import emit_estimate, make_console
 from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
+from nnmem_callbacks.core import vocabulary
 from nnmem_callbacks.core.units import format_bytes
+from nnmem_callbacks.estimators import napkin
+from nnmem_callbacks.hardware import gpus as gpu_table
 
 __all__ = ["calc_command", "estimate_command", "gpus_command"]
+
 
 def _check_vocabulary(args: argparse.Namespace) -> None:
     """``--precision`` and ``--optimizer`` in canonical spelling (:mod:`nnmem_callbacks.core.vocabulary`)."""
@@ -45,10 +46,19 @@ def estimate_command(args: argparse.Namespace) -> int:
     budget = resolve_budget_bytes(args.budget, target)
     estimate = run_estimate(args, target)
     fit = fit_summary(estimate, target, budget, budget_named=args.budget is not None)
-    title = (f"nnmem estimate {args.model}: batch {estimate.batch_size}, {estimate.precision}, "
-             f"{args.optimizer}, target {target.label}")
-    emit_estimate(estimate, fit, args, title=title, model=args.model, inputs=list(args.input_shape or []),
-          optimizer=args.optimizer)
+    title = (
+        f"nnmem estimate {args.model}: batch {estimate.batch_size}, {estimate.precision}, "
+        f"{args.optimizer}, target {target.label}"
+    )
+    emit_estimate(
+        estimate,
+        fit,
+        args,
+        title=title,
+        model=args.model,
+        inputs=list(args.input_shape or []),
+        optimizer=args.optimizer,
+    )
     return _exit_status(args, fit)
 
 
@@ -73,8 +83,10 @@ def calc_command(args: argparse.Namespace) -> int:
     if fit.gpus and strategy.kind != "single":
         fit = _with_gpu_counts(fit, single, strategy, args.margin if hasattr(args, "margin") else fit.margin)
     why = napkin.explain(estimate)
-    title = (f"nnmem calc ({estimate.method}): batch {estimate.batch_size}, {estimate.precision}, "
-             f"{estimate.extra['napkin']['optimizer']}, target {target.label}")
+    title = (
+        f"nnmem calc ({estimate.method}): batch {estimate.batch_size}, {estimate.precision}, "
+        f"{estimate.extra['napkin']['optimizer']}, target {target.label}"
+    )
     emit_estimate(estimate, fit, args, title=title, why=why)
     return _exit_status(args, fit)
 
@@ -88,8 +100,12 @@ def _with_gpu_counts(fit: FitSummary, single, strategy, margin: float) -> FitSum
     params = int(single.extra.get("params") or single.extra.get("napkin", {}).get("params") or 0)
     gathered = gathered_unit_bytes(single)
     rows = tuple(
-        dataclasses.replace(row, gpus_needed=gpus_needed(single, strategy, row.memory_bytes, parameters=params,
-                                                         gathered_bytes=gathered, margin=margin))
+        dataclasses.replace(
+            row,
+            gpus_needed=gpus_needed(
+                single, strategy, row.memory_bytes, parameters=params, gathered_bytes=gathered, margin=margin
+            ),
+        )
         for row in fit.gpus
     )
     return dataclasses.replace(fit, gpus=rows)
@@ -98,9 +114,21 @@ def _with_gpu_counts(fit: FitSummary, single, strategy, margin: float) -> FitSum
 def gpus_command(args: argparse.Namespace) -> int:
     """``nnmem gpus``: print the built-in GPU table."""
     if args.json:
-        print(json.dumps([{"name": g.name, "nominal_gb": g.nominal_gb, "memory_bytes": g.memory_bytes,
-                           "capability": f"{g.capability[0]}.{g.capability[1]}", "architecture": g.arch.name}
-                          for g in gpu_table.GPUS], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": g.name,
+                        "nominal_gb": g.nominal_gb,
+                        "memory_bytes": g.memory_bytes,
+                        "capability": f"{g.capability[0]}.{g.capability[1]}",
+                        "architecture": g.arch.name,
+                    }
+                    for g in gpu_table.GPUS
+                ],
+                indent=2,
+            )
+        )
         return 0
     from rich.table import Table
 
@@ -111,9 +139,8 @@ def gpus_command(args: argparse.Namespace) -> int:
     table.add_column("bytes", justify="right")
     table.add_column("architecture")
     for gpu in gpu_table.GPUS:
-        table.add_row(gpu.name, f"{gpu.nominal_gb} GB", format_bytes(gpu.memory_bytes), f"{gpu.memory_bytes:,}",
-                      gpu.arch.label)
+        table.add_row(
+            gpu.name, f"{gpu.nominal_gb} GB", format_bytes(gpu.memory_bytes), f"{gpu.memory_bytes:,}", gpu.arch.label
+        )
     make_console().print(table)
     return 0
-
-

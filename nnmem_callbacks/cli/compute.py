@@ -7,14 +7,14 @@ import dataclasses
 import os
 from typing import Any
 
-from nnmem_callbacks.hardware import gpus as gpu_table
-from nnmem_callbacks.estimators import napkin
 from nnmem_callbacks.cli.errors import CliError, checked_value, first_line, require_module
-from nnmem_callbacks.cli.models import check_forward, build_model, load_factory, make_batch
+from nnmem_callbacks.cli.models import build_model, check_forward, load_factory, make_batch
 from nnmem_callbacks.cli.targets import Target
 from nnmem_callbacks.cli.values import parse_count, parse_input_shape, parse_model_args
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import DEFAULT_MARGIN, Plan, make_plan, planning_margin, resolve_budget
+from nnmem_callbacks.estimators import napkin
+from nnmem_callbacks.hardware import gpus as gpu_table
 
 __all__ = [
     "fit_summary",
@@ -25,6 +25,7 @@ __all__ = [
     "run_estimate",
     "strategy_from_args",
 ]
+
 
 def strategy_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~nnmem_callbacks.core.strategy.Strategy` of ``--world-size``, ``--fsdp`` and ``--zero-stage``.
@@ -76,10 +77,10 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     precision = checked_value(napkin.check_precision, args.precision, "--precision")
     model = build_model(spec, parse_model_args(args.model_arg), factory=factory)
     batch = make_batch(inputs, args.batch_size)
-    from nnmem_callbacks.estimators.torch.estimator import estimate_training
-
     import logging
     import warnings
+
+    from nnmem_callbacks.estimators.torch.estimator import estimate_training
 
     quiet = logging.getLogger("torch._subclasses.fake_tensor")
     level = quiet.level
@@ -90,9 +91,7 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
             strategy = strategy_from_args(args)
             device = f"cuda:{target.gpu.name}" if target.gpu is not None else target.device
             if strategy.kind == "single":
-                estimate = estimate_training(
-                    model, batch, optimizer=args.optimizer, precision=precision, device=device
-                )
+                estimate = estimate_training(model, batch, optimizer=args.optimizer, precision=precision, device=device)
             else:
                 from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 
@@ -138,16 +137,23 @@ def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> Memo
         loss = saved_loss or "mse"
         model.compile(optimizer=_keras_optimizer(keras, args.optimizer), loss=loss)
         if saved_optimizer is None:
-            notes.append(f"the saved model was not compiled: estimated with --optimizer {args.optimizer}"
-                         + ("" if optimizer_given else " (the default)"))
+            notes.append(
+                f"the saved model was not compiled: estimated with --optimizer {args.optimizer}"
+                + ("" if optimizer_given else " (the default)")
+            )
         else:
-            notes.append(f"--optimizer {args.optimizer} replaces the saved model's "
-                         f"{type(saved_optimizer).__name__} optimizer")
+            notes.append(
+                f"--optimizer {args.optimizer} replaces the saved model's {type(saved_optimizer).__name__} optimizer"
+            )
         if saved_loss is None:
-            notes.append("the saved model has no loss: estimated with a mean squared error loss ('mse'); compile "
-                         "it with its real loss and save it again for an exact figure")
+            notes.append(
+                "the saved model has no loss: estimated with a mean squared error loss ('mse'); compile "
+                "it with its real loss and save it again for an exact figure"
+            )
     elif saved_loss is None:
-        raise CliError(f"the Keras model in {spec!r} was saved without a loss; compile it with a loss and save it again")
+        raise CliError(
+            f"the Keras model in {spec!r} was saved without a loss; compile it with a loss and save it again"
+        )
     estimate = keras_estimate(model, batch_size=args.batch_size)
     return dataclasses.replace(estimate, notes=(*estimate.notes, *notes)) if notes else estimate
 
@@ -191,24 +197,44 @@ def napkin_from_args(args: argparse.Namespace, device: str = "cuda") -> MemoryEs
     layers = args.layers
     try:
         if args.hidden is not None:
-            missing = [flag for flag, value in (("--layers", layers), ("--heads", args.heads),
-                                                ("--seq-len", args.seq_len)) if value is None]
+            missing = [
+                flag
+                for flag, value in (("--layers", layers), ("--heads", args.heads), ("--seq-len", args.seq_len))
+                if value is None
+            ]
             if missing:
-                raise CliError(f"transformer mode (--hidden) also needs {', '.join(missing)}; e.g. "
-                               f"--layers 12 --hidden 768 --heads 12 --seq-len 128 --vocab 30522")
+                raise CliError(
+                    f"transformer mode (--hidden) also needs {', '.join(missing)}; e.g. "
+                    f"--layers 12 --hidden 768 --heads 12 --seq-len 128 --vocab 30522"
+                )
             if not layers.strip().isdigit():
-                raise CliError(f"--layers {layers!r}: with --hidden, give the number of transformer layers, e.g. --layers 12")
+                raise CliError(
+                    f"--layers {layers!r}: with --hidden, give the number of transformer layers, e.g. --layers 12"
+                )
             return napkin.transformer_estimate(
-                layers=int(layers), hidden=args.hidden, heads=args.heads, seq_len=args.seq_len,
-                batch_size=args.batch_size, vocab=args.vocab, ffn=args.ffn, params=args.params,
-                arch=args.arch, max_positions=args.max_positions, recompute=args.recompute,
-                attention=args.attention, activation=args.activation, dropout=not args.no_dropout, **common,
+                layers=int(layers),
+                hidden=args.hidden,
+                heads=args.heads,
+                seq_len=args.seq_len,
+                batch_size=args.batch_size,
+                vocab=args.vocab,
+                ffn=args.ffn,
+                params=args.params,
+                arch=args.arch,
+                max_positions=args.max_positions,
+                recompute=args.recompute,
+                attention=args.attention,
+                activation=args.activation,
+                dropout=not args.no_dropout,
+                **common,
             )
         if layers is not None:
             try:
                 widths = [parse_count(part) for part in layers.split(",") if part.strip()]
             except ValueError:
-                raise CliError(f"--layers {layers!r}: write MLP widths from input to output, e.g. 1000,100,100,10") from None
+                raise CliError(
+                    f"--layers {layers!r}: write MLP widths from input to output, e.g. 1000,100,100,10"
+                ) from None
             if len(widths) < 2:
                 raise CliError(
                     f"--layers {layers!r}: an MLP needs at least two widths (input,output), e.g. 1000,100,10; "
@@ -216,8 +242,9 @@ def napkin_from_args(args: argparse.Namespace, device: str = "cuda") -> MemoryEs
                 )
             return napkin.mlp_estimate(widths, args.batch_size, **common)
         if args.params is not None and args.activations is not None:
-            return napkin.params_estimate(args.params, args.activations, args.batch_size,
-                                          input_size=args.input_size, **common)
+            return napkin.params_estimate(
+                args.params, args.activations, args.batch_size, input_size=args.input_size, **common
+            )
     except ValueError as error:
         raise CliError(str(error)) from None
     raise CliError(
@@ -288,8 +315,14 @@ class FitSummary:
         }
 
 
-def fit_summary(estimate: MemoryEstimate, target: Target, budget_bytes: int | None,
-                margin: float = DEFAULT_MARGIN, *, budget_named: bool = True) -> FitSummary:
+def fit_summary(
+    estimate: MemoryEstimate,
+    target: Target,
+    budget_bytes: int | None,
+    margin: float = DEFAULT_MARGIN,
+    *,
+    budget_named: bool = True,
+) -> FitSummary:
     """Compares ``estimate`` with the budget and, without a known device memory, with every GPU.
 
     On CUDA the device bytes (allocator reserve plus context) are compared,
@@ -313,8 +346,14 @@ def fit_summary(estimate: MemoryEstimate, target: Target, budget_bytes: int | No
     if budget_bytes is not None:
         # a budget resolved from no --budget already keeps the margin free (plan.planning_margin)
         # the largest batch the command reports is checked by a direct estimate there, as the callbacks' are
-        plan = make_plan(estimate, budget_bytes, "warn", margin if budget_named else planning_margin(None, margin),
-                         include_reserve=include_reserve, verify=True if estimate.verifier is not None else None)
+        plan = make_plan(
+            estimate,
+            budget_bytes,
+            "warn",
+            margin if budget_named else planning_margin(None, margin),
+            include_reserve=include_reserve,
+            verify=True if estimate.verifier is not None else None,
+        )
     rows: tuple[GpuFit, ...] = ()
     if target.is_cuda and target.gpu is None and target.capacity_bytes is None:
         uncovered = set(estimate.extra.get("cuda_emulation", {}).get("uncovered_capabilities", ()))
@@ -326,6 +365,14 @@ def fit_summary(estimate: MemoryEstimate, target: Target, budget_bytes: int | No
             gpu_rows.append(GpuFit(gpu.name, gpu.memory_bytes, gpu_plan.max_fitting_batch_size, gpu_plan.fits, covered))
         rows = tuple(gpu_rows)
     return FitSummary(
-        target, budget_bytes, "device" if include_reserve else "peak", predicted,
-        plan.max_fitting_batch_size if plan else None, plan.fits if plan else None, rows, margin, plan, budget_named,
+        target,
+        budget_bytes,
+        "device" if include_reserve else "peak",
+        predicted,
+        plan.max_fitting_batch_size if plan else None,
+        plan.fits if plan else None,
+        rows,
+        margin,
+        plan,
+        budget_named,
     )

@@ -13,6 +13,7 @@ from nnmem_callbacks.cli.errors import CliError
 
 __all__ = ["demo_command", "find_quickstart"]
 
+
 def demo_command(args: argparse.Namespace) -> int:
     """``nnmem demo``: run examples/lightning_quickstart.py in a subprocess."""
     script = find_quickstart()
@@ -43,5 +44,3 @@ def find_quickstart() -> Path | None:
     if spec is None or spec.origin is None or not Path(spec.origin).is_file():
         return None
     return Path(spec.origin)
-
-

@@ -45,4 +45,3 @@ def require_module(module: str, message: str) -> None:
 def first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0][:300] if lines else ""
-

@@ -84,7 +84,8 @@ def _import_file(path: Path, spec: str) -> Any:
 
 def _public_callables(module: Any) -> list[str]:
     return sorted(
-        name for name, value in vars(module).items()
+        name
+        for name, value in vars(module).items()
         if callable(value) and not name.startswith("_") and getattr(value, "__module__", None) == module.__name__
     )
 
@@ -96,8 +97,11 @@ def _callables_in_file(path: str) -> str:
         tree = ast.parse(Path(path).read_text())
     except (OSError, SyntaxError):
         return "unknown"
-    names = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-             and not node.name.startswith("_")]
+    names = [
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+    ]
     return ", ".join(names) or "none"
 
 
@@ -125,9 +129,7 @@ def build_model(spec: str, model_args: dict[str, Any] | None = None, *, factory:
             f"check that it runs on its own (and its --model-arg values)"
         ) from None
     if not isinstance(model, torch.nn.Module):
-        raise CliError(
-            f"the factory {spec!r} returned {_an_object(model)}; it must return a torch.nn.Module"
-        )
+        raise CliError(f"the factory {spec!r} returned {_an_object(model)}; it must return a torch.nn.Module")
     return model
 
 
@@ -208,7 +210,9 @@ def looks_like_a_shape_error(error: BaseException) -> bool:
         >>> looks_like_a_shape_error(ValueError("my model is broken"))
         False
     """
-    return isinstance(error, (RuntimeError, IndexError, TypeError, ValueError)) and bool(_SHAPE_WORDS.search(str(error)))
+    return isinstance(error, (RuntimeError, IndexError, TypeError, ValueError)) and bool(
+        _SHAPE_WORDS.search(str(error))
+    )
 
 
 def _an_object(value: Any) -> str:
@@ -226,5 +230,3 @@ def _an_object(value: Any) -> str:
 def _describe_input(spec: InputSpec) -> str:
     text = f"{spec.dtype}{list(spec.shape)}"
     return f"{spec.name}={text}" if spec.name else text
-
-

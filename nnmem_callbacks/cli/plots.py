@@ -10,6 +10,7 @@ from nnmem_callbacks.core.units import format_bytes
 
 __all__ = ["check_plot_path", "plot_estimate"]
 
+
 def check_plot_path(path: str) -> None:
     """Checks ``--plot FILE`` before any estimate is made: matplotlib is there and can write that format.
 
@@ -62,13 +63,25 @@ def plot_estimate(estimate: MemoryEstimate, fit: FitSummary, path: str, *, title
     right_scale, right_unit = (GiB, "GiB") if highest >= GiB else (MiB, "MiB")
     right.plot(sizes, [estimate.peak_bytes_at(n) / right_scale for n in sizes], label="peak (tensors)")
     if estimate.reserved_bytes is not None or estimate.overhead_bytes:
-        right.plot(sizes, [estimate.device_bytes_at(n) / right_scale for n in sizes], label="device total", linestyle="--")
+        right.plot(
+            sizes, [estimate.device_bytes_at(n) / right_scale for n in sizes], label="device total", linestyle="--"
+        )
     if fit.budget_bytes is not None:
         right.axhline(fit.budget_bytes / right_scale, color="tab:red", label=f"budget {format_bytes(fit.budget_bytes)}")
         if capped:
-            right.plot([], [], " ", label=f"max batch >= {MAX_BATCH_SEARCH_LIMIT:,} (the search's cap: every batch up to it fits)")
+            right.plot(
+                [],
+                [],
+                " ",
+                label=f"max batch >= {MAX_BATCH_SEARCH_LIMIT:,} (the search's cap: every batch up to it fits)",
+            )
         elif fit.max_batch_size:
-            right.axvline(fit.max_batch_size, color="tab:red", linestyle=":", label=f"max batch {fit.max_batch_size} (keeps {fit.margin:.0%} of the budget free)")
+            right.axvline(
+                fit.max_batch_size,
+                color="tab:red",
+                linestyle=":",
+                label=f"max batch {fit.max_batch_size} (keeps {fit.margin:.0%} of the budget free)",
+            )
     right.axvline(estimate.batch_size, color="gray", linestyle=":", label=f"batch {estimate.batch_size}")
     right.set_xlabel("batch size")
     right.set_ylabel(right_unit)
@@ -83,5 +96,3 @@ def plot_estimate(estimate: MemoryEstimate, fit: FitSummary, path: str, *, title
     finally:
         plt.close(figure)
     return path
-
-

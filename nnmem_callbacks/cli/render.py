@@ -16,6 +16,7 @@ from nnmem_callbacks.core.units import format_bytes
 
 __all__ = ["emit_estimate", "estimate_to_json", "make_console", "readable_note", "render_estimate"]
 
+
 def estimate_to_json(estimate: MemoryEstimate, fit: FitSummary, **extra: Any) -> str:
     """The estimate and the fit as one JSON document (bytes as integers)."""
     document = estimate.to_dict()
@@ -87,15 +88,25 @@ def render_estimate(
     for name, value, share in breakdown_rows(estimate):
         table.add_row(name, format_bytes(value), f"{value:,}", f"{share:.1%}")
     table.add_section()
-    table.add_row("[bold]peak (tensors)[/bold]", f"[bold]{format_bytes(estimate.peak_bytes)}[/bold]",
-                  f"{estimate.peak_bytes:,}", "100.0%")
+    table.add_row(
+        "[bold]peak (tensors)[/bold]",
+        f"[bold]{format_bytes(estimate.peak_bytes)}[/bold]",
+        f"{estimate.peak_bytes:,}",
+        "100.0%",
+    )
     if estimate.reserved_bytes is not None:
         table.add_row("allocator reserve", format_bytes(estimate.reserved_bytes), f"{estimate.reserved_bytes:,}", "")
     if estimate.overhead_bytes:
-        table.add_row("CUDA context + libraries", format_bytes(estimate.overhead_bytes), f"{estimate.overhead_bytes:,}", "")
+        table.add_row(
+            "CUDA context + libraries", format_bytes(estimate.overhead_bytes), f"{estimate.overhead_bytes:,}", ""
+        )
     if estimate.reserved_bytes is not None or estimate.overhead_bytes:
-        table.add_row("[bold]device total[/bold]", f"[bold]{format_bytes(estimate.device_bytes)}[/bold]",
-                      f"{estimate.device_bytes:,}", "")
+        table.add_row(
+            "[bold]device total[/bold]",
+            f"[bold]{format_bytes(estimate.device_bytes)}[/bold]",
+            f"{estimate.device_bytes:,}",
+            "",
+        )
     console.print(table)
     console.print(
         f"peak phase {estimate.peak_phase}: {format_bytes(estimate.fixed_bytes)} fixed + "
@@ -106,8 +117,10 @@ def render_estimate(
         what = "device total" if fit.compared == "device" else "peak"
         verdict = "fits" if fit.fits else "does NOT fit"
         if fit.budget_named:
-            budget = (f"budget {format_bytes(fit.budget_bytes)} ({where}), keeping {fit.margin:.0%} free: "
-                      f"{format_bytes(fit.usable_bytes)} usable")
+            budget = (
+                f"budget {format_bytes(fit.budget_bytes)} ({where}), keeping {fit.margin:.0%} free: "
+                f"{format_bytes(fit.usable_bytes)} usable"
+            )
         else:
             memory = "memory" if fit.target.free_bytes is None else "free memory"
             budget = f"budget {format_bytes(fit.budget_bytes)}: {where}'s {memory} less {fit.margin:.0%}"
@@ -129,22 +142,36 @@ def render_estimate(
             gpu_rows.add_column(f"GPUs for batch {estimate.batch_size} per rank", justify="right")
         for row in fit.gpus:
             mark = "" if row.covered else " *"
-            cells = [row.name + mark, format_bytes(row.memory_bytes), "yes" if row.fits else "no", _batch_text(row.max_batch_size)]
+            cells = [
+                row.name + mark,
+                format_bytes(row.memory_bytes),
+                "yes" if row.fits else "no",
+                _batch_text(row.max_batch_size),
+            ]
             if counts:
                 cells.append(str(row.gpus_needed) if row.gpus_needed is not None else "none (a rank alone exceeds it)")
             gpu_rows.add_row(*cells)
         console.print(gpu_rows)
         if not all(row.covered for row in fit.gpus):
-            console.print("* this card's architecture runs other kernels (attention) than the one estimated; "
-                          "estimate for it with --device <that GPU>")
+            console.print(
+                "* this card's architecture runs other kernels (attention) than the one estimated; "
+                "estimate for it with --device <that GPU>"
+            )
     for line in why:
         console.print(line)
     for note in estimate.notes:
         console.print(f"[dim]note: {readable_note(note)}[/dim]")
 
 
-def emit_estimate(estimate: MemoryEstimate, fit: FitSummary, args: argparse.Namespace, *, title: str,
-          why: Sequence[str] = (), **json_extra: Any) -> None:
+def emit_estimate(
+    estimate: MemoryEstimate,
+    fit: FitSummary,
+    args: argparse.Namespace,
+    *,
+    title: str,
+    why: Sequence[str] = (),
+    **json_extra: Any,
+) -> None:
     if args.plot:
         plot_estimate(estimate, fit, args.plot, title=title)
     if args.json:
@@ -157,5 +184,3 @@ def emit_estimate(estimate: MemoryEstimate, fit: FitSummary, args: argparse.Name
     render_estimate(estimate, fit, title=title, why=why)
     if args.plot:
         print(f"plot written to {args.plot}")
-
-

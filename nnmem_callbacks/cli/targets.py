@@ -7,11 +7,12 @@ import importlib.util
 import re
 import sys
 
-from nnmem_callbacks.hardware import gpus as gpu_table
 from nnmem_callbacks.cli.errors import CliError
 from nnmem_callbacks.core.plan import DEFAULT_MARGIN, parse_budget_text, resolve_budget
+from nnmem_callbacks.hardware import gpus as gpu_table
 
 __all__ = ["resolve_budget_bytes", "resolve_target", "Target"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Target:
@@ -133,5 +134,6 @@ def resolve_budget_bytes(budget: str | None, target: Target) -> int | None:
                 f"name a GPU (--device a100-80gb) or give a size with a unit (--budget 10GiB)"
             )
         return parsed
-    return resolve_budget(parsed, capacity_bytes=target.capacity_bytes,
-                          free_bytes=target.free_bytes, margin=DEFAULT_MARGIN)
+    return resolve_budget(
+        parsed, capacity_bytes=target.capacity_bytes, free_bytes=target.free_bytes, margin=DEFAULT_MARGIN
+    )

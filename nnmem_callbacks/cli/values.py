@@ -20,12 +20,28 @@ __all__ = [
 ]
 
 _DTYPES = {
-    "float32": "float32", "float": "float32", "fp32": "float32", "f32": "float32",
-    "float16": "float16", "half": "float16", "fp16": "float16", "f16": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float64": "float64", "double": "float64", "fp64": "float64",
-    "int64": "int64", "long": "int64", "int": "int64", "i64": "int64",
-    "int32": "int32", "i32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8",
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "f16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float64": "float64",
+    "double": "float64",
+    "fp64": "float64",
+    "int64": "int64",
+    "long": "int64",
+    "int": "int64",
+    "i64": "int64",
+    "int32": "int32",
+    "i32": "int32",
+    "int16": "int16",
+    "int8": "int8",
+    "uint8": "uint8",
     "bool": "bool",
 }
 
@@ -185,5 +201,3 @@ def parse_model_args(items: Sequence[str] | None) -> dict[str, Any]:
         except (ValueError, SyntaxError):
             kwargs[key.strip()] = value
     return kwargs
-
-

@@ -94,7 +94,11 @@ class AllocationLog:
                 f"fit_size must differ from batch_size and check_size must be below it; got batch {self.batch_size}, "
                 f"fit {self.fit_size}, check {self.check_size}"
             )
-        for name, values in (("sizes", self.sizes), ("fit_sizes", self.fit_sizes), ("check_sizes", self.check_sizes or self.sizes)):
+        for name, values in (
+            ("sizes", self.sizes),
+            ("fit_sizes", self.fit_sizes),
+            ("check_sizes", self.check_sizes or self.sizes),
+        ):
             if any((a < 0) != (b < 0) for a, b in zip(self.sizes, values)):
                 raise ValueError(f"{name} must free (-1) exactly where sizes frees")
 
@@ -116,7 +120,9 @@ class AllocationLog:
             span, step = -span, -step
         # size + delta * step / span, rounded half up: exact at both traced batches
         return [
-            size if size < 0 or size == other_size else max(0, size + (2 * (other_size - size) * step + span) // (2 * span))
+            size
+            if size < 0 or size == other_size
+            else max(0, size + (2 * (other_size - size) * step + span) // (2 * span))
             for size, other_size in zip(self.sizes, other_sizes)
         ]
 

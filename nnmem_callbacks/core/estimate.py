@@ -119,7 +119,11 @@ def upper_envelope(lines: "list[PhaseLine] | tuple[PhaseLine, ...]", start: int 
     for line in lines:
         ranges.setdefault((line.min_batch, line.max_batch), []).append(line)
     if len(ranges) > 1:
-        return [kept for (low, _), group in sorted(ranges.items(), key=lambda item: item[0][0]) for kept in upper_envelope(group, max(start, low))]
+        return [
+            kept
+            for (low, _), group in sorted(ranges.items(), key=lambda item: item[0][0])
+            for kept in upper_envelope(group, max(start, low))
+        ]
     best: dict[int, PhaseLine] = {}
     for line in lines:
         kept = best.get(line.per_sample_bytes)
@@ -213,9 +217,7 @@ class MemoryEstimate:
         object.__setattr__(self, "breakdown", full)
         object.__setattr__(self, "notes", tuple(self.notes))
         if not self.phases:
-            object.__setattr__(
-                self, "phases", (PhaseLine("peak", int(self.peak_bytes), 0),)
-            )
+            object.__setattr__(self, "phases", (PhaseLine("peak", int(self.peak_bytes), 0),))
             object.__setattr__(self, "peak_phase", self.peak_phase or "peak")
 
     @property
@@ -237,7 +239,12 @@ class MemoryEstimate:
     def _peak_line(self) -> PhaseLine:
         return max(
             (line for line in self.phases if line.covers(self.batch_size)),
-            key=lambda line: (line.at(self.batch_size), line.phase == self.peak_phase, line.min_batch, line.per_sample_bytes),
+            key=lambda line: (
+                line.at(self.batch_size),
+                line.phase == self.peak_phase,
+                line.min_batch,
+                line.per_sample_bytes,
+            ),
         )
 
     @property
@@ -370,7 +377,9 @@ class MemoryEstimate:
         if self.verifier is None:
             raise ValueError("this estimate has no verifier (the estimator that made it offers no direct estimate)")
         candidate = self._predicted_max_batch_size(budget_bytes, include_reserve, limit)
-        return verify_batch_size(self, budget_bytes, verifier=self.verifier, candidate=candidate, include_reserve=include_reserve)
+        return verify_batch_size(
+            self, budget_bytes, verifier=self.verifier, candidate=candidate, include_reserve=include_reserve
+        )
 
     def _predicted_max_batch_size(self, budget_bytes: int, include_reserve: bool, limit: int) -> int:
         measure = self.device_bytes_at if include_reserve else self.upper_bytes_at
@@ -471,9 +480,7 @@ class MemoryEstimate:
         return [low, high]
 
     def __str__(self) -> str:
-        parts = ", ".join(
-            f"{name}={format_bytes(value)}" for name, value in self.breakdown.items() if value
-        )
+        parts = ", ".join(f"{name}={format_bytes(value)}" for name, value in self.breakdown.items() if value)
         return (
             f"MemoryEstimate(peak={format_bytes(self.peak_bytes)} at batch {self.batch_size} "
             f"[{self.peak_phase}], method={self.method}, {parts})"

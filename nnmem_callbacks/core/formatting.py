@@ -24,11 +24,7 @@ __all__ = ["breakdown_rows", "format_breakdown", "format_markdown_breakdown", "f
 def breakdown_rows(estimate: MemoryEstimate, *, include_zero: bool = False) -> list[tuple[str, int, float]]:
     """Rows of (category, bytes, share of the peak), in category order."""
     total = max(estimate.peak_bytes, 1)
-    return [
-        (name, value, value / total)
-        for name, value in estimate.breakdown.items()
-        if value or include_zero
-    ]
+    return [(name, value, value / total) for name, value in estimate.breakdown.items() if value or include_zero]
 
 
 def format_breakdown(estimate: MemoryEstimate, *, include_zero: bool = False) -> str:

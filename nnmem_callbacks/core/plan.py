@@ -357,7 +357,11 @@ def make_plan(
     verifier = verifier or estimate.verifier
     if verifier is not None and max_fit >= 1 and (changes if verify is None else verify):
         verification = verify_batch_size(
-            estimate, usable, verifier=verifier, candidate=max_fit, include_reserve=include_reserve,
+            estimate,
+            usable,
+            verifier=verifier,
+            candidate=max_fit,
+            include_reserve=include_reserve,
             choose=choose if changes else None,
         )
         if verification.stepped_down:
@@ -437,7 +441,11 @@ def suggest(
         saving = current - (other.device_bytes if include_reserve else other.peak_bytes)
         if saving > 0:
             suggestions.append(
-                Suggestion(kind, saving, f"precision {kind!r} predicts a peak of {format_bytes(other.peak_bytes)}, saving {format_bytes(saving)}")
+                Suggestion(
+                    kind,
+                    saving,
+                    f"precision {kind!r} predicts a peak of {format_bytes(other.peak_bytes)}, saving {format_bytes(saving)}",
+                )
             )
     return suggestions
 

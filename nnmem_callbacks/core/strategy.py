@@ -118,7 +118,9 @@ class Strategy:
             if self.zero_stage not in (1, 2, 3):
                 raise ValueError(f"zero_stage must be 1, 2 or 3 for kind='zero', got {self.zero_stage!r}")
         elif self.zero_stage:
-            raise ValueError(f"zero_stage is only valid with kind='zero' (got kind={self.kind!r}, zero_stage={self.zero_stage!r})")
+            raise ValueError(
+                f"zero_stage is only valid with kind='zero' (got kind={self.kind!r}, zero_stage={self.zero_stage!r})"
+            )
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)} or None, got {self.backend!r}")
         if not (isinstance(self.bucket_cap_mb, (int, float)) and self.bucket_cap_mb > 0):
@@ -148,7 +150,9 @@ class Strategy:
         if self.kind == "ddp" and self.gradient_as_bucket_view:
             text += " (gradient_as_bucket_view)"
         if self.offload_params or self.offload_optimizer:
-            text += " offload:" + "+".join(n for n, on in (("params", self.offload_params), ("optimizer", self.offload_optimizer)) if on)
+            text += " offload:" + "+".join(
+                n for n, on in (("params", self.offload_params), ("optimizer", self.offload_optimizer)) if on
+            )
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,7 +160,9 @@ class Strategy:
         return dataclasses.asdict(self)
 
 
-def shard_numel(shape: tuple[int, ...] | list[int], world_size: int, rank: int | None = None, *, padded: bool = False) -> int:
+def shard_numel(
+    shape: tuple[int, ...] | list[int], world_size: int, rank: int | None = None, *, padded: bool = False
+) -> int:
     """Elements of one rank's dim-0 shard of a tensor (FSDP2's ``torch.chunk`` split).
 
     Args:
@@ -311,8 +317,9 @@ def zero_model_states(
     return {"gpu": int(gpu_mem), "cpu": int(cpu_mem)}
 
 
-def shard_estimate(estimate: Any, strategy: Strategy, *, parameters: int, trainable: int | None = None,
-                   gathered_bytes: int = 0) -> Any:
+def shard_estimate(
+    estimate: Any, strategy: Strategy, *, parameters: int, trainable: int | None = None, gathered_bytes: int = 0
+) -> Any:
     """One rank's share of a single-device :class:`~nnmem_callbacks.core.estimate.MemoryEstimate`, by formula.
 
     The parameters, gradients and optimizer state at the single-device peak
@@ -340,33 +347,56 @@ def shard_estimate(estimate: Any, strategy: Strategy, *, parameters: int, traina
     grads_b = breakdown.get(str(Category.GRADIENTS), 0)
     optim_b = breakdown.get(str(Category.OPTIMIZER_STATE), 0)
     per = model_states_per_rank(
-        trainable, strategy,
+        trainable,
+        strategy,
         param_bytes=max(1, round(params_b / parameters)) if parameters else 0,
         grad_bytes=round(grads_b / trainable) if trainable else 0,
         optimizer_bytes_per_param=round(optim_b / trainable) if trainable else 0,
     )
     if strategy.kind == "ddp" and per["comm_buffers"] == 0 and trainable:
         per["comm_buffers"] = round(grads_b / trainable) * trainable if grads_b else 4 * trainable
-    gathered = gathered_bytes if (strategy.kind == "fsdp" or (strategy.kind == "zero" and strategy.zero_stage == 3)) else 0
-    new = {str(Category.PARAMETERS): per["parameters"], str(Category.GRADIENTS): per["gradients"],
-           str(Category.OPTIMIZER_STATE): per["optimizer_state"]}
+    gathered = (
+        gathered_bytes if (strategy.kind == "fsdp" or (strategy.kind == "zero" and strategy.zero_stage == 3)) else 0
+    )
+    new = {
+        str(Category.PARAMETERS): per["parameters"],
+        str(Category.GRADIENTS): per["gradients"],
+        str(Category.OPTIMIZER_STATE): per["optimizer_state"],
+    }
     delta = sum(new.values()) + per["comm_buffers"] + gathered - (params_b + grads_b + optim_b)
     breakdown.update(new)
     breakdown[str(Category.TEMPORARIES)] = breakdown.get(str(Category.TEMPORARIES), 0) + per["comm_buffers"] + gathered
     phases = tuple(dataclasses.replace(line, fixed_bytes=line.fixed_bytes + delta) for line in estimate.phases)
     reserved = None if estimate.reserved_bytes is None else max(0, estimate.reserved_bytes + delta)
-    note = (f"per rank under {strategy.describe()} by formula: parameters, gradients and optimizer state at the "
-            f"single-device peak replaced by one rank's share" + (f", {gathered} bytes of gathered units added" if gathered else "")
-            + ("; DDP gradient buckets added" if per["comm_buffers"] else ""))
+    note = (
+        f"per rank under {strategy.describe()} by formula: parameters, gradients and optimizer state at the "
+        f"single-device peak replaced by one rank's share"
+        + (f", {gathered} bytes of gathered units added" if gathered else "")
+        + ("; DDP gradient buckets added" if per["comm_buffers"] else "")
+    )
     extra = dict(estimate.extra, strategy=strategy.to_dict(), single_device_peak_bytes=int(estimate.peak_bytes))
     return dataclasses.replace(
-        estimate, peak_bytes=max(0, int(estimate.peak_bytes + delta)), breakdown=breakdown, phases=phases,
-        reserved_bytes=reserved, phase_breakdowns={}, notes=(*estimate.notes, note), extra=extra,
+        estimate,
+        peak_bytes=max(0, int(estimate.peak_bytes + delta)),
+        breakdown=breakdown,
+        phases=phases,
+        reserved_bytes=reserved,
+        phase_breakdowns={},
+        notes=(*estimate.notes, note),
+        extra=extra,
     )
 
 
-def gpus_needed(estimate: Any, strategy: Strategy, capacity_bytes: int, *, parameters: int, gathered_bytes: int = 0,
-                margin: float = 0.05, counts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)) -> int | None:
+def gpus_needed(
+    estimate: Any,
+    strategy: Strategy,
+    capacity_bytes: int,
+    *,
+    parameters: int,
+    gathered_bytes: int = 0,
+    margin: float = 0.05,
+    counts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+) -> int | None:
     """The fewest ranks (of ``counts``) at which one rank's device bytes fit ``capacity_bytes`` less ``margin``.
 
     ``estimate`` is the single-device estimate; ``strategy`` gives the kind

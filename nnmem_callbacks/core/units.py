@@ -108,9 +108,7 @@ def parse_bytes(text: str) -> int:
     number, unit = match.groups()
     factor = _UNIT_FACTORS.get(unit.lower() if unit else "b")
     if factor is None:
-        raise ValueError(
-            f"unknown byte unit {unit!r} in {text!r}; valid units are {', '.join(_valid_units())}"
-        )
+        raise ValueError(f"unknown byte unit {unit!r} in {text!r}; valid units are {', '.join(_valid_units())}")
     return int(round(float(number) * factor))
 
 

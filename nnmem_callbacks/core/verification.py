@@ -46,7 +46,6 @@ __all__ = [
 MAX_VERIFY_STEPS = 4
 
 
-
 class BatchLines(Protocol):
     """What a check reads of an estimate: its predicted bytes at any batch (a
     :class:`~nnmem_callbacks.core.estimate.MemoryEstimate` is one), and the method that made it."""
@@ -242,7 +241,9 @@ def verify_batch_size(
         try:
             direct = verifier(batch)
         except Exception as error:  # noqa: BLE001 - a failed check keeps the answer, unverified
-            checks.append(VerificationCheck(batch, expected, None, False, error=f"{type(error).__name__}: {error}"[:300]))
+            checks.append(
+                VerificationCheck(batch, expected, None, False, error=f"{type(error).__name__}: {error}"[:300])
+            )
             break
         traced = _measure(direct, include_reserve)(batch)
         fits = traced <= budget_bytes
@@ -260,13 +261,13 @@ def verify_batch_size(
             # a constant miss leaves nothing (the lines are flat below, e.g. an optimizer phase): before
             # concluding that nothing fits, check the batch a miss growing with the batch would allow
             miss, at = misses[0][1], misses[0][0]
-            largest = largest_fitting(lambda n: predicted(n) + -(-miss * n // at), budget_bytes, 0, over)
+            largest = largest_fitting(lambda n: predicted(n) + -(-miss * n // at), budget_bytes, 0, over)  # noqa: B023 - called here
         elif largest < 1 and best is None and len(misses) >= 2:
             # the line through two misses leaves nothing when the miss grows as the batch shrinks: with noisy
             # direct estimates (a runtime whose peak moves from run to run) that is the noise, not a trend.
             # Before concluding that nothing fits, take the largest miss seen as constant
             worst = max(miss for _, miss in misses)
-            largest = largest_fitting(lambda n: predicted(n) + max(worst, 0), budget_bytes, 0, over)
+            largest = largest_fitting(lambda n: predicted(n) + max(worst, 0), budget_bytes, 0, over)  # noqa: B023 - called here
         following = min(choose(largest), over - 1) if largest >= 1 else 0
         if best is not None and following <= best:
             break  # nothing between the largest that fits and the smallest that does not is left to try

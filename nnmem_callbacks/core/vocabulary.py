@@ -64,8 +64,19 @@ AMBIGUOUS_PRECISIONS = {
 }
 
 #: Optimizer names (``torch.optim`` classes with default settings; Keras equivalents where they exist).
-OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw", "adamax", "nadam", "radam", "adagrad", "adadelta",
-              "rmsprop", "rprop")
+OPTIMIZERS = (
+    "sgd",
+    "sgd_momentum",
+    "adam",
+    "adamw",
+    "adamax",
+    "nadam",
+    "radam",
+    "adagrad",
+    "adadelta",
+    "rmsprop",
+    "rprop",
+)
 
 #: Other accepted optimizer spellings.
 OPTIMIZER_ALIASES = {"momentum": "sgd_momentum"}

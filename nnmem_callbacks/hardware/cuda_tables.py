@@ -90,7 +90,9 @@ def check_env(value: str | None) -> bool | None:
     return None
 
 
-def cublas_workspace_bytes(capability: tuple[int, int] = DEFAULT_CAPABILITY, env: Mapping[str, str] | None = None) -> int:
+def cublas_workspace_bytes(
+    capability: tuple[int, int] = DEFAULT_CAPABILITY, env: Mapping[str, str] | None = None
+) -> int:
     """The workspace PyTorch allocates per cuBLAS handle and stream.
 
     ``CUBLAS_WORKSPACE_CONFIG`` is a list of ``:SIZE_KiB:COUNT`` pairs; the
@@ -132,7 +134,9 @@ def cublaslt_unified(env: Mapping[str, str] | None = None) -> bool:
     return check_env(_env(env).get("TORCH_CUBLASLT_UNIFIED_WORKSPACE")) is not False
 
 
-def cublaslt_workspace_bytes(capability: tuple[int, int] = DEFAULT_CAPABILITY, env: Mapping[str, str] | None = None) -> int:
+def cublaslt_workspace_bytes(
+    capability: tuple[int, int] = DEFAULT_CAPABILITY, env: Mapping[str, str] | None = None
+) -> int:
     """The cuBLASLt workspace size (``CUBLASLT_WORKSPACE_SIZE`` in KiB, default 1 MiB).
 
     When unified, it is capped at the cuBLAS workspace size.
@@ -250,7 +254,9 @@ CONTEXT_TABLE: dict[tuple[int, int], ContextFigures] = {
 }
 
 
-def context_figures(capability: tuple[int, int] = DEFAULT_CAPABILITY, cuda_major: int | None = None) -> tuple[ContextFigures, bool]:
+def context_figures(
+    capability: tuple[int, int] = DEFAULT_CAPABILITY, cuda_major: int | None = None
+) -> tuple[ContextFigures, bool]:
     """The context figures for a GPU family and CUDA major version.
 
     Returns:
@@ -318,8 +324,12 @@ CONV_WORKSPACE_TABLE: dict[tuple[int, str, str], ConvWorkspaceRule] = {
     (9, "float32", "forward"): ConvWorkspaceRule(
         1.0, 1.0, 512, "H100, torch 2.11 + cuDNN 9.19 (cuda_facts.json conv_fwd_peak_extra)"
     ),
-    (9, "reduced", "forward"): ConvWorkspaceRule(0.0, 0.0, 0, "H100 zoo bf16-mixed bn_cnn/unet within 2% (zoo_cuda.md)"),
-    (9, "reduced", "backward"): ConvWorkspaceRule(0.0, 0.0, 0, "H100 zoo bf16-mixed bn_cnn/unet within 2% (zoo_cuda.md)"),
+    (9, "reduced", "forward"): ConvWorkspaceRule(
+        0.0, 0.0, 0, "H100 zoo bf16-mixed bn_cnn/unet within 2% (zoo_cuda.md)"
+    ),
+    (9, "reduced", "backward"): ConvWorkspaceRule(
+        0.0, 0.0, 0, "H100 zoo bf16-mixed bn_cnn/unet within 2% (zoo_cuda.md)"
+    ),
 }
 
 
@@ -353,7 +363,9 @@ def conv_workspace_rule(capability: tuple[int, int], dtype_name: str, direction:
 # ---------------------------------------------------------------------------
 
 
-def for_capability(estimate: "MemoryEstimate", capability: tuple[int, int], env: Mapping[str, str] | None = None) -> "MemoryEstimate":
+def for_capability(
+    estimate: "MemoryEstimate", capability: tuple[int, int], env: Mapping[str, str] | None = None
+) -> "MemoryEstimate":
     """``estimate`` with its cuBLAS workspaces sized for a GPU of another compute capability.
 
     An estimate made without a GPU assumes one (``extra["cuda_libraries"]``
@@ -377,22 +389,34 @@ def for_capability(estimate: "MemoryEstimate", capability: tuple[int, int], env:
     if not record:
         return estimate
     environment = _env(env)
-    old = record["cublas_workspaces"] * record["cublas_bytes"] + record["cublaslt_workspaces"] * record["cublaslt_bytes"]
+    old = (
+        record["cublas_workspaces"] * record["cublas_bytes"] + record["cublaslt_workspaces"] * record["cublaslt_bytes"]
+    )
     lt = 0 if cublaslt_unified(environment) else cublaslt_workspace_bytes(capability, environment)
-    new = record["cublas_workspaces"] * cublas_workspace_bytes(capability, environment) + record["cublaslt_workspaces"] * lt
+    new = (
+        record["cublas_workspaces"] * cublas_workspace_bytes(capability, environment)
+        + record["cublaslt_workspaces"] * lt
+    )
     delta = new - old
     if not delta:
         return estimate
     breakdown = dict(estimate.breakdown)
     breakdown["workspaces"] = breakdown.get("workspaces", 0) + delta
     phase_breakdowns = {
-        phase: {**values, "workspaces": values.get("workspaces", 0) + delta} if values.get("workspaces") else dict(values)
+        phase: {**values, "workspaces": values.get("workspaces", 0) + delta}
+        if values.get("workspaces")
+        else dict(values)
         for phase, values in estimate.phase_breakdowns.items()
     }
     phases = tuple(dataclasses.replace(line, fixed_bytes=line.fixed_bytes + delta) for line in estimate.phases)
     reserved = None if estimate.reserved_bytes is None else estimate.reserved_bytes + delta
     extra = {**estimate.extra, "cuda_libraries": {**record, "capability": list(capability)}}
     return dataclasses.replace(
-        estimate, peak_bytes=estimate.peak_bytes + delta, breakdown=breakdown, phases=phases,
-        phase_breakdowns=phase_breakdowns, reserved_bytes=reserved, extra=extra,
+        estimate,
+        peak_bytes=estimate.peak_bytes + delta,
+        breakdown=breakdown,
+        phases=phases,
+        phase_breakdowns=phase_breakdowns,
+        reserved_bytes=reserved,
+        extra=extra,
     )

@@ -105,9 +105,19 @@ class CudaArch:
 
 #: Architectures by compute capability (NVIDIA's CUDA GPUs table).
 ARCHITECTURES: dict[tuple[int, int], str] = {
-    (6, 0): "Pascal", (6, 1): "Pascal", (7, 0): "Volta", (7, 5): "Turing",
-    (8, 0): "Ampere", (8, 6): "Ampere", (8, 7): "Ampere", (8, 9): "Ada",
-    (9, 0): "Hopper", (10, 0): "Blackwell", (10, 3): "Blackwell", (12, 0): "Blackwell", (12, 1): "Blackwell",
+    (6, 0): "Pascal",
+    (6, 1): "Pascal",
+    (7, 0): "Volta",
+    (7, 5): "Turing",
+    (8, 0): "Ampere",
+    (8, 6): "Ampere",
+    (8, 7): "Ampere",
+    (8, 9): "Ada",
+    (9, 0): "Hopper",
+    (10, 0): "Blackwell",
+    (10, 3): "Blackwell",
+    (12, 0): "Blackwell",
+    (12, 1): "Blackwell",
 }
 
 #: The architecture assumed for a CUDA target that names no GPU and has none here.

@@ -42,10 +42,16 @@ def register_batch_dims(*ops: Any, dims: tuple[tuple[int, int | None], ...] | No
 
 register_batch_dims(aten.convolution, aten.mm, dims=((0, 0),))
 register_batch_dims(aten.convolution_backward, aten.bmm, aten.native_batch_norm_backward, dims=((0, 0), (1, 0)))
-register_batch_dims(aten.max_pool2d_with_indices_backward, aten.max_pool3d_with_indices_backward, dims=((0, 0), (1, 0), (7, 0)))
 register_batch_dims(
-    aten.avg_pool2d_backward, aten.avg_pool3d_backward, aten._adaptive_avg_pool2d_backward,
-    aten._adaptive_avg_pool3d_backward, aten.adaptive_max_pool2d_backward, dims=((0, 0), (1, 0)),
+    aten.max_pool2d_with_indices_backward, aten.max_pool3d_with_indices_backward, dims=((0, 0), (1, 0), (7, 0))
+)
+register_batch_dims(
+    aten.avg_pool2d_backward,
+    aten.avg_pool3d_backward,
+    aten._adaptive_avg_pool2d_backward,
+    aten._adaptive_avg_pool3d_backward,
+    aten.adaptive_max_pool2d_backward,
+    dims=((0, 0), (1, 0)),
 )
 register_batch_dims(aten.native_layer_norm_backward, dims=((0, 0), (1, 0), (3, 0), (4, 0)))
 register_batch_dims(aten.native_group_norm_backward, dims=((0, 0), (1, 0), (2, 0), (3, 0), (5, None)))

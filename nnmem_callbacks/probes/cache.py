@@ -71,13 +71,17 @@ class ProbeCache:
         except FileNotFoundError:
             return {}
         except OSError as error:
-            warnings.warn(f"nnmem_callbacks: cannot read the probe cache file {self.path} ({error}); ignoring it", stacklevel=3)
+            warnings.warn(
+                f"nnmem_callbacks: cannot read the probe cache file {self.path} ({error}); ignoring it", stacklevel=3
+            )
             return {}
         try:
             data = json.loads(text)
             if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
                 raise ValueError("no 'entries' object")
-            if data.get("version") != FORMAT_VERSION or data.get("fingerprint") != json.loads(json.dumps(self.fingerprint, default=str)):
+            if data.get("version") != FORMAT_VERSION or data.get("fingerprint") != json.loads(
+                json.dumps(self.fingerprint, default=str)
+            ):
                 raise ValueError("another format version or fingerprint")
         except ValueError as error:
             warnings.warn(

@@ -139,7 +139,9 @@ class ProbeSession:
             fingerprint (``False``: no on-disk cache).
     """
 
-    def __init__(self, device_type: str, settings: ProbeSettings | None = None, cache: ProbeCache | None | bool = None) -> None:
+    def __init__(
+        self, device_type: str, settings: ProbeSettings | None = None, cache: ProbeCache | None | bool = None
+    ) -> None:
         self.device_type = device_type
         self.settings = settings or ProbeSettings()
         self.disabled_reason: str | None = None
@@ -147,7 +149,9 @@ class ProbeSession:
             self.disabled_reason = "probe_kernels=False"
         elif device_type not in PROBED_DEVICE_TYPES:
             self.disabled_reason = f"{device_type} kernels are not probed yet"
-        self.cap = self.settings.memory_cap_bytes if self.settings.memory_cap_bytes is not None else default_memory_cap()
+        self.cap = (
+            self.settings.memory_cap_bytes if self.settings.memory_cap_bytes is not None else default_memory_cap()
+        )
         if cache is None and self.enabled:
             cache = ProbeCache(fingerprint(device_type))
         self.cache: ProbeCache | None = cache or None
@@ -229,7 +233,11 @@ class ProbeSession:
                 tensor = real_tensor(value, shape, self.device_type)
                 real.append(tensor.to(dtypes[index]) if index in dtypes else tensor)
             elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
-                real.append(type(value)(real_tensor(v, None, self.device_type) if isinstance(v, torch.Tensor) else v for v in value))
+                real.append(
+                    type(value)(
+                        real_tensor(v, None, self.device_type) if isinstance(v, torch.Tensor) else v for v in value
+                    )
+                )
             elif index in dims and dims[index] is None:
                 real.append(plan.unit * n)
             else:
@@ -286,7 +294,7 @@ class ProbeSession:
         try:
             with isolated():
                 real = self._real_args(func, args, plan, n)
-                result, peak = kernel_peak(lambda: func(*real, **kwargs), strict=True)
+                result, peak = kernel_peak(lambda: func(*real, **kwargs), strict=True)  # noqa: F821 - called before the del
                 del result, real
         finally:
             self.seconds += time.perf_counter() - started
@@ -409,17 +417,25 @@ class ProbeSession:
         for reason, names in sorted(self.skipped.items()):
             notes.append(f"kernel workspaces from rules, not probed: {reason} ({', '.join(sorted(names))})")
         for reason, names in sorted(self.extrapolated.items()):
-            notes.append(f"kernel workspaces interpolated or extrapolated from other probed sizes ({reason}): {', '.join(sorted(names))}")
+            notes.append(
+                f"kernel workspaces interpolated or extrapolated from other probed sizes ({reason}): {', '.join(sorted(names))}"
+            )
         for name, error in sorted(self.failed.items()):
             notes.append(f"warning: kernel workspaces from rules, not probed: the probe of {name} failed ({error})")
         if self.cache_error is not None:
-            notes.append(f"warning: the kernel probe cache was not updated ({self.cache_error}); the next estimate probes again")
+            notes.append(
+                f"warning: the kernel probe cache was not updated ({self.cache_error}); the next estimate probes again"
+            )
         return notes
 
 
 @contextlib.contextmanager
 def kernel_probes(
-    device_type: str, enabled: bool = True, *, settings: ProbeSettings | None = None, cache: ProbeCache | None | bool = None
+    device_type: str,
+    enabled: bool = True,
+    *,
+    settings: ProbeSettings | None = None,
+    cache: ProbeCache | None | bool = None,
 ) -> Iterator[ProbeSession]:
     """Makes a :class:`ProbeSession` current for the traces inside; saves its probes to the cache after."""
     if settings is None:

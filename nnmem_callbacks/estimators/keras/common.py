@@ -229,5 +229,11 @@ def accumulation_steps(model: Any) -> int:
 def precision_of(model: Any) -> str:
     policy = getattr(model, "dtype_policy", None)
     name = getattr(policy, "name", None) or "float32"
-    return {"float32": "32-true", "mixed_float16": "16-mixed", "mixed_bfloat16": "bf16-mixed",
-            "float16": "16-true", "bfloat16": "bf16-true", "float64": "64-true"}.get(name, name)
+    return {
+        "float32": "32-true",
+        "mixed_float16": "16-mixed",
+        "mixed_bfloat16": "bf16-mixed",
+        "float16": "16-true",
+        "bfloat16": "bf16-true",
+        "float64": "64-true",
+    }.get(name, name)

@@ -106,14 +106,17 @@ def estimate_training(
     if method not in METHODS:
         raise KerasEstimationError(f"unknown method {method!r}; valid methods are {', '.join(map(repr, METHODS))}")
     if step_check_seconds is not None and (
-        isinstance(step_check_seconds, bool) or not isinstance(step_check_seconds, (int, float))
+        isinstance(step_check_seconds, bool)
+        or not isinstance(step_check_seconds, (int, float))
         or not step_check_seconds > 0
     ):
         raise KerasEstimationError(
             f"step_check_seconds must be a positive number of seconds (or None for the default), got {step_check_seconds!r}"
         )
     if not is_compiled(model):
-        raise KerasEstimationError("compile the model first (model.compile(optimizer=..., loss=...)): its optimizer and loss are estimated")
+        raise KerasEstimationError(
+            "compile the model first (model.compile(optimizer=..., loss=...)): its optimizer and loss are estimated"
+        )
     x_specs, y_specs, example_batch = input_specs(model, x, y)
     if batch_size is None:
         batch_size = example_batch
@@ -134,8 +137,17 @@ def estimate_training(
         return estimate_layer_rules(model, batch_size, x_specs, y_specs, notes)
     try:
         return _backend_estimate(
-            backend, model, batch_size, x_specs, y_specs, notes, check_scaling, probe_kernels, check_steps,
-            optimizer_built, step_check_seconds,
+            backend,
+            model,
+            batch_size,
+            x_specs,
+            y_specs,
+            notes,
+            check_scaling,
+            probe_kernels,
+            check_steps,
+            optimizer_built,
+            step_check_seconds,
         )
     except KerasEstimationError:
         raise
@@ -167,8 +179,15 @@ def _backend_estimate(
         from nnmem_callbacks.estimators.keras.tensorflow.graph import estimate_tensorflow
 
         return estimate_tensorflow(
-            model, batch_size, x_specs, y_specs, notes, probe_kernels=probe_kernels, check_steps=check_steps,
-            optimizer_built=optimizer_built, step_check_seconds=step_check_seconds,
+            model,
+            batch_size,
+            x_specs,
+            y_specs,
+            notes,
+            probe_kernels=probe_kernels,
+            check_steps=check_steps,
+            optimizer_built=optimizer_built,
+            step_check_seconds=step_check_seconds,
         )
     if backend == "jax":
         from nnmem_callbacks.estimators.keras.jax_xla import estimate_jax

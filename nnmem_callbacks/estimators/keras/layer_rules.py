@@ -53,8 +53,20 @@ def register(*names: str) -> Callable[[Rule], Rule]:
     return decorate
 
 
-@register("Dense", "EinsumDense", "Conv1D", "Conv2D", "Conv3D", "SeparableConv1D", "SeparableConv2D",
-          "DepthwiseConv1D", "DepthwiseConv2D", "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose")
+@register(
+    "Dense",
+    "EinsumDense",
+    "Conv1D",
+    "Conv2D",
+    "Conv3D",
+    "SeparableConv1D",
+    "SeparableConv2D",
+    "DepthwiseConv1D",
+    "DepthwiseConv2D",
+    "Conv1DTranspose",
+    "Conv2DTranspose",
+    "Conv3DTranspose",
+)
 def _linear(layer: Any, input_bytes: int, output_bytes: int) -> int:
     # the input is saved for the weight gradient; a fused activation keeps its output too
     activation = getattr(getattr(layer, "activation", None), "__name__", "linear")
@@ -76,9 +88,23 @@ def _dropout(layer: Any, input_bytes: int, output_bytes: int) -> int:
     return output_bytes + output_bytes // 4  # the output and a boolean mask
 
 
-@register("MaxPooling1D", "MaxPooling2D", "MaxPooling3D", "AveragePooling1D", "AveragePooling2D",
-          "AveragePooling3D", "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalMaxPooling1D",
-          "GlobalMaxPooling2D", "ZeroPadding1D", "ZeroPadding2D", "Cropping1D", "Cropping2D", "UpSampling2D")
+@register(
+    "MaxPooling1D",
+    "MaxPooling2D",
+    "MaxPooling3D",
+    "AveragePooling1D",
+    "AveragePooling2D",
+    "AveragePooling3D",
+    "GlobalAveragePooling1D",
+    "GlobalAveragePooling2D",
+    "GlobalMaxPooling1D",
+    "GlobalMaxPooling2D",
+    "ZeroPadding1D",
+    "ZeroPadding2D",
+    "Cropping1D",
+    "Cropping2D",
+    "UpSampling2D",
+)
 def _pooling(layer: Any, input_bytes: int, output_bytes: int) -> int:
     return input_bytes
 
@@ -186,7 +212,9 @@ def estimate_layer_rules(model: Any, batch_size: int, x_specs: Any, y_specs: Any
         notes.append(f"layer outputs unavailable ({type(error).__name__}); activations not counted")
     if unknown:
         notes.append(
-            "no layer rule for " + ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items())) + " (charged their output size)"
+            "no layer rule for "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items()))
+            + " (charged their output size)"
         )
     largest_variable = max((variable_bytes(v) for v in unique(model.trainable_variables)), default=0)
     fixed = static[Category.PARAMETERS.value] + static[Category.BUFFERS.value] + static[Category.OPTIMIZER_STATE.value]

@@ -40,7 +40,6 @@ from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine
 __all__ = ["cuda_rnn_paths", "estimate_torch"]
 
 
-
 def _make_shim_class() -> Any:
     import torch
 
@@ -111,15 +110,43 @@ def cuda_rnn_paths(enabled: bool = True) -> Iterator[None]:
         saved = keras_rnn._is_cuda_cudnn_available  # noqa: SLF001
         keras_rnn._is_cuda_cudnn_available = lambda: True  # noqa: SLF001
         try:
-            return mask is None and keras_rnn.cudnn_ok(activation, recurrent_activation, unroll, use_bias=bias is not None)
+            return mask is None and keras_rnn.cudnn_ok(
+                activation, recurrent_activation, unroll, use_bias=bias is not None
+            )
         finally:
             keras_rnn._is_cuda_cudnn_available = saved  # noqa: SLF001
 
-    def lstm(inputs, initial_state_h, initial_state_c, mask, kernel, recurrent_kernel, bias, activation, recurrent_activation,
-             return_sequences=False, go_backwards=False, unroll=False, batch_first=True):
+    def lstm(
+        inputs,
+        initial_state_h,
+        initial_state_c,
+        mask,
+        kernel,
+        recurrent_kernel,
+        bias,
+        activation,
+        recurrent_activation,
+        return_sequences=False,
+        go_backwards=False,
+        unroll=False,
+        batch_first=True,
+    ):
         if not eligible(activation, recurrent_activation, unroll, bias, mask):
-            return original_lstm(inputs, initial_state_h, initial_state_c, mask, kernel, recurrent_kernel, bias, activation,
-                                 recurrent_activation, return_sequences, go_backwards, unroll, batch_first)
+            return original_lstm(
+                inputs,
+                initial_state_h,
+                initial_state_c,
+                mask,
+                kernel,
+                recurrent_kernel,
+                bias,
+                activation,
+                recurrent_activation,
+                return_sequences,
+                go_backwards,
+                unroll,
+                batch_first,
+            )
         kernel = convert_to_tensor(kernel)
         inputs = convert_to_tensor(inputs).to(kernel.dtype)
         if go_backwards:
@@ -137,11 +164,35 @@ def cuda_rnn_paths(enabled: bool = True) -> Iterator[None]:
         )
         return last, (outputs if batch_first else outputs.permute(1, 0, 2)), states
 
-    def gru(inputs, initial_state, mask, kernel, recurrent_kernel, bias, activation, recurrent_activation,
-            return_sequences=False, go_backwards=False, unroll=False, reset_after=True):
+    def gru(
+        inputs,
+        initial_state,
+        mask,
+        kernel,
+        recurrent_kernel,
+        bias,
+        activation,
+        recurrent_activation,
+        return_sequences=False,
+        go_backwards=False,
+        unroll=False,
+        reset_after=True,
+    ):
         if not reset_after or not eligible(activation, recurrent_activation, unroll, bias, mask):
-            return original_gru(inputs, initial_state, mask, kernel, recurrent_kernel, bias, activation, recurrent_activation,
-                                return_sequences, go_backwards, unroll, reset_after)
+            return original_gru(
+                inputs,
+                initial_state,
+                mask,
+                kernel,
+                recurrent_kernel,
+                bias,
+                activation,
+                recurrent_activation,
+                return_sequences,
+                go_backwards,
+                unroll,
+                reset_after,
+            )
         kernel = convert_to_tensor(kernel)
         inputs = convert_to_tensor(inputs).to(kernel.dtype)
         if go_backwards:
@@ -227,7 +278,9 @@ def estimate_torch(
         device = str(next(iter(model.parameters())).device) if any(True for _ in model.parameters()) else "cpu"
     emulated = torch.device(device).type == "cuda" and not torch.cuda.is_available()
     with cuda_rnn_paths(enabled=emulated):
-        estimate = torch_estimate(model, batch, optimizer=make_optimizer, loss_fn=loss_fn, device=device, check_scaling=check_scaling)
+        estimate = torch_estimate(
+            model, batch, optimizer=make_optimizer, loss_fn=loss_fn, device=device, check_scaling=check_scaling
+        )
     if estimate.method != "trace":
         raise RuntimeError(
             f"the PyTorch estimator could not trace the Keras step ({estimate.extra.get('fallback_reason', estimate.method)})"

@@ -285,5 +285,3 @@ def base_notes(kind: str, precision: str, optimizer: str) -> list[str]:
     if OPTIMIZER_STATE[optimizer]:
         notes.append(f"{optimizer}: {OPTIMIZER_STATE[optimizer]}x the parameters of optimizer state")
     return notes
-
-

@@ -10,20 +10,20 @@ from typing import Callable, Sequence
 
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.estimators.napkin.common import (
-    check_positive,
-    check_choice,
+    ACTIVATIONS,
+    ARCHITECTURES,
+    ATTENTION,
+    COMPUTE_BYTES,
+    PARAM_BYTES,
+    RECOMPUTE,
     StepParts,
     assemble,
-    common_parts,
-    static_parts,
-    input_bytes,
     base_notes,
-    PARAM_BYTES,
-    COMPUTE_BYTES,
-    RECOMPUTE,
-    ATTENTION,
-    ARCHITECTURES,
-    ACTIVATIONS,
+    check_choice,
+    check_positive,
+    common_parts,
+    input_bytes,
+    static_parts,
 )
 
 __all__ = [
@@ -56,7 +56,6 @@ def korthikanti_layer_bytes(seq_len: int, batch_size: int, hidden: int, heads: i
     if recompute == "selective":
         return 34 * sbh
     return 34 * sbh + 5 * heads * seq_len * seq_len * batch_size
-
 
 
 # -- transformer ---------------------------------------------------------------
@@ -153,7 +152,9 @@ def transformer_estimate(
     if hidden % heads:
         raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
     h, a, s, f = hidden, heads, seq_len, ffn or 4 * hidden
-    computed_params = transformer_params(layers=layers, hidden=h, vocab=vocab, ffn=f, arch=arch, max_positions=max_positions)
+    computed_params = transformer_params(
+        layers=layers, hidden=h, vocab=vocab, ffn=f, arch=arch, max_positions=max_positions
+    )
     n_params = check_positive("params", params) if params is not None else computed_params
     layer_linear = 4 * h * h + 4 * h + 2 * h * f + f + h
     head_linear = vocab * h + (h * h + h + vocab if arch == "bert" else 0)
@@ -241,8 +242,15 @@ def transformer_estimate(
             "device": common["device"],
         },
     }
-    return assemble(parts, batch_size, method="napkin:transformer", precision=precision,
-                     device=common["device"], notes=notes, extra=extra)
+    return assemble(
+        parts,
+        batch_size,
+        method="napkin:transformer",
+        precision=precision,
+        device=common["device"],
+        notes=notes,
+        extra=extra,
+    )
 
 
 # -- MLP -----------------------------------------------------------------------
@@ -281,8 +289,9 @@ def mlp_estimate(
     batch_size = check_positive("batch_size", batch_size)
     layer_params = [widths[i] * widths[i + 1] + widths[i + 1] for i in range(len(widths) - 1)]
     n_params = sum(layer_params)
-    common = common_parts(optimizer, precision, device, n_params,
-                     max(widths[i] * widths[i + 1] for i in range(len(widths) - 1)), n_params)
+    common = common_parts(
+        optimizer, precision, device, n_params, max(widths[i] * widths[i + 1] for i in range(len(widths) - 1)), n_params
+    )
     precision = common["precision"]
     e = COMPUTE_BYTES[precision]
     mixed = precision.endswith("-mixed")
@@ -299,7 +308,9 @@ def mlp_estimate(
         alive = sum(saved[: i + 1]) + out + (loss if i == len(layer_params) - 1 else 0)
         # the gradient of the output, and of the input (not computed for the first layer)
         temp = widths[i + 1] * e + (widths[i] * e if i else 0)
-        phases.append((f"step2/backward (layer {i + 1} of {len(layer_params)})", grads_so_far, common["copies"], alive, 0, temp))
+        phases.append(
+            (f"step2/backward (layer {i + 1} of {len(layer_params)})", grads_so_far, common["copies"], alive, 0, temp)
+        )
     parts = StepParts(
         **static_parts(common),
         inputs=widths[0] * input_bytes(precision),
@@ -319,11 +330,18 @@ def mlp_estimate(
             "outputs": out,
             "loss (fp32 log-softmax)": loss,
         },
-        "napkin": {"kind": "mlp", "widths": list(widths), "optimizer": common["optimizer"],
-                   "precision": precision, "device": common["device"], "cross_entropy": cross_entropy},
+        "napkin": {
+            "kind": "mlp",
+            "widths": list(widths),
+            "optimizer": common["optimizer"],
+            "precision": precision,
+            "device": common["device"],
+            "cross_entropy": cross_entropy,
+        },
     }
-    return assemble(parts, batch_size, method="napkin:mlp", precision=precision,
-                     device=common["device"], notes=notes, extra=extra)
+    return assemble(
+        parts, batch_size, method="napkin:mlp", precision=precision, device=common["device"], notes=notes, extra=extra
+    )
 
 
 # -- bare counts ---------------------------------------------------------------
@@ -386,12 +404,26 @@ def params_estimate(
     extra = {
         "params": params,
         "activation_terms": {"activations": activations * e},
-        "napkin": {"kind": "params", "params": params, "activations": activations, "input_size": input_size,
-                   "optimizer": common["optimizer"], "precision": precision, "device": common["device"],
-                   "largest_param": largest_param},
+        "napkin": {
+            "kind": "params",
+            "params": params,
+            "activations": activations,
+            "input_size": input_size,
+            "optimizer": common["optimizer"],
+            "precision": precision,
+            "device": common["device"],
+            "largest_param": largest_param,
+        },
     }
-    return assemble(parts, batch_size, method="napkin:params", precision=precision,
-                     device=common["device"], notes=notes, extra=extra)
+    return assemble(
+        parts,
+        batch_size,
+        method="napkin:params",
+        precision=precision,
+        device=common["device"],
+        notes=notes,
+        extra=extra,
+    )
 
 
 # -- explanation ---------------------------------------------------------------

@@ -12,8 +12,6 @@ from nnmem_callbacks.estimators.napkin.estimates import mlp_estimate, params_est
 __all__ = ["dominant_terms", "explain", "what_if"]
 
 
-
-
 def _rebuild(estimate: MemoryEstimate, **changes: Any) -> MemoryEstimate | None:
     spec = dict(estimate.extra.get("napkin", {}))
     kind = spec.pop("kind", None)
@@ -51,17 +49,25 @@ def what_if(estimate: MemoryEstimate) -> list[tuple[str, MemoryEstimate]]:
     if spec["precision"] == "32-true":
         options.append(("precision=bf16-mixed: 16-bit activations (parameters stay fp32)", {"precision": "bf16-mixed"}))
     if spec["precision"].endswith("-mixed"):
-        options.append(("precision=bf16-true: everything in bf16 (needs care with the optimizer)", {"precision": "bf16-true"}))
+        options.append(
+            ("precision=bf16-true: everything in bf16 (needs care with the optimizer)", {"precision": "bf16-true"})
+        )
     if spec["kind"] == "transformer":
         if spec["attention"] == "eager":
             options.append(("attention=flash: fused attention kernel, no s*s scores kept", {"attention": "flash"}))
         if spec["recompute"] == "none":
-            options.append(("recompute=selective: recompute the attention scores in backward", {"recompute": "selective"}))
+            options.append(
+                ("recompute=selective: recompute the attention scores in backward", {"recompute": "selective"})
+            )
         if spec["recompute"] != "full":
-            options.append(("recompute=full: keep only each layer's input (activation checkpointing)", {"recompute": "full"}))
+            options.append(
+                ("recompute=full: keep only each layer's input (activation checkpointing)", {"recompute": "full"})
+            )
     if estimate.batch_size >= 2:
         half = estimate.batch_size // 2
-        options.append((f"batch_size={half} with accumulate_grad_batches=2: same effective batch", {"batch_size": half}))
+        options.append(
+            (f"batch_size={half} with accumulate_grad_batches=2: same effective batch", {"batch_size": half})
+        )
     results = []
     for label, changes in options:
         other = _rebuild(estimate, **changes)
@@ -112,4 +118,3 @@ def explain(estimate: MemoryEstimate) -> list[str]:
             saving = estimate.peak_bytes - other.peak_bytes
             lines.append(f"  {label} -> peak {format_bytes(other.peak_bytes)} (-{saving / peak:.0%})")
     return lines
-

@@ -141,7 +141,9 @@ def estimate_per_rank(
         return estimate
     # the single-device step's allocation log and direct estimate do not describe one rank: the reserve at
     # another batch scales by the ratio, and a plan's check traces the rank again
-    verifier = _RankVerifier(model, batch, optimizer, loss_fn, precision, device or estimate.device, strategy, units, kwargs)
+    verifier = _RankVerifier(
+        model, batch, optimizer, loss_fn, precision, device or estimate.device, strategy, units, kwargs
+    )
     return dataclasses.replace(estimate, allocation_log=None, verifier=verifier)
 
 
@@ -162,12 +164,30 @@ class _RankVerifier(DirectEstimator):
     def estimate_at(self, batch_size: int) -> MemoryEstimate:
         model, optimizer, loss_fn, precision, device = self._arguments
         batch, _ = self._spec.build(batch_size, torch.device("meta"), lambda dtype: dtype)
-        return estimate_per_rank(model, batch, optimizer, loss_fn, precision, device, strategy=self._strategy,
-                                 units=self._units, **self._kwargs)
+        return estimate_per_rank(
+            model,
+            batch,
+            optimizer,
+            loss_fn,
+            precision,
+            device,
+            strategy=self._strategy,
+            units=self._units,
+            **self._kwargs,
+        )
 
 
-def _estimate_per_rank(model, batch, optimizer, loss_fn, precision, device, strategy: Strategy,
-                       units: Sequence[nn.Module] | None, kwargs: dict[str, Any]) -> MemoryEstimate:
+def _estimate_per_rank(
+    model,
+    batch,
+    optimizer,
+    loss_fn,
+    precision,
+    device,
+    strategy: Strategy,
+    units: Sequence[nn.Module] | None,
+    kwargs: dict[str, Any],
+) -> MemoryEstimate:
     from nnmem_callbacks.estimators.torch.estimator import estimate_training
 
     if strategy.kind in ("single", "zero"):
@@ -191,7 +211,9 @@ def _estimate_per_rank(model, batch, optimizer, loss_fn, precision, device, stra
 
     replay = replay_rank(marks, strategy, rank, unit_params, stored_itemsize)
     trace_peaks = {p: v for p, v in marks.tracker.phase_peaks.items()}
-    deltas = {phase: replay.phase_peaks[phase] - trace_peaks[phase] for phase in trace_peaks if phase in replay.phase_peaks}
+    deltas = {
+        phase: replay.phase_peaks[phase] - trace_peaks[phase] for phase in trace_peaks if phase in replay.phase_peaks
+    }
     fallback_delta = max(deltas.values()) if deltas else 0
     phases = tuple(
         dataclasses.replace(line, fixed_bytes=line.fixed_bytes + deltas.get(line.phase, fallback_delta))
@@ -210,13 +232,17 @@ def _stored_dtype(parameter: torch.Tensor, precision: str) -> torch.dtype:
 
 def _strategy_note(strategy: Strategy, units: Sequence[nn.Module]) -> str:
     if strategy.kind == "ddp":
-        text = ("per-rank estimate for DDP: the whole model on every rank plus the reducer's gradient buckets "
-                f"(one flat copy of the trainable gradients{', gradients as bucket views' if strategy.gradient_as_bucket_view else ''})")
+        text = (
+            "per-rank estimate for DDP: the whole model on every rank plus the reducer's gradient buckets "
+            f"(one flat copy of the trainable gradients{', gradients as bucket views' if strategy.gradient_as_bucket_view else ''})"
+        )
     else:
-        text = (f"per-rank estimate for FSDP2 x{strategy.world_size} over {len(units)} unit(s) and the root: padded dim-0 "
-                "shards of parameters and gradients, local shards of optimizer state, each unit's all-gather and "
-                "unsharded parameters around its forward and backward (reshard_after_forward="
-                f"{strategy.reshard_after_forward}), backward prefetch of the next unit, reduce-scatter buffers")
+        text = (
+            f"per-rank estimate for FSDP2 x{strategy.world_size} over {len(units)} unit(s) and the root: padded dim-0 "
+            "shards of parameters and gradients, local shards of optimizer state, each unit's all-gather and "
+            "unsharded parameters around its forward and backward (reshard_after_forward="
+            f"{strategy.reshard_after_forward}), backward prefetch of the next unit, reduce-scatter buffers"
+        )
         if strategy.param_dtype:
             text += f", gathered parameters and gradients in {strategy.param_dtype}"
         if strategy.offload_params or strategy.offload_optimizer:
@@ -226,8 +252,9 @@ def _strategy_note(strategy: Strategy, units: Sequence[nn.Module]) -> str:
     return text
 
 
-def _with_phases(single: MemoryEstimate, phases: tuple, breakdown: dict[str, int], strategy: Strategy,
-                 notes: list[str], rank: int) -> MemoryEstimate:
+def _with_phases(
+    single: MemoryEstimate, phases: tuple, breakdown: dict[str, int], strategy: Strategy, notes: list[str], rank: int
+) -> MemoryEstimate:
     batch = single.batch_size
     covering = [line for line in phases if line.covers(batch)]
     peak_line = max(covering, key=lambda line: line.at(batch))
@@ -237,13 +264,21 @@ def _with_phases(single: MemoryEstimate, phases: tuple, breakdown: dict[str, int
     breakdown[str(Category.TEMPORARIES)] = max(0, breakdown.get(str(Category.TEMPORARIES), 0) + difference)
     reserved = None if single.reserved_bytes is None else max(peak, single.reserved_bytes + peak - single.peak_bytes)
     estimate = dataclasses.replace(
-        single, peak_bytes=int(peak), breakdown=breakdown, phases=phases, peak_phase=peak_line.phase,
-        reserved_bytes=reserved, phase_breakdowns={}, notes=(*single.notes, *notes),
+        single,
+        peak_bytes=int(peak),
+        breakdown=breakdown,
+        phases=phases,
+        peak_phase=peak_line.phase,
+        reserved_bytes=reserved,
+        phase_breakdowns={},
+        notes=(*single.notes, *notes),
     )
     return _tagged(estimate, strategy, single.peak_bytes, [], rank=rank)
 
 
-def _tagged(estimate: MemoryEstimate, strategy: Strategy, single_peak: int, notes: list[str], rank: int = 0) -> MemoryEstimate:
+def _tagged(
+    estimate: MemoryEstimate, strategy: Strategy, single_peak: int, notes: list[str], rank: int = 0
+) -> MemoryEstimate:
     extra = dict(estimate.extra)
     extra["strategy"] = strategy.to_dict()
     extra["rank"] = rank
@@ -258,7 +293,13 @@ def _formula_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strate
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     estimate = shard_estimate(single, strategy, parameters=parameters, trainable=trainable)
     note = f"per-rank estimate from closed-form model states ({why}); gathered parameters and communication buffers are not modelled"
-    return _tagged(dataclasses.replace(estimate, notes=(*estimate.notes, note)), strategy, single.peak_bytes, [], rank=strategy.rank or 0)
+    return _tagged(
+        dataclasses.replace(estimate, notes=(*estimate.notes, note)),
+        strategy,
+        single.peak_bytes,
+        [],
+        rank=strategy.rank or 0,
+    )
 
 
 def _zero_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strategy) -> MemoryEstimate:
@@ -268,13 +309,19 @@ def _zero_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strategy)
     total = sum(p.numel() for p in model.parameters())
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     reference = zero_model_states(
-        total, strategy.zero_stage, num_gpus_per_node=strategy.world_size, largest_layer_params=largest,
-        cpu_offload=strategy.offload_optimizer, cpu_offload_params=strategy.offload_params,
+        total,
+        strategy.zero_stage,
+        num_gpus_per_node=strategy.world_size,
+        largest_layer_params=largest,
+        cpu_offload=strategy.offload_optimizer,
+        cpu_offload_params=strategy.offload_params,
     )
     extra = dict(estimate.extra)
     extra["deepspeed_model_states"] = reference
-    note = (f"ZeRO-{strategy.zero_stage}: parameters, gradients and optimizer state split as DeepSpeed partitions them; "
-            "its bucket buffers (reduce_bucket_size, allgather_bucket_size, stage-3 prefetch and live parameters) are "
-            f"not modelled; DeepSpeed's own model-state estimate for this model: {reference['gpu']} bytes per GPU "
-            "(fp16 parameters and fp32 Adam)")
+    note = (
+        f"ZeRO-{strategy.zero_stage}: parameters, gradients and optimizer state split as DeepSpeed partitions them; "
+        "its bucket buffers (reduce_bucket_size, allgather_bucket_size, stage-3 prefetch and live parameters) are "
+        f"not modelled; DeepSpeed's own model-state estimate for this model: {reference['gpu']} bytes per GPU "
+        "(fp16 parameters and fp32 Adam)"
+    )
     return dataclasses.replace(estimate, extra=extra, notes=(*estimate.notes, note))

@@ -31,27 +31,25 @@ import dataclasses
 import gc
 import time
 import warnings
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from nnmem_callbacks.hardware import cuda_tables
+from nnmem_callbacks.allocators import cuda_caching as allocator
 from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
-from nnmem_callbacks.probes.runner import UnsupportedKernelError
-from nnmem_callbacks.probes.session import current_session, kernel_probes, probe_batch
 from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.core.verification import DirectEstimator
-from nnmem_callbacks.allocators import cuda_caching as allocator
-from nnmem_callbacks.estimators.torch.cuda import libraries as cuda_libraries
+from nnmem_callbacks.estimators.torch.batch_lines import category_line, paired_lines
 from nnmem_callbacks.estimators.torch.compat import eager_library_checks
-from nnmem_callbacks.hardware.gpus import DEFAULT_ARCH_CAPABILITY, cuda_arch
+from nnmem_callbacks.estimators.torch.cuda import libraries as cuda_libraries
 from nnmem_callbacks.estimators.torch.cuda.cudnn_rnn import cudnn_rnn_emulation
 from nnmem_callbacks.estimators.torch.cuda.emulation import EmulationReport, cuda_kernel_emulation
 from nnmem_callbacks.estimators.torch.fallback import estimate_closed_form
 from nnmem_callbacks.estimators.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
 from nnmem_callbacks.estimators.torch.inputs import optimizer_label
+from nnmem_callbacks.estimators.torch.scaled_log import build_allocation_log
 from nnmem_callbacks.estimators.torch.step import (
     EstimationInputError,
     LossFn,
@@ -63,8 +61,11 @@ from nnmem_callbacks.estimators.torch.step import (
     optimizer_state_tensors,
     parameter_dtype,
 )
-from nnmem_callbacks.estimators.torch.scaled_log import build_allocation_log
 from nnmem_callbacks.estimators.torch.tracer import OpMemo, StorageTracker, TraceResult
+from nnmem_callbacks.hardware import cuda_tables
+from nnmem_callbacks.hardware.gpus import DEFAULT_ARCH_CAPABILITY, cuda_arch
+from nnmem_callbacks.probes.runner import UnsupportedKernelError
+from nnmem_callbacks.probes.session import current_session, kernel_probes, probe_batch
 
 __all__ = [
     "cublas_workspace_bytes",
@@ -157,8 +158,15 @@ def estimate_training(
     if compiled_note is not None:
         model = model._orig_mod
     config = make_config(
-        model, batch, optimizer, loss_fn, precision, device,
-        accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm,
+        model,
+        batch,
+        optimizer,
+        loss_fn,
+        precision,
+        device,
+        accumulate_grad_batches,
+        gradient_clip_val,
+        gradient_clip_algorithm,
     )
     estimate = _estimate_config(config, check_scaling, probe_kernels, compiled_note)
     return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels, compiled_note))
@@ -189,10 +197,17 @@ def _estimate_config(
             )
             estimate = estimate_closed_form(config, reason, notes)
             if config.target_device.type == "cuda":
-                estimate = cuda_libraries.complete_closed_form(estimate, config.model, config.target_device, _reduced_dtype(config))
+                estimate = cuda_libraries.complete_closed_form(
+                    estimate, config.model, config.target_device, _reduced_dtype(config)
+                )
     estimate = dataclasses.replace(estimate, notes=(*estimate.notes, *probes.notes()))
     extra = dict(estimate.extra)
-    extra["kernel_probes"] = {"probed": probes.probed, "from_cache": probes.from_cache, "kernel_runs": probes.kernel_runs, "seconds": round(probes.seconds, 4)}
+    extra["kernel_probes"] = {
+        "probed": probes.probed,
+        "from_cache": probes.from_cache,
+        "kernel_runs": probes.kernel_runs,
+        "seconds": round(probes.seconds, 4),
+    }
     extra["seconds"] = round(time.perf_counter() - started, 4)
     return dataclasses.replace(estimate, extra=extra)
 
@@ -250,7 +265,9 @@ def run_trace(
     cost time (a fake-tensor trace creates many short-lived Python objects).
     """
     with _gc_paused():
-        return _run_trace(config, batch_size, steps=steps, optimizer_steps=optimizer_steps, session=session or TraceSession())
+        return _run_trace(
+            config, batch_size, steps=steps, optimizer_steps=optimizer_steps, session=session or TraceSession()
+        )
 
 
 @contextlib.contextmanager
@@ -286,16 +303,23 @@ class TraceSession:
         return self.cuda_emulation
 
 
-def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_steps: bool, session: TraceSession) -> TraceResult:
+def _run_trace(
+    config: StepConfig, batch_size: int, *, steps: int, optimizer_steps: bool, session: TraceSession
+) -> TraceResult:
     model = config.model
     precision = config.precision
     device = config.trace_device
     fake_mode = session.fake_mode
     tracker = StorageTracker(config.target_device.type, memo=session.memo, libraries=session.libraries)
     emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
-    with preserved_rng(), preserved_module_state(model), (cuda_kernel_emulation(report=session.emulation(config)) if emulate_cuda else contextlib.nullcontext()), \
-            eager_library_checks(config.example_batch), probe_batch(batch_size), \
-            cudnn_rnn_emulation(model, enabled=config.target_device.type == "cuda"):
+    with (
+        preserved_rng(),
+        preserved_module_state(model),
+        cuda_kernel_emulation(report=session.emulation(config)) if emulate_cuda else contextlib.nullcontext(),
+        eager_library_checks(config.example_batch),
+        probe_batch(batch_size),
+        cudnn_rnn_emulation(model, enabled=config.target_device.type == "cuda"),
+    ):
         model.train()
         with fake_mode, tracker:
 
@@ -314,7 +338,11 @@ def _run_trace(config: StepConfig, batch_size: int, *, steps: int, optimizer_ste
                 fake_batch, batch_tensors = config.batch.build(batch_size, device, input_dtype_map(precision))
                 for tensor in batch_tensors:
                     tracker.register(tensor, Category.INPUTS)
-                optimizers = build_optimizers(config.optimizer, trainable, fake_of, make_fake, config.target_device) if optimizer_steps else []
+                optimizers = (
+                    build_optimizers(config.optimizer, trainable, fake_of, make_fake, config.target_device)
+                    if optimizer_steps
+                    else []
+                )
                 tracker.mark(optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
                 all_params = [p for p in fake_of.values() if p.requires_grad]
                 scaler_state = None
@@ -400,7 +428,9 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
     if config.target_device.type == "cuda":
         session_probes = current_session()
         libraries = cuda_libraries.library_model(
-            config.target_device, notes, config.cuda_arch.capability if config.cuda_arch is not None else None,
+            config.target_device,
+            notes,
+            config.cuda_arch.capability if config.cuda_arch is not None else None,
             probe_convolutions=session_probes is None or session_probes.settings.enabled,
         )
     session = TraceSession(libraries)
@@ -418,9 +448,11 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
     if check_scaling:
         lines = _scaling_lines(config, main, notes, session)
     else:
-        notes.append("batch scaling not traced (check_scaling=False); per-sample bytes assumed from the batch-dependent categories")
+        notes.append(
+            "batch scaling not traced (check_scaling=False); per-sample bytes assumed from the batch-dependent categories"
+        )
     if not lines:
-        lines = [_category_line(main, phase, batch_size) for phase in main.phase_peaks]
+        lines = [category_line(main, phase, batch_size) for phase in main.phase_peaks]
     phases = upper_envelope(lines)
     peak_phase = max(main.phase_peaks, key=lambda p: main.phase_peaks[p])
     peak_bytes = main.phase_peaks[peak_phase]
@@ -437,7 +469,9 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         rounding = prediction.peak_allocated - peak_bytes
         if rounding > 0:
             breakdown[str(Category.TEMPORARIES)] += rounding
-            phases = [dataclasses.replace(p, fixed_bytes=p.fixed_bytes + rounding) for p in phases]  # keeps batch ranges
+            phases = [
+                dataclasses.replace(p, fixed_bytes=p.fixed_bytes + rounding) for p in phases
+            ]  # keeps batch ranges
             notes.append(
                 f"CUDA allocator rounding and unsplit blocks add {format_bytes(rounding)} to the tensor peak (counted as temporaries)"
             )
@@ -446,9 +480,12 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         notes.extend(libraries.notes(main.workspace_ops))
         extra["cuda_libraries"] = libraries.record(main.workspace_ops)
         overhead = cuda_libraries.device_overhead(
-            config.target_device, notes, reduced_dtype=_reduced_dtype(config),
+            config.target_device,
+            notes,
+            reduced_dtype=_reduced_dtype(config),
             gemm=any(str(op).startswith("cuBLAS") for op in main.workspace_ops),
-            cudnn=cuda_libraries.uses_cudnn(config.model), capability=libraries.capability,
+            cudnn=cuda_libraries.uses_cudnn(config.model),
+            capability=libraries.capability,
         )
         allocation_log = _allocation_log(main, batch_size, session.scaling_traces, notes)
     return MemoryEstimate(
@@ -472,7 +509,9 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
 def _allocation_log(main: TraceResult, batch_size: int, traces: dict[str, tuple[int, TraceResult]], notes: list[str]):
     """The main trace's allocations as functions of the batch (see :mod:`nnmem_callbacks.estimators.torch.scaled_log`)."""
     if "fit" not in traces:
-        notes.append("allocator reserve at other batch sizes scaled as a ratio of the peak (no traces at other batch sizes)")
+        notes.append(
+            "allocator reserve at other batch sizes scaled as a ratio of the peak (no traces at other batch sizes)"
+        )
         return None
     fit_size, fit = traces["fit"]
     check_size, check = traces.get("check", (None, None))
@@ -480,103 +519,11 @@ def _allocation_log(main: TraceResult, batch_size: int, traces: dict[str, tuple[
     if log is None:
         notes.append(
             "allocator reserve at other batch sizes scaled as a ratio of the peak: the allocations of "
-            + ", ".join(unpaired) + f" do not pair one to one with the trace at batch {fit_size}, so the log "
+            + ", ".join(unpaired)
+            + f" do not pair one to one with the trace at batch {fit_size}, so the log "
             "cannot be replayed at other batch sizes"
         )
     return log
-
-
-def _base_phase(phase: str) -> str:
-    """``"step2/backward.2"`` -> ``"backward.2"``: the batch-dependent part of a phase."""
-    return phase.split("/", 1)[1]
-
-
-def _category_line(trace: TraceResult, phase: str, batch_size: int) -> PhaseLine:
-    """A phase's peak as a line whose slope is its batch-dependent bytes per sample."""
-    breakdown = trace.phase_breakdowns[phase]
-    dependent = breakdown[str(Category.INPUTS)] + breakdown[str(Category.ACTIVATIONS)]
-    if not phase.endswith("/optimizer"):
-        dependent += breakdown[str(Category.TEMPORARIES)]
-    slope = round(dependent / batch_size)
-    peak = trace.phase_peaks[phase]
-    return PhaseLine(phase, int(peak - slope * batch_size), int(slope))
-
-
-def _event_lines(phase: str, values: Sequence[int], slopes: Sequence[float], batch_size: int) -> list[PhaseLine]:
-    """One line per moment of a phase, through its live bytes at ``batch_size``."""
-    lines = []
-    for value, slope in zip(values, slopes):
-        per_sample = int(round(slope))
-        lines.append(PhaseLine(phase, int(value - per_sample * batch_size), per_sample))
-    return upper_envelope(lines)
-
-
-def _aligned(first: TraceResult, second: TraceResult, phase: str, other_phase: str | None = None) -> bool:
-    """Whether ``phase`` of ``first`` and ``other_phase`` (default: the same) of
-    ``second`` run the same sequence of allocations and frees.
-
-    Only then can their moments be paired one to one. (FakeTensorMode's first,
-    uncached call of an op can alias two outputs that later cached calls
-    return separately, so even two runs of one model can differ.)
-    """
-    other_phase = other_phase or phase
-    if other_phase not in second.phase_ranges:
-        return False
-    start_a, end_a = first.phase_ranges[phase]
-    start_b, end_b = second.phase_ranges[other_phase]
-    if end_a - start_a != end_b - start_b:
-        return False
-    events_a, events_b = first.events[start_a:end_a], second.events[start_b:end_b]
-    return all((a[1] < 0) == (b[1] < 0) for a, b in zip(events_a, events_b))
-
-
-def _phase_values(trace: TraceResult, phase: str) -> list[int]:
-    start, end = trace.phase_ranges[phase]
-    return trace.trajectory[start : end + 1]
-
-
-def _paired_lines(
-    main: TraceResult, other: TraceResult, batch_size: int, other_size: int, low: int, high: int | None
-) -> tuple[list[PhaseLine], list[str]]:
-    """Lines through each moment of ``main`` and the same moment of ``other``.
-
-    Forward and backward phases of step 1 are paired moment by moment with the
-    other trace (which ran step 1 only); step 2's moments reuse step 1's
-    growth per sample, since they differ only by the optimizer state alive.
-    Phases whose moments cannot be paired scale by their peaks; the optimizer
-    phases by the batch-dependent categories alive at their peaks.
-
-    Returns:
-        The lines, valid for batch sizes ``low``..``high``, and the phases that
-        could not be paired.
-    """
-    lines: list[PhaseLine] = []
-    step1_slopes: dict[str, list[float]] = {}
-    peak_slopes: dict[str, int] = {}
-    unaligned = []
-    span = other_size - batch_size
-    for phase in main.phase_peaks:
-        base = _base_phase(phase)
-        values = _phase_values(main, phase)
-        slopes = None
-        if phase.startswith("step1/") and phase in other.phase_ranges:
-            peak_slopes[base] = round((other.phase_peaks[phase] - main.phase_peaks[phase]) / span)
-            candidate = [(o - v) / span for o, v in zip(_phase_values(other, phase), values)]
-            if _aligned(main, other, phase) and min(candidate) >= 0:
-                slopes = step1_slopes[base] = candidate
-            else:
-                unaligned.append(phase)
-        elif base in step1_slopes and _aligned(main, main, "step1/" + base, phase):
-            slopes = step1_slopes[base]
-        if slopes is not None:
-            phase_lines = _event_lines(phase, values, slopes, batch_size)
-        elif base in peak_slopes:
-            slope = peak_slopes[base]
-            phase_lines = [PhaseLine(phase, int(main.phase_peaks[phase] - slope * batch_size), int(slope))]
-        else:
-            phase_lines = [_category_line(main, phase, batch_size)]
-        lines.extend(dataclasses.replace(line, min_batch=low, max_batch=high) for line in phase_lines)
-    return lines, unaligned
 
 
 def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], session: TraceSession) -> list[PhaseLine]:
@@ -608,10 +555,11 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], sess
         return []
     # kept for the allocator log (nnmem_callbacks.estimators.torch.scaled_log)
     session.scaling_traces.update(fit=(fit_size, fit), check=(check_size, check))
-    above, unaligned = _paired_lines(main, fit, batch_size, fit_size, 1, None)
+    above, unaligned = paired_lines(main, fit, batch_size, fit_size, 1, None)
     if unaligned:
         notes.append(
-            "the step runs different ops at other batch sizes in " + ", ".join(unaligned)
+            "the step runs different ops at other batch sizes in "
+            + ", ".join(unaligned)
             + "; those phases scale by their peaks only"
         )
     worst = (0.0, "", 0, 0)
@@ -631,7 +579,7 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], sess
     if check_size > batch_size:
         notes.append(message)
         return above
-    below, _ = _paired_lines(main, check, batch_size, check_size, 1, batch_size)
+    below, _ = paired_lines(main, check, batch_size, check_size, 1, batch_size)
     notes.append(message + f"; below batch {batch_size} the lines through batch {check_size} are used instead")
     return below + [dataclasses.replace(line, min_batch=batch_size) for line in above]
 

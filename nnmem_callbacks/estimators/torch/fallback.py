@@ -68,7 +68,8 @@ def estimate_closed_form(config, reason: str, notes: list[str]) -> MemoryEstimat
         activations, transient, unknown = _activation_bytes(config)
         if unknown:
             notes.append(
-                "no layer rule for " + ", ".join(f"{name} x{n}" for name, n in sorted(unknown.items()))
+                "no layer rule for "
+                + ", ".join(f"{name} x{n}" for name, n in sorted(unknown.items()))
                 + " (charged their output size)"
             )
     except Exception as error:  # noqa: BLE001 - the fallback never crashes
@@ -80,7 +81,8 @@ def estimate_closed_form(config, reason: str, notes: list[str]) -> MemoryEstimat
         )
     batch_size = config.batch.batch_size
     inputs = sum(
-        _numel(spec.shape) * _element_size(input_dtype(spec.dtype, config.precision)) for spec in config.batch.tensor_specs()
+        _numel(spec.shape) * _element_size(input_dtype(spec.dtype, config.precision))
+        for spec in config.batch.tensor_specs()
     )
     backward = {
         str(Category.PARAMETERS): static["parameters"],
@@ -147,7 +149,12 @@ def _static_bytes(config, notes: list[str]) -> dict[str, int]:
     with preserved_rng(), preserved_module_state(model), fake_mode, tracker:
 
         def make_fake(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
-            fake = torch.empty_strided(tuple(tensor.shape), tensor.stride(), dtype=parameter_dtype(tensor.dtype, config.precision), device=device)
+            fake = torch.empty_strided(
+                tuple(tensor.shape),
+                tensor.stride(),
+                dtype=parameter_dtype(tensor.dtype, config.precision),
+                device=device,
+            )
             if is_parameter and tensor.requires_grad and fake.is_floating_point():
                 fake.requires_grad_(True)
             key = "parameters" if is_parameter else "buffers"
@@ -166,14 +173,18 @@ def _static_bytes(config, notes: list[str]) -> dict[str, int]:
                 for optimizer in optimizers:
                     optimizer.step()
                 state = optimizer_state_tensors(optimizers)
-                totals["optimizer_state"] = sum(t.untyped_storage().nbytes() for t in {id(t): t for t in state}.values())
+                totals["optimizer_state"] = sum(
+                    t.untyped_storage().nbytes() for t in {id(t): t for t in state}.values()
+                )
                 result = tracker.result()
                 peak = result.phase_peaks.get("optimizer", 0)
                 before = totals["gradients"]
                 totals["optimizer_temporaries"] = max(0, peak - before - totals["optimizer_state"])
             except Exception as error:  # noqa: BLE001
                 totals["gradients"] = sum(p.numel() * p.element_size() for p in trainable)
-                notes.append(f"the optimizer could not be simulated ({type(error).__name__}); optimizer state not counted")
+                notes.append(
+                    f"the optimizer could not be simulated ({type(error).__name__}); optimizer state not counted"
+                )
             for parameter in trainable:
                 parameter.grad = None
     return totals
@@ -246,7 +257,12 @@ def _probe_saved_bytes(config, probe_size: int) -> tuple[int, int]:
         keep.append(tensor)
         return tensor
 
-    with preserved_rng(), preserved_module_state(model), _probe_kernels(config), swapped_tensors(model, _real_copy(config, device)) as copies:
+    with (
+        preserved_rng(),
+        preserved_module_state(model),
+        _probe_kernels(config),
+        swapped_tensors(model, _real_copy(config, device)) as copies,
+    ):
         model.train()
         excluded = {t.untyped_storage().data_ptr() for t in copies.values()}
         excluded |= {t.untyped_storage().data_ptr() for t in _leaves(probe)}
@@ -290,7 +306,13 @@ def _layer_rule_bytes(config, probe_size: int) -> tuple[int, int, Counter]:
 
     leaves = [m for m in model.modules() if not any(True for _ in m.children())]
     handles = []
-    with preserved_rng(), preserved_module_state(model), _probe_kernels(config), swapped_tensors(model, _real_copy(config, device)), torch.no_grad():
+    with (
+        preserved_rng(),
+        preserved_module_state(model),
+        _probe_kernels(config),
+        swapped_tensors(model, _real_copy(config, device)),
+        torch.no_grad(),
+    ):
         model.train()
         for leaf in leaves:
             handles.append(leaf.register_forward_hook(hook))

@@ -22,7 +22,9 @@ __all__ = ["preserved_module_state", "preserved_rng", "swapped_tensors"]
 
 
 @contextlib.contextmanager
-def swapped_tensors(model: nn.Module, replace: Callable[[torch.Tensor, bool], torch.Tensor]) -> Iterator[dict[int, torch.Tensor]]:
+def swapped_tensors(
+    model: nn.Module, replace: Callable[[torch.Tensor, bool], torch.Tensor]
+) -> Iterator[dict[int, torch.Tensor]]:
     """Temporarily replaces every parameter and buffer slot of ``model``.
 
     Args:

@@ -125,7 +125,11 @@ def check_optimizer_spec(optimizer: Any) -> None:
         return
     if isinstance(optimizer, torch.optim.Optimizer) or callable(optimizer):
         return
-    if isinstance(optimizer, (list, tuple)) and optimizer and all(isinstance(o, torch.optim.Optimizer) for o in optimizer):
+    if (
+        isinstance(optimizer, (list, tuple))
+        and optimizer
+        and all(isinstance(o, torch.optim.Optimizer) for o in optimizer)
+    ):
         return
     raise ValueError(
         f"optimizer must be a name ({', '.join(OPTIMIZER_NAMES)}), a torch.optim.Optimizer instance, a list of "
@@ -176,7 +180,9 @@ class BatchSpec:
     def tensor_specs(self) -> list[TensorSpec]:
         return [leaf for leaf in self.leaves if isinstance(leaf, TensorSpec)]
 
-    def build(self, batch_size: int, device: torch.device, dtype_map: Callable[[torch.dtype], torch.dtype]) -> tuple[Any, list[torch.Tensor]]:
+    def build(
+        self, batch_size: int, device: torch.device, dtype_map: Callable[[torch.dtype], torch.dtype]
+    ) -> tuple[Any, list[torch.Tensor]]:
         """Creates the batch at ``batch_size`` with empty tensors (call under a fake mode)."""
         leaves, tensors = [], []
         for leaf in self.leaves:

@@ -211,7 +211,13 @@ class UnitSizes:
     mp_copy_in: int  # mixed precision: the cast copy of the shard before all-gather
 
 
-def unit_sizes(params: Iterable[torch.Tensor], world_size: int, rank: int, param_dtype: torch.dtype | None, stored_itemsize: Callable[[torch.Tensor], int]) -> UnitSizes:
+def unit_sizes(
+    params: Iterable[torch.Tensor],
+    world_size: int,
+    rank: int,
+    param_dtype: torch.dtype | None,
+    stored_itemsize: Callable[[torch.Tensor], int],
+) -> UnitSizes:
     shard = gathered = gathered_grad = grad_shard = local = numel = copy_in = 0
     for parameter in params:
         shape = tuple(parameter.shape)
@@ -241,8 +247,13 @@ class RankReplay:
     breakdown: dict[str, int]
 
 
-def replay_rank(marks: TraceMarks, strategy: Strategy, rank: int, unit_params: list[list[tuple[str, torch.Tensor]]],
-                stored_itemsize: Callable[[torch.Tensor], int]) -> RankReplay:
+def replay_rank(
+    marks: TraceMarks,
+    strategy: Strategy,
+    rank: int,
+    unit_params: list[list[tuple[str, torch.Tensor]]],
+    stored_itemsize: Callable[[torch.Tensor], int],
+) -> RankReplay:
     """Walks the main trace's log as rank ``rank`` of ``strategy`` sees it.
 
     Returns each phase's peak and the bytes per category at the overall peak.
@@ -252,7 +263,7 @@ def replay_rank(marks: TraceMarks, strategy: Strategy, rank: int, unit_params: l
     events = tracker.events
     categories = {key: tracker.category_of(key) for key in tracker.sizes}
     sizes = tracker.sizes
-    P, G, O = str(Category.PARAMETERS), str(Category.GRADIENTS), str(Category.OPTIMIZER_STATE)
+    P, G, S = str(Category.PARAMETERS), str(Category.GRADIENTS), str(Category.OPTIMIZER_STATE)
     ws = strategy.world_size
     fsdp = strategy.kind == "fsdp"
     gloo = (strategy.backend or "gloo") == "gloo"
@@ -310,7 +321,7 @@ def replay_rank(marks: TraceMarks, strategy: Strategy, rank: int, unit_params: l
             opt = 0 if strategy.offload_optimizer else int(opt * opt_ratio)
         temporaries = comm["gathered"] + comm["deferred"] + comm["prefetched"] + comm["rs_held"] + buckets + extra
         # "other" holds buffers, inputs, activations and temporaries of the trace, kept as the trace split them
-        return {"_other": other, P: params, G: grads, O: opt, "_comm": temporaries}
+        return {"_other": other, P: params, G: grads, S: opt, "_comm": temporaries}
 
     def observe(index: int, extra: int = 0) -> None:
         parts = breakdown_now(extra)
@@ -440,7 +451,7 @@ def replay_rank(marks: TraceMarks, strategy: Strategy, rank: int, unit_params: l
                 state["grad_trace"] += size
                 if fsdp:
                     unsharded_grads[key] = marks.grad_unit.get(key, root)
-            elif category == O:
+            elif category == S:
                 state["opt_trace"] += size
             else:
                 state["other"] += size
@@ -464,14 +475,16 @@ def replay_rank(marks: TraceMarks, strategy: Strategy, rank: int, unit_params: l
                                 if not keys:
                                     sharded_grad_bytes -= units[unit].grad_shard
                                 break
-            elif category == O:
+            elif category == S:
                 state["opt_trace"] -= size
             else:
                 state["other"] -= size
         observe(index + 1)
     handle_marks(len(events))
     peak_total, peak_phase, parts, peak_index = best
-    return RankReplay(rank, phase_peaks, peak_phase, int(peak_total), _breakdown(parts, events[:peak_index], categories))
+    return RankReplay(
+        rank, phase_peaks, peak_phase, int(peak_total), _breakdown(parts, events[:peak_index], categories)
+    )
 
 
 def _breakdown(parts: dict[str, int], events: list[tuple[int, int]], categories: dict[int, str]) -> dict[str, int]:

@@ -201,14 +201,30 @@ def _onednn_rnn_measure(args: tuple, strict: bool) -> dict[str, list[int]]:
             probe_input = torch.zeros((steps, batch, input_size), dtype=source.dtype)
             hx = torch.zeros((batch, hidden_size), dtype=args[5].dtype)
             cx = torch.zeros((batch, hidden_size), dtype=args[6].dtype)
-            out, peak = _kernel_peak(lambda: forward(probe_input, *weights, hx, cx, *args[7:]), strict=strict)
+            out, peak = _kernel_peak(lambda: forward(probe_input, *weights, hx, cx, *args[7:]), strict=strict)  # noqa: B023 - the kernel runs here, in this iteration
             workspaces.append(out[3].numel() * out[3].element_size())
             forward_peaks.append(peak)
             grads = (torch.zeros_like(out[0]), torch.zeros_like(out[1]), torch.zeros_like(out[2]))
             _, peak = _kernel_peak(
                 lambda: backward(
-                    probe_input, *weights, hx, cx, out[0], out[1], out[2], *grads, reverse, mode, hidden_size,
-                    num_layers, has_biases, train, bidirectional, batch_sizes, batch_first, out[3],
+                    probe_input,
+                    *weights,
+                    hx,
+                    cx,
+                    out[0],
+                    out[1],
+                    out[2],
+                    *grads,
+                    reverse,
+                    mode,
+                    hidden_size,  # noqa: B023 - the kernel runs here, in this iteration
+                    num_layers,
+                    has_biases,
+                    train,
+                    bidirectional,
+                    batch_sizes,
+                    batch_first,
+                    out[3],  # noqa: B023 - the kernel runs here, in this iteration
                 ),
                 strict=strict,
             )
@@ -217,7 +233,15 @@ def _onednn_rnn_measure(args: tuple, strict: bool) -> dict[str, list[int]]:
 
 
 def _rnn_key(source: Any, args: tuple) -> tuple:
-    return (source.dtype, int(source.shape[-1]), int(args[10]), bool(args[12]), bool(args[13]), int(args[9]), bool(args[7]))
+    return (
+        source.dtype,
+        int(source.shape[-1]),
+        int(args[10]),
+        bool(args[12]),
+        bool(args[13]),
+        int(args[9]),
+        bool(args[7]),
+    )
 
 
 @register_output("cpu", aten.mkldnn_rnn_layer)
@@ -245,8 +269,22 @@ def _onednn_rnn_forward_scratch(func: Any, args: tuple, kwargs: dict, out: Any) 
 @register_workspace("cpu", aten.mkldnn_rnn_layer_backward)
 def _onednn_rnn_backward_scratch(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     source = args[0]
-    forward_args = (source, *args[1:7], args[13], args[20], args[14], args[15], args[16], args[17], args[19], args[21], args[18])
-    return _onednn_rnn_fit(_rnn_key(source, forward_args), forward_args).backward_peak.at(int(source.shape[0]), int(source.shape[1]))
+    forward_args = (
+        source,
+        *args[1:7],
+        args[13],
+        args[20],
+        args[14],
+        args[15],
+        args[16],
+        args[17],
+        args[19],
+        args[21],
+        args[18],
+    )
+    return _onednn_rnn_fit(_rnn_key(source, forward_args), forward_args).backward_peak.at(
+        int(source.shape[0]), int(source.shape[1])
+    )
 
 
 def _nbytes(tensor: Any) -> int:
@@ -336,7 +374,9 @@ def _onednn_conv_backward(func: Any, args: tuple, kwargs: dict, out: Any) -> int
     grad_output, source, weight = args[0], args[1], args[2]
     if not _onednn_conv((source, weight)):
         return 0
-    grads = sum(_nbytes(t) for t in out if isinstance(t, torch.Tensor)) if isinstance(out, (tuple, list)) else _nbytes(out)
+    grads = (
+        sum(_nbytes(t) for t in out if isinstance(t, torch.Tensor)) if isinstance(out, (tuple, list)) else _nbytes(out)
+    )
     return max(_nbytes(grad_output) + _nbytes(source) + _nbytes(weight) + grads, 3 * _nbytes(source))
 
 
@@ -464,7 +504,9 @@ def input_bytes(inputs: tuple) -> int:
     return sum(_nbytes(t) for t in _tensors(inputs))
 
 
-@register_layer(nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Bilinear)
+@register_layer(
+    nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Bilinear
+)
 def _saves_input_and_output(module: nn.Module, inputs: tuple, output: Any) -> int:
     # the input is saved for the weight gradient; the output is alive for the next layer
     return input_bytes(inputs) + output_bytes(output)
@@ -482,7 +524,16 @@ def _saves_input_output(module: nn.Module, inputs: tuple, output: Any) -> int:
     return output_bytes(output)
 
 
-@register_layer(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+@register_layer(
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+)
 def _norm(module: nn.Module, inputs: tuple, output: Any) -> int:
     # input saved for backward, output alive
     return input_bytes(inputs) + output_bytes(output)
@@ -502,7 +553,17 @@ def _maxpool(module: nn.Module, inputs: tuple, output: Any) -> int:
     return output_bytes(output) + sum(t.numel() * 8 for t in _tensors(output))
 
 
-@register_layer(nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.Embedding, nn.EmbeddingBag, nn.Upsample)
+@register_layer(
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.Embedding,
+    nn.EmbeddingBag,
+    nn.Upsample,
+)
 def _output_only(module: nn.Module, inputs: tuple, output: Any) -> int:
     return output_bytes(output)
 
@@ -514,7 +575,11 @@ def _recurrent(module: nn.Module, inputs: tuple, output: Any) -> int:
     out = _tensors(output)
     seq_bytes = _nbytes(out[0]) if out else 0
     directions = 2 if module.bidirectional else 1
-    return input_bytes(inputs[:1]) + seq_bytes * (1 + gates) * module.num_layers // max(directions, 1) + output_bytes(output)
+    return (
+        input_bytes(inputs[:1])
+        + seq_bytes * (1 + gates) * module.num_layers // max(directions, 1)
+        + output_bytes(output)
+    )
 
 
 @register_layer(nn.MultiheadAttention)

@@ -22,8 +22,8 @@ Example:
 
 from __future__ import annotations
 
-from nnmem_callbacks.core.allocation_log import AllocationLog, pair_phase_sizes
 from nnmem_callbacks.allocators import cuda_caching as allocator
+from nnmem_callbacks.core.allocation_log import AllocationLog, pair_phase_sizes
 from nnmem_callbacks.estimators.torch.tracer import TraceResult
 
 __all__ = ["build_allocation_log"]

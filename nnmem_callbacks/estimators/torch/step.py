@@ -69,7 +69,9 @@ class StepConfig:
     cuda_arch: Any = None  # gpus.CudaArch named by the device ("cuda:h100"), None when not named
 
 
-def make_config(model, batch, optimizer, loss_fn, precision, device, accumulate, clip_val, clip_algorithm) -> StepConfig:
+def make_config(
+    model, batch, optimizer, loss_fn, precision, device, accumulate, clip_val, clip_algorithm
+) -> StepConfig:
     """Checks ``estimate_training``'s arguments and returns the step they define.
 
     Raises:
@@ -90,7 +92,9 @@ def make_config(model, batch, optimizer, loss_fn, precision, device, accumulate,
         raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {clip_algorithm!r}")
     target = resolve_device(device, model, batch_spec)
     arch = named_cuda_arch(device)
-    local_differs = arch is not None and torch.cuda.is_available() and torch.cuda.get_device_capability() != arch.capability
+    local_differs = (
+        arch is not None and torch.cuda.is_available() and torch.cuda.get_device_capability() != arch.capability
+    )
     if target.type == "cuda" and torch.cuda.is_available() and not local_differs:
         trace_device = torch.device("cuda", target.index if target.index is not None else torch.cuda.current_device())
     else:
@@ -99,8 +103,18 @@ def make_config(model, batch, optimizer, loss_fn, precision, device, accumulate,
         if isinstance(parameter, nn.parameter.UninitializedParameter):
             raise ValueError("the model has uninitialised (lazy) parameters; run one forward pass before estimating")
     return StepConfig(
-        model, batch_spec, optimizer, loss_fn or default_loss, spec, target, trace_device,
-        accumulate, clip_val, clip_algorithm, batch, arch,
+        model,
+        batch_spec,
+        optimizer,
+        loss_fn or default_loss,
+        spec,
+        target,
+        trace_device,
+        accumulate,
+        clip_val,
+        clip_algorithm,
+        batch,
+        arch,
     )
 
 
@@ -126,7 +140,11 @@ def scalar_loss(value: Any, *, default_reduction: bool) -> torch.Tensor:
     elif not isinstance(value, torch.Tensor) and getattr(value, "loss", None) is not None:
         value = value.loss
     if default_reduction and not (isinstance(value, torch.Tensor) and value.numel() == 1):
-        tensors = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
+        tensors = [
+            t
+            for t in tree_flatten(value)[0]
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+        ]
         if tensors:
             total = tensors[0].sum()
             for tensor in tensors[1:]:
@@ -206,7 +224,9 @@ def input_dtype_map(precision: PrecisionSpec) -> Callable[[torch.dtype], torch.d
     return lambda dtype: input_dtype(dtype, precision)
 
 
-def build_optimizers(spec: Any, trainable: list[torch.Tensor], fake_of: dict[int, torch.Tensor], make_fake, target: torch.device) -> list[torch.optim.Optimizer]:
+def build_optimizers(
+    spec: Any, trainable: list[torch.Tensor], fake_of: dict[int, torch.Tensor], make_fake, target: torch.device
+) -> list[torch.optim.Optimizer]:
     if spec is None:
         return []
     if isinstance(spec, str):
@@ -230,7 +250,9 @@ def build_optimizers(spec: Any, trainable: list[torch.Tensor], fake_of: dict[int
     return optimizers
 
 
-def _clone_optimizer(optimizer: torch.optim.Optimizer, fake_of: dict[int, torch.Tensor], make_fake) -> torch.optim.Optimizer:
+def _clone_optimizer(
+    optimizer: torch.optim.Optimizer, fake_of: dict[int, torch.Tensor], make_fake
+) -> torch.optim.Optimizer:
     groups = []
     for group in optimizer.param_groups:
         params = []
@@ -268,9 +290,20 @@ def _apply_default_implementation(optimizer: torch.optim.Optimizer, target: torc
     single-tensor path and miss the foreach temporaries.
     """
     for group in optimizer.param_groups:
-        if "foreach" in group and group["foreach"] is None and not group.get("fused") and not group.get("differentiable"):
+        if (
+            "foreach" in group
+            and group["foreach"] is None
+            and not group.get("fused")
+            and not group.get("differentiable")
+        ):
             group["foreach"] = target.type == "cuda"
 
 
 def optimizer_state_tensors(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:
-    return [value for optimizer in optimizers for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+    return [
+        value
+        for optimizer in optimizers
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]

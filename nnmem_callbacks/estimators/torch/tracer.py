@@ -74,7 +74,9 @@ class OpMemo:
             raise KeyError
         if isinstance(value, (list, tuple)):
             return (type(value).__name__, tuple(OpMemo._arg_key(v) for v in value))
-        if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        if value is None or isinstance(
+            value, (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+        ):
             return value
         raise KeyError
 
@@ -144,13 +146,25 @@ class OpMemo:
                 None,
             )
             if view is not None:
-                plans.append(("view", view, tuple(output.shape), output.stride(), output.storage_offset(), output.dtype, output.device))
+                plans.append(
+                    (
+                        "view",
+                        view,
+                        tuple(output.shape),
+                        output.stride(),
+                        output.storage_offset(),
+                        output.dtype,
+                        output.device,
+                    )
+                )
                 continue
             if id(storage) in fresh_storages or output.storage_offset() != 0 or func._schema.is_mutable:
                 self.entries[key] = _UNCACHEABLE
                 return
             fresh_storages.add(id(storage))
-            plans.append(("fresh", tuple(output.shape), output.stride(), output.dtype, output.device, output.requires_grad))
+            plans.append(
+                ("fresh", tuple(output.shape), output.stride(), output.dtype, output.device, output.requires_grad)
+            )
         self.entries[key] = (container, plans)
 
     def replay(self, entry: Any, args: tuple, kwargs: dict) -> Any:

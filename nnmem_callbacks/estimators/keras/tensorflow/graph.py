@@ -38,6 +38,7 @@ from typing import Any
 
 from nnmem_callbacks.allocators.tensorflow_cpu import VariablePlacement, allocator_after_build, tf_allocator_bytes
 from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+from nnmem_callbacks.estimators.keras.tensorflow.state import build_state, resource_indices
 from nnmem_callbacks.estimators.keras.tensorflow.trace import (
     function_lookup,
     inter_op_threads,
@@ -47,14 +48,10 @@ from nnmem_callbacks.estimators.keras.tensorflow.trace import (
 
 __all__ = [
     "allocator_terms_note",
-    "build_state",
     "estimate_tensorflow",
     "EXTRAPOLATION_DOUBT",
-    "initialized_at_random",
     "REPLAYED_STEPS",
     "Replays",
-    "resource_indices",
-    "state_variables",
     "StepCorrection",
     "UNLUCKY_RUNS",
     "UnluckyRun",
@@ -83,71 +80,6 @@ def allocator_terms_note(allocator: str, batch_size: int, counted_peak: int, ten
         f"(extra['tf_allocator_peak_bytes']), while the peak above counts live tensor bytes "
         f"({tensor_peak / 2**20:.1f} MiB)"
     )
-
-
-def initialized_at_random(variable: Any) -> bool:
-    """Whether ``variable`` holds values of a random initializer (not all equal), as Keras' build left it.
-
-    Tells :func:`~nnmem_callbacks.allocators.tensorflow_cpu.allocator_after_build`
-    which variables were made through an initializer's temporaries. It reads
-    the values (two reductions to scalars); a variable already trained or
-    loaded reads as random. A variable that cannot be reduced (booleans,
-    strings) counts as constant.
-
-    Example:
-        >>> import tensorflow as tf
-        >>> initialized_at_random(tf.Variable(tf.zeros([3]))), initialized_at_random(tf.Variable([1.0, 2.0]))
-        (False, True)
-    """
-    import tensorflow as tf
-
-    value = getattr(variable, "value", variable)  # a property of Keras variables, a method of ``tf.Variable``
-    try:
-        value = value() if callable(value) else value
-        if int(tf.size(value)) < 2:
-            return False
-        return bool(tf.reduce_max(value) != tf.reduce_min(value))
-    except Exception:  # noqa: BLE001 - a dtype without an order
-        return False
-
-
-def state_variables(model: Any) -> tuple[list, list]:
-    """The model's variables and the optimizer's own, each in creation order (the order of :func:`build_state`)."""
-    from nnmem_callbacks.estimators.keras.common import unique
-
-    model_variables = unique(model.variables)
-    seen = {id(v) for v in model_variables}
-    return model_variables, [v for v in unique(model.optimizer.variables) if id(v) not in seen]
-
-
-def build_state(model: Any) -> list[tuple[int, bool]]:
-    """``(bytes, initialized_at_random)`` of the model's variables, then the optimizer's, in creation order."""
-    from nnmem_callbacks.estimators.keras.common import variable_bytes
-
-    model_variables, optimizer_variables = state_variables(model)
-    return [(variable_bytes(v), initialized_at_random(v)) for v in model_variables] + [
-        (variable_bytes(v), False) for v in optimizer_variables
-    ]
-
-
-def resource_indices(graph: Any, model: Any) -> dict[Any, int]:
-    """The :func:`build_state` index of the variable behind each resource placeholder of ``graph`` (by tensor ref).
-
-    A traced step captures each variable's handle; the graph reads and updates
-    the variable through the placeholder the capture made. Captures of no
-    model or optimizer variable (metrics' counters) are left out.
-    """
-    model_variables, optimizer_variables = state_variables(model)
-    index_of_handle = {}
-    for index, variable in enumerate(model_variables + optimizer_variables):
-        handle = getattr(getattr(variable, "value", variable), "handle", None)
-        if handle is not None:
-            index_of_handle[id(handle)] = index
-    return {
-        internal.ref(): index_of_handle[id(external)]
-        for external, internal in getattr(graph, "captures", ())
-        if id(external) in index_of_handle
-    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +173,12 @@ def _replay_at(
         steps = []
         for _ in range(REPLAYED_STEPS):
             replayer = GraphReplayer(
-                function_lookup(graph), n, bfc=bfc, parallel_ops=inter_op_threads(), scratch=scratch, onednn=onednn,
+                function_lookup(graph),
+                n,
+                bfc=bfc,
+                parallel_ops=inter_op_threads(),
+                scratch=scratch,
+                onednn=onednn,
                 unlucky=run is not None and run.every_phase_at_once,
                 newest_first=run is not None and run.newest_first,
                 forwarding=run is None or run.forwarding,
@@ -280,6 +217,8 @@ def estimate_tensorflow(
     step, as Keras's ``fit`` does. ``step_check_seconds``: the check's time
     budget (default :data:`~nnmem_callbacks.estimators.keras.tensorflow.step_check.DEFAULT_TIME_BUDGET`).
     """
+    import time
+
     from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine, upper_envelope
     from nnmem_callbacks.estimators.keras.common import (
         accumulation_steps,
@@ -288,8 +227,6 @@ def estimate_tensorflow(
         tree_leaves,
         unique,
     )
-
-    import time
 
     started = time.perf_counter()
     optimizer = model.optimizer
@@ -319,7 +256,9 @@ def estimate_tensorflow(
             report.skipped += undescribed
             notes.append(report.note())
         except Exception as error:  # noqa: BLE001 - probing never breaks the estimate
-            notes.append(f"warning: TensorFlow kernel scratch not probed ({type(error).__name__}: {error}); graph rules apply")
+            notes.append(
+                f"warning: TensorFlow kernel scratch not probed ({type(error).__name__}: {error}); graph rules apply"
+            )
     else:
         notes.append("TensorFlow kernel scratch from the graph's rules (probe_kernels=False)")
     notes.append(f"TensorFlow kernels: oneDNN {'on' if onednn else 'off'} in this process")
@@ -346,7 +285,16 @@ def estimate_tensorflow(
     correction = None
     if check_steps:
         correction = _step_check_correction(
-            model, x_specs, y_specs, batch_size, counted_static, results, state, scratch_curves, onednn, notes,
+            model,
+            x_specs,
+            y_specs,
+            batch_size,
+            counted_static,
+            results,
+            state,
+            scratch_curves,
+            onednn,
+            notes,
             optimizer_built=was_built if optimizer_built is None else optimizer_built,
             time_budget=step_check_seconds,
         )
@@ -406,8 +354,11 @@ def estimate_tensorflow(
     counted_peak = counted_static + main.peak_counted + offset
     checked = {}
     if correction is not None:
-        notes.append(allocator_terms_note(correction.measurement.allocator, batch_size, counted_peak,
-                                          int(static_total + main.peak + offset)))
+        notes.append(
+            allocator_terms_note(
+                correction.measurement.allocator, batch_size, counted_peak, int(static_total + main.peak + offset)
+            )
+        )
         checked = {
             "step_check_batch_size": correction.measurement.batch_size,
             "step_check_runs": list(correction.measurement.runs),
@@ -598,7 +549,11 @@ def _step_check_correction(
     def predicted(n: int) -> int:
         # the chord through B and 2B, or the step's memory in proportion to the batch, whichever is larger: the
         # chord alone may fall below zero at small batches
-        return int(max(counted_static + peak_counted + slope * (n - batch_size), counted_static + peak_counted * n / batch_size))
+        return int(
+            max(
+                counted_static + peak_counted + slope * (n - batch_size), counted_static + peak_counted * n / batch_size
+            )
+        )
 
     cap = check.memory_cap()
     size = check.check_batch_size(batch_size, predicted, cap)
@@ -609,12 +564,19 @@ def _step_check_correction(
         )
         return None
     try:
-        measurement = check.measure_steps(model, x_specs, y_specs, size, optimizer_built=optimizer_built, time_budget=time_budget)
+        measurement = check.measure_steps(
+            model, x_specs, y_specs, size, optimizer_built=optimizer_built, time_budget=time_budget
+        )
         replay = replays.get(size)
         if replay is None:  # B = 1 checks batch 1, already replayed
             concrete = trace_train_step(model, x_specs, y_specs, size)
             replay = _replay_at(
-                concrete, size, state, scratch_curves, onednn, unlucky_runs=(),
+                concrete,
+                size,
+                state,
+                scratch_curves,
+                onednn,
+                unlucky_runs=(),
                 resources=resource_indices(concrete.graph, model),
             ).expected
     except Exception as error:  # noqa: BLE001 - the check never breaks the estimate
@@ -627,7 +589,12 @@ def _step_check_correction(
         try:
             measurement = measurement.combined(
                 check.measure_steps(
-                    model, x_specs, y_specs, size, repeats=check.EXTRA_REPEATS, optimizer_built=optimizer_built,
+                    model,
+                    x_specs,
+                    y_specs,
+                    size,
+                    repeats=check.EXTRA_REPEATS,
+                    optimizer_built=optimizer_built,
                     time_budget=time_budget,
                 )
             )
@@ -636,8 +603,10 @@ def _step_check_correction(
                 f"{check.EXTRA_REPEATS} more were measured"
             )
         except Exception as error:  # noqa: BLE001 - the first runs still stand
-            notes.append(f"warning: the step check's further runs failed ({type(error).__name__}: {error}); "
-                         f"the first {first} runs stand")
+            notes.append(
+                f"warning: the step check's further runs failed ({type(error).__name__}: {error}); "
+                f"the first {first} runs stand"
+            )
     correction = StepCorrection(measurement, replay_bytes)
     runs = measurement.runs
     where = "from the step-check cache" if measurement.cached else f"in a child process, {measurement.seconds:.1f} s"
@@ -661,8 +630,12 @@ def _step_check_correction(
         notes.append(
             f"warning: only {len(runs)} of the step check's {len(runs) + measurement.missing} runs finished within "
             f"its {time_budget:g} s budget; "
-            + ("one run cannot show how TensorFlow's peak moves between runs, so the upper bound has no spread "
-               "from the check" if len(runs) == 1 else "fewer runs show less of how TensorFlow's peak moves between runs")
+            + (
+                "one run cannot show how TensorFlow's peak moves between runs, so the upper bound has no spread "
+                "from the check"
+                if len(runs) == 1
+                else "fewer runs show less of how TensorFlow's peak moves between runs"
+            )
             + "; estimate_training(..., step_check_seconds=...) gives it more time"
         )
     return correction

@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from nnmem_callbacks.core.estimate import Category
 from nnmem_callbacks.allocators.tensorflow_cpu import tf_allocator_bytes
+from nnmem_callbacks.core.estimate import Category
 from nnmem_callbacks.estimators.keras.tensorflow.trace import (
     const_value,
     element_bytes,
@@ -74,37 +74,86 @@ __all__ = [
 
 #: Ops whose output ``i`` shares the buffer of input ``i`` (or input 0).
 ALIAS_OPS = frozenset(
-    {
-        "Identity", "IdentityN", "Reshape", "ExpandDims", "Squeeze", "StopGradient", "Snapshot",
-        "EnsureShape", "PreventGradient", "CheckNumerics", "DebugIdentity", "Bitcast",
-        "ReadVariableOp", "ResourceGather_NoAlias_Placeholder",
-    }
+    "Identity IdentityN Reshape ExpandDims Squeeze StopGradient Snapshot EnsureShape PreventGradient "
+    "CheckNumerics DebugIdentity Bitcast ReadVariableOp ResourceGather_NoAlias_Placeholder".split()
 )
 
 #: Element-wise ops that write into an input buffer when that input dies with them.
 FORWARDING_OPS = frozenset(
     {
-        "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "Pow",
-        "SquaredDifference", "FloorDiv", "FloorMod", "Neg", "Abs", "Sqrt", "Rsqrt", "Square", "Exp",
-        "Log", "Log1p", "Tanh", "Sigmoid", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Softplus",
-        "Softsign", "Reciprocal", "Sign", "Floor", "Ceil", "Round", "Erf", "Erfc", "Sin", "Cos",
-        "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad", "TanhGrad",
-        "SigmoidGrad", "SqrtGrad", "RsqrtGrad", "ReciprocalGrad", "AddN", "BiasAdd", "ClipByValue",
-        "SelectV2", "Select", "OnesLike", "ZerosLike", "Inv", "Xlogy", "Xdivy", "MulNoNan",
+        "Add",
+        "AddV2",
+        "Sub",
+        "Mul",
+        "RealDiv",
+        "Div",
+        "DivNoNan",
+        "Maximum",
+        "Minimum",
+        "Pow",
+        "SquaredDifference",
+        "FloorDiv",
+        "FloorMod",
+        "Neg",
+        "Abs",
+        "Sqrt",
+        "Rsqrt",
+        "Square",
+        "Exp",
+        "Log",
+        "Log1p",
+        "Tanh",
+        "Sigmoid",
+        "Relu",
+        "Relu6",
+        "Elu",
+        "Selu",
+        "LeakyRelu",
+        "Softplus",
+        "Softsign",
+        "Reciprocal",
+        "Sign",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Erf",
+        "Erfc",
+        "Sin",
+        "Cos",
+        "ReluGrad",
+        "Relu6Grad",
+        "EluGrad",
+        "SeluGrad",
+        "LeakyReluGrad",
+        "SoftplusGrad",
+        "TanhGrad",
+        "SigmoidGrad",
+        "SqrtGrad",
+        "RsqrtGrad",
+        "ReciprocalGrad",
+        "AddN",
+        "BiasAdd",
+        "ClipByValue",
+        "SelectV2",
+        "Select",
+        "OnesLike",
+        "ZerosLike",
+        "Inv",
+        "Xlogy",
+        "Xdivy",
+        "MulNoNan",
         # SoftmaxOp: forward_input_or_allocate_output({0}, 0, ...); the profiler shows no Softmax buffer
-        "Softmax", "LogSoftmax",
+        "Softmax",
+        "LogSoftmax",
     }
 )
 
 #: Ops that allocate nothing (resources, control, host-side scalars) or update in place.
 NO_ALLOC_OPS = frozenset(
-    {
-        "NoOp", "Placeholder", "VarHandleOp", "AssignVariableOp", "AssignAddVariableOp",
-        "AssignSubVariableOp", "ResourceApplyAdam", "ResourceApplyGradientDescent",
-        "ResourceApplyKerasMomentum", "ResourceApplyRMSProp", "ResourceApplyAdagradV2",
-        "ResourceScatterAdd", "ResourceScatterUpdate", "ResourceScatterSub", "VarIsInitializedOp",
-        "Assert", "PrintV2", "StatelessRandomGetKeyCounter", "DestroyResourceOp",
-    }
+    "NoOp Placeholder VarHandleOp AssignVariableOp AssignAddVariableOp AssignSubVariableOp "
+    "ResourceApplyAdam ResourceApplyGradientDescent ResourceApplyKerasMomentum ResourceApplyRMSProp "
+    "ResourceApplyAdagradV2 ResourceScatterAdd ResourceScatterUpdate ResourceScatterSub "
+    "VarIsInitializedOp Assert PrintV2 StatelessRandomGetKeyCounter DestroyResourceOp".split()
 )
 
 #: Einsum label types, as TensorFlow's ``EinsumDimensionType`` numbers them.
@@ -147,9 +196,7 @@ def _einsum_workspace(op: Any, size_of: Callable[[Any], int]) -> int:
     free_labels: list[list[int]] = []
     for index, subscript in enumerate(subscripts):
         labels = [ids[c] for c in subscript]
-        swap = all(
-            (remap[types[a]], a) <= (remap[types[b]], b) for a, b in zip(labels, labels[1:])
-        )
+        swap = all((remap[types[a]], a) <= (remap[types[b]], b) for a, b in zip(labels, labels[1:]))
         if swap:
             permuted = labels
         else:
@@ -189,11 +236,8 @@ COMPANION_RULES: dict[str, Callable[[Any, Callable[[Any], int]], int]] = {
 
 #: Ops that update a variable in place (a copy when a read of the old value is still alive).
 ASSIGN_OPS = frozenset(
-    {
-        "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceApplyAdam",
-        "ResourceApplyGradientDescent", "ResourceApplyKerasMomentum", "ResourceApplyRMSProp",
-        "ResourceApplyAdagradV2",
-    }
+    "AssignVariableOp AssignAddVariableOp AssignSubVariableOp ResourceApplyAdam "
+    "ResourceApplyGradientDescent ResourceApplyKerasMomentum ResourceApplyRMSProp ResourceApplyAdagradV2".split()
 )
 
 
@@ -522,8 +566,15 @@ def call_transient(replayer: Any, op: Any, list_bytes: dict[Any, int]) -> tuple[
             body = replayer.lookup(op.get_attr("f").name)
             return _replay_function(replayer, body, op, list_bytes, inputs=list(op.inputs))
         if kind in IF_OPS or kind in CASE_OPS:
-            names = [op.get_attr(a).name for a in ("then_branch", "else_branch")] if kind in IF_OPS else [f.name for f in op.get_attr("branches")]
-            results = [_replay_function(replayer, replayer.lookup(name), op, list_bytes, inputs=list(op.inputs)[1:]) for name in names]
+            names = (
+                [op.get_attr(a).name for a in ("then_branch", "else_branch")]
+                if kind in IF_OPS
+                else [f.name for f in op.get_attr("branches")]
+            )
+            results = [
+                _replay_function(replayer, replayer.lookup(name), op, list_bytes, inputs=list(op.inputs)[1:])
+                for name in names
+            ]
             return max(r[0] for r in results), max((r[1] for r in results), key=sum)
         if kind in WHILE_OPS:
             return _replay_loop(replayer, op, list_bytes)
@@ -532,12 +583,14 @@ def call_transient(replayer: Any, op: Any, list_bytes: dict[Any, int]) -> tuple[
     return 0, 0
 
 
-def _replay_function(replayer: Any, graph: Any, op: Any, list_bytes: dict[Any, int], *, inputs: list) -> tuple[int, list[int]]:
+def _replay_function(
+    replayer: Any, graph: Any, op: Any, list_bytes: dict[Any, int], *, inputs: list
+) -> tuple[int, list[int]]:
     incoming = {i: list_bytes.get(t.ref(), 0) for i, t in enumerate(inputs) if t.dtype.name == "variant"}
     result, out_lists = replayer.child().replay(
         graph, inputs_category=None, input_list_bytes=incoming, track_phases=False
     )
-    for (key, size), out in zip(out_lists.items(), [t for t in op.outputs if t.dtype.name == "variant"]):
+    for size, out in zip(out_lists.values(), [t for t in op.outputs if t.dtype.name == "variant"]):
         list_bytes[out.ref()] = size
     return result.peak, body_pieces(result)
 

@@ -112,7 +112,9 @@ class OpProbe:
 
     def key(self) -> str:
         """A stable cache key."""
-        text = json.dumps([self.op_type, base64.b64encode(self.node_def).decode(), [dataclasses.astuple(i) for i in self.inputs]])
+        text = json.dumps(
+            [self.op_type, base64.b64encode(self.node_def).decode(), [dataclasses.astuple(i) for i in self.inputs]]
+        )
         return self.op_type + ":" + hashlib.sha1(text.encode()).hexdigest()[:20]
 
     def request(self, samples: list[int]) -> dict[str, Any]:
@@ -375,7 +377,9 @@ def child_environment(*, bfc: bool) -> dict[str, str]:
     from nnmem_callbacks.estimators.keras.tensorflow.trace import onednn_enabled
 
     env = dict(os.environ)
-    env.update(TF_ENABLE_ONEDNN_OPTS="1" if onednn_enabled() else "0", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    env.update(
+        TF_ENABLE_ONEDNN_OPTS="1" if onednn_enabled() else "0", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES=""
+    )
     if bfc:
         env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
     for name, value in (
@@ -395,14 +399,20 @@ def _run_child(
     try:
         done = subprocess.run(
             [sys.executable, "-m", "nnmem_callbacks.estimators.keras.tensorflow.probes"],
-            input=json.dumps(requests), env=env, capture_output=True, text=True, timeout=max(timeout, 1.0),
+            input=json.dumps(requests),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=max(timeout, 1.0),
         )
     except subprocess.TimeoutExpired as expired:
         stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
         return _parse_child(stdout)[0], [(None, "the probe process ran out of its time budget")], True
     results, errors = _parse_child(done.stdout)
     if done.returncode != 0 and not results:
-        errors.append((None, f"the probe process failed: {(done.stderr or '').strip().splitlines()[-1:] or done.returncode}"))
+        errors.append(
+            (None, f"the probe process failed: {(done.stderr or '').strip().splitlines()[-1:] or done.returncode}")
+        )
     return results, errors, False
 
 
@@ -461,7 +471,10 @@ def _probe_in_child(request: dict[str, Any]) -> None:  # pragma: no cover - runs
     node = node_def_pb2.NodeDef.FromString(base64.b64decode(request["node_def"]))
     attrs = tuple(item for name, value in node.attr.items() for item in (name, _attr_value(value)))
     outputs_count = _output_count(op_def_registry.get(node.op), dict(node.attr))
-    inputs = [ProbeInput(dtype, tuple(shape), tuple(value) if value is not None else None) for dtype, shape, value in request["inputs"]]
+    inputs = [
+        ProbeInput(dtype, tuple(shape), tuple(value) if value is not None else None)
+        for dtype, shape, value in request["inputs"]
+    ]
     info = tf.config.experimental.get_memory_info
     for samples in request["samples"]:
         operands = []
@@ -474,7 +487,7 @@ def _probe_in_child(request: dict[str, Any]) -> None:  # pragma: no cover - runs
                 operands.append(tf.zeros(shape, dtype))
 
         def run() -> Any:
-            return execute.execute(node.op, outputs_count, operands, attrs, context.context())
+            return execute.execute(node.op, outputs_count, operands, attrs, context.context())  # noqa: B023, F821 - run in this iteration, before the del
 
         run()  # the first call may initialise the kernel's caches (oneDNN primitives); its outputs are dropped
         tf.config.experimental.reset_memory_stats("CPU:0")
@@ -483,7 +496,10 @@ def _probe_in_child(request: dict[str, Any]) -> None:  # pragma: no cover - runs
         peak = info("CPU:0")["peak"]
         counted = sum(tf_allocator_bytes(int(np.prod(o.shape, dtype=np.int64)) * o.dtype.size) for o in outputs)
         del outputs, operands
-        print(json.dumps({"key": request["key"], "samples": samples, "scratch": max(int(peak - before - counted), 0)}), flush=True)
+        print(
+            json.dumps({"key": request["key"], "samples": samples, "scratch": max(int(peak - before - counted), 0)}),
+            flush=True,
+        )
 
 
 def _child_main() -> int:  # pragma: no cover - runs in the child process
@@ -495,7 +511,11 @@ def _child_main() -> int:  # pragma: no cover - runs in the child process
     # request its own rounded size, not whatever free chunk happened to be there
     largest = max(
         (
-            sum(int(np.prod(ProbeInput(d, tuple(s), None).at(max(r["samples"]))[0], dtype=np.int64)) * tf.as_dtype(d).size for d, s, _ in r["inputs"])
+            sum(
+                int(np.prod(ProbeInput(d, tuple(s), None).at(max(r["samples"]))[0], dtype=np.int64))
+                * tf.as_dtype(d).size
+                for d, s, _ in r["inputs"]
+            )
             for r in requests
         ),
         default=0,

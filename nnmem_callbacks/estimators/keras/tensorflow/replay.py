@@ -19,23 +19,24 @@ import dataclasses
 from collections import Counter
 from typing import Any, Callable
 
-from nnmem_callbacks.core.estimate import Category
 from nnmem_callbacks.allocators.bfc import BFCSimulator
 from nnmem_callbacks.allocators.tensorflow_cpu import Buffer, VariablePlacement, list_counted_bytes, tf_allocator_bytes
+from nnmem_callbacks.core.estimate import Category
 from nnmem_callbacks.estimators.keras.tensorflow.ops import METADATA_OPS, handler_for
 from nnmem_callbacks.estimators.keras.tensorflow.probes import PROBED_OPS as SCRATCH_KERNELS
 from nnmem_callbacks.estimators.keras.tensorflow.schedule import (
     EAGER_PHASES,
-    op_phases,
-    schedule_ops,
     inverse_transposes,
+    op_phases,
     pruned,
+    schedule_ops,
     sibling_waves,
     wave_holds,
 )
 from nnmem_callbacks.estimators.keras.tensorflow.trace import dtype_size, shape_size
 
 __all__ = ["as_pieces", "GraphReplayer", "GraphReplayResult", "ReplayRun"]
+
 
 @dataclasses.dataclass
 class GraphReplayResult:
@@ -263,7 +264,9 @@ class ReplayRun:
         else:
             chunks = buffer.element_chunks
             kept = 0
-            while kept < min(len(chunks), len(sizes)) and bfc.chunks[chunks[kept]][1] >= BFCSimulator.rounded(sizes[kept]):
+            while kept < min(len(chunks), len(sizes)) and bfc.chunks[chunks[kept]][1] >= BFCSimulator.rounded(
+                sizes[kept]
+            ):
                 kept += 1
             for cid in reversed(chunks[kept:]):
                 bfc.free(cid)
@@ -540,7 +543,11 @@ class GraphReplayer:
     def child(self) -> "GraphReplayer":
         """A replayer for a function body, branch or loop body called from this graph (same batch, kernels, luck, order)."""
         return GraphReplayer(
-            self.lookup, self.n, onednn=self.onednn, unlucky=self.unlucky, newest_first=self.newest_first,
+            self.lookup,
+            self.n,
+            onednn=self.onednn,
+            unlucky=self.unlucky,
+            newest_first=self.newest_first,
             forwarding=self.forwarding,
         )
 
@@ -584,8 +591,14 @@ class GraphReplayer:
         self.order = [op.name for op in ops]
         holds = wave_holds(ops, waves)
         run = ReplayRun(
-            self, graph, ops, inputs_of, graph_outputs,
-            inputs_category=inputs_category, input_list_bytes=input_list_bytes, track_phases=track_phases,
+            self,
+            graph,
+            ops,
+            inputs_of,
+            graph_outputs,
+            inputs_category=inputs_category,
+            input_list_bytes=input_list_bytes,
+            track_phases=track_phases,
         )
         for index, op in enumerate(ops):
             phase = phases[op.name]

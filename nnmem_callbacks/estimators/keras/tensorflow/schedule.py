@@ -56,7 +56,7 @@ def op_phases(ops: list) -> dict[str, str]:
     state: dict[str, Any] = {}
     phases = {op.name: _phase_of(op.name, state) for op in ops}
     last = max((i for i, op in enumerate(ops) if phases[op.name] == "backward"), default=-1)
-    for i, op in enumerate(ops[: last + 1]):
+    for op in ops[: last + 1]:
         if phases[op.name] == "optimizer":
             phases[op.name] = "backward"
     return phases
@@ -151,7 +151,9 @@ def inverse_transposes(ops: list, graph_outputs: set) -> dict[Any, Any]:
         if op.type not in TRANSPOSE_OPS or op.name in preserved or len(op.inputs) != 2:
             continue
         first = op.inputs[0]
-        while first.op.type in ("Identity", "Snapshot") and len(first.consumers()) == 1 and first.op.name not in preserved:
+        while (
+            first.op.type in ("Identity", "Snapshot") and len(first.consumers()) == 1 and first.op.name not in preserved
+        ):
             first = first.op.inputs[0]
         if first.op.type != op.type or len(first.op.inputs) != 2:
             continue
@@ -206,7 +208,7 @@ def minimize_broadcasts(
     """
     by_name = {op.name: op for op in ops}
     consumers: Counter = Counter()
-    for name, inputs in inputs_of.items():
+    for inputs in inputs_of.values():
         for t in inputs:
             consumers[t.op.name] += 1
     drives_control = {c.name for op in ops for c in op.control_inputs}
@@ -518,9 +520,7 @@ def sibling_waves(
         return {t.op.name for t in inputs_of.get(op.name, ())} | {c.name for c in getattr(op, "control_inputs", ())}
 
     # the op each one waits for last (by its place in the order before any move)
-    ready_after = {
-        op.name: max(producers(op), key=lambda name: position.get(name, -1), default=None) for op in order
-    }
+    ready_after = {op.name: max(producers(op), key=lambda name: position.get(name, -1), default=None) for op in order}
     i = 0
     while i < len(order):
         op = order[i]

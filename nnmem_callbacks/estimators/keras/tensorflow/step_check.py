@@ -131,15 +131,23 @@ class StepMeasurement:
             >>> both.runs, both.median, both.seconds
             ((100, 130, 110, 105, 108), 108, 1.5)
         """
-        if (more.batch_size, more.allocator, more.optimizer_built) != (self.batch_size, self.allocator, self.optimizer_built):
+        if (more.batch_size, more.allocator, more.optimizer_built) != (
+            self.batch_size,
+            self.allocator,
+            self.optimizer_built,
+        ):
             raise ValueError(
                 f"cannot combine runs at batch {self.batch_size} ({self.allocator}, optimizer built before: "
                 f"{self.optimizer_built}) with runs at batch {more.batch_size} ({more.allocator}, optimizer built "
                 f"before: {more.optimizer_built})"
             )
         return StepMeasurement(
-            self.batch_size, self.runs + more.runs, self.seconds + more.seconds, self.allocator,
-            self.cached and more.cached, self.optimizer_built,
+            self.batch_size,
+            self.runs + more.runs,
+            self.seconds + more.seconds,
+            self.allocator,
+            self.cached and more.cached,
+            self.optimizer_built,
             requested=len(self.runs) + self.missing + len(more.runs) + more.missing,
         )
 
@@ -256,7 +264,9 @@ def request_for(
         compile_config = model.get_compile_config()
         json.dumps(compile_config)
     except Exception as error:  # noqa: BLE001 - any serialization failure
-        raise StepCheckError(f"the model cannot be written as its configuration ({type(error).__name__}: {error})") from error
+        raise StepCheckError(
+            f"the model cannot be written as its configuration ({type(error).__name__}: {error})"
+        ) from error
     if not compile_config:
         raise StepCheckError("the model has no compile configuration to rebuild in a child process")
     return {
@@ -324,7 +334,12 @@ def measure_steps(
     if entry is not None and entry.get("runs"):
         runs = tuple(int(r) for r in entry["runs"])
         return StepMeasurement(
-            batch_size, runs, 0.0, allocator, cached=True, optimizer_built=optimizer_built,
+            batch_size,
+            runs,
+            0.0,
+            allocator,
+            cached=True,
+            optimizer_built=optimizer_built,
             requested=int(entry.get("requested", len(runs))),
         )
     env = child_environment(bfc=allocator == "bfc")
@@ -332,7 +347,11 @@ def measure_steps(
     try:
         done = subprocess.run(
             [sys.executable, "-m", "nnmem_callbacks.estimators.keras.tensorflow.step_check"],
-            input=json.dumps(request), env=env, capture_output=True, text=True, timeout=max(time_budget, 1.0),
+            input=json.dumps(request),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=max(time_budget, 1.0),
         )
         stdout, stderr, returncode = done.stdout, done.stderr, done.returncode
     except subprocess.TimeoutExpired as expired:
@@ -424,8 +443,8 @@ def _measure_once(request: dict[str, Any]) -> int:  # pragma: no cover - runs in
     import numpy as np
     import tensorflow as tf
 
-    from nnmem_callbacks.estimators.keras.common import tree_leaves, unique, variable_bytes
     from nnmem_callbacks.allocators.tensorflow_cpu import tf_allocator_bytes
+    from nnmem_callbacks.estimators.keras.common import tree_leaves, unique, variable_bytes
 
     model = compiled_copy(request)
     rng = np.random.default_rng(0)

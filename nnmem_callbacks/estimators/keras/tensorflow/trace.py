@@ -87,8 +87,10 @@ def identity_permutation(op: Any) -> bool:
 
 
 def reads_variable(tensor: Any) -> bool:
-    while tensor.op.type in ("Identity", "Cast") and tensor.op.inputs and (
-        tensor.op.type == "Identity" or tensor.op.inputs[0].dtype == tensor.dtype
+    while (
+        tensor.op.type in ("Identity", "Cast")
+        and tensor.op.inputs
+        and (tensor.op.type == "Identity" or tensor.op.inputs[0].dtype == tensor.dtype)
     ):
         tensor = tensor.op.inputs[0]
     return tensor.op.type == "ReadVariableOp"

@@ -201,7 +201,11 @@ def probe_cuda_autocast(op, args: tuple, kwargs: dict, lower_dtype: torch.dtype)
     except Exception as error:  # noqa: BLE001 - a banned op: replayed as the same error
         return CastPlan(None, (), None, error)
     else:  # the kernel made no call on the stand-ins (cannot happen for a wrapper)
-        return CastPlan(op, tuple(("input", i, ()) if isinstance(v, torch.Tensor) else ("const", v) for i, v in enumerate(flat)), tree_flatten((args, kwargs))[1])
+        return CastPlan(
+            op,
+            tuple(("input", i, ()) if isinstance(v, torch.Tensor) else ("const", v) for i, v in enumerate(flat)),
+            tree_flatten((args, kwargs))[1],
+        )
     finally:
         torch.set_autocast_dtype("cuda", previous_dtype)
         torch.set_autocast_cache_enabled(previous_cache)
@@ -238,8 +242,12 @@ class _CastCache:
         if tensor.dtype == dtype or not tensor.is_floating_point() or tensor.dtype == torch.float64:
             return tensor  # cached_cast leaves doubles and non-float tensors alone
         cacheable = (
-            dtype == lower_dtype and tensor.dtype == torch.float32 and tensor.requires_grad
-            and tensor.is_leaf and not tensor._is_view() and torch.is_autocast_cache_enabled()
+            dtype == lower_dtype
+            and tensor.dtype == torch.float32
+            and tensor.requires_grad
+            and tensor.is_leaf
+            and not tensor._is_view()
+            and torch.is_autocast_cache_enabled()
         )
         if not cacheable:
             return tensor.to(dtype)

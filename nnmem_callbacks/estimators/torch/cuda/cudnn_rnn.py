@@ -103,7 +103,9 @@ def _line(points: list[tuple[int, int]]) -> tuple[float, float]:
     return slope, mean_v - slope * mean_n
 
 
-def probe_entry(shape: RnnShape, dtype: torch.dtype, device: torch.device, has_biases: bool = True) -> dict[str, list[int]]:
+def probe_entry(
+    shape: RnnShape, dtype: torch.dtype, device: torch.device, has_biases: bool = True
+) -> dict[str, list[int]]:
     """Runs ``torch._cudnn_rnn`` for real at :data:`PROBE_POINTS` on ``device``.
 
     Returns:
@@ -121,17 +123,37 @@ def probe_entry(shape: RnnShape, dtype: torch.dtype, device: torch.device, has_b
         for steps, batch in PROBE_POINTS:
             x = torch.zeros((steps, batch, shape.input_size), dtype=dtype, device=device)
             hx = torch.zeros((layers, batch, shape.output_size), dtype=dtype, device=device)
-            cx = torch.zeros((layers, batch, shape.hidden_size), dtype=dtype, device=device) if shape.mode == "LSTM" else None
+            cx = (
+                torch.zeros((layers, batch, shape.hidden_size), dtype=dtype, device=device)
+                if shape.mode == "LSTM"
+                else None
+            )
             out, peak = kernel_peak(
                 lambda: torch._cudnn_rnn(
-                    x, weights, stride0, None, hx, cx, sizes.CUDNN_MODE[shape.mode], shape.hidden_size, shape.proj_size,
-                    shape.num_layers, False, 0.0, True, shape.bidirectional, [], None,
+                    x,
+                    weights,
+                    stride0,
+                    None,
+                    hx,
+                    cx,
+                    sizes.CUDNN_MODE[shape.mode],
+                    shape.hidden_size,
+                    shape.proj_size,  # noqa: B023 - the kernel runs here, in this iteration
+                    shape.num_layers,
+                    False,
+                    0.0,
+                    True,
+                    shape.bidirectional,
+                    [],
+                    None,
                 ),
                 strict=True,
             )
             returned = sum(t.numel() * t.element_size() for t in out if isinstance(t, torch.Tensor))
             if peak < returned:
-                raise RuntimeError(f"the profiler saw {peak} B of {device.type} allocations, less than the {returned} B returned")
+                raise RuntimeError(
+                    f"the profiler saw {peak} B of {device.type} allocations, less than the {returned} B returned"
+                )
             entry["n"].append(steps * batch)
             entry["reserve"].append(int(out[3].numel() * out[3].element_size()))
             entry["workspace"].append(max(0, int(peak) - returned))
@@ -164,7 +186,9 @@ def _probe_weights(shape: RnnShape, dtype: torch.dtype, device: torch.device, ha
     return weights
 
 
-def probed_sizes(shape: RnnShape, dtype: torch.dtype, device: torch.device, steps: int, batch: int, has_biases: bool) -> tuple[int, int] | None:
+def probed_sizes(
+    shape: RnnShape, dtype: torch.dtype, device: torch.device, steps: int, batch: int, has_biases: bool
+) -> tuple[int, int] | None:
     """(reserve, workspace) bytes from a real probe on ``device``, or ``None``.
 
     ``None`` when no GPU of that kind is present, probing is off, the probe
@@ -182,7 +206,9 @@ def probed_sizes(shape: RnnShape, dtype: torch.dtype, device: torch.device, step
     element = torch.empty((), dtype=dtype, device="meta").element_size()
     weight_bytes = sizes.weight_count(shape) * element
     if 2 * weight_bytes > session.cap:
-        session.skipped.setdefault(f"the probe needs {2 * weight_bytes} B of weights, above the cap", set()).add(OP_NAME)
+        session.skipped.setdefault(f"the probe needs {2 * weight_bytes} B of weights, above the cap", set()).add(
+            OP_NAME
+        )
         return None
     key = f"cudnn_rnn:{shape!r}:{dtype}:{has_biases}"
     entry = session.lookup(key) or _PROBE_MEMO.get((key, str(device)))
@@ -194,7 +220,9 @@ def probed_sizes(shape: RnnShape, dtype: torch.dtype, device: torch.device, step
             session.skipped.setdefault("another profiler is running", set()).add(OP_NAME)
             return None
         except Exception as error:  # noqa: BLE001 - the table applies
-            session.failed[OP_NAME] = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+            session.failed[OP_NAME] = (
+                f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+            )
             return None
         _PROBE_MEMO[(key, str(device))] = entry
         session.record(key, entry, runs=len(PROBE_POINTS), seconds=time.perf_counter() - started)
@@ -228,7 +256,9 @@ class _CudnnRNN(torch.autograd.Function):
     """``aten._cudnn_rnn`` and its backward, allocating as cuDNN does."""
 
     @staticmethod
-    def forward(ctx, spec: _Spec, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor | None, *weights: torch.Tensor):  # noqa: A002
+    def forward(
+        ctx, spec: _Spec, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor | None, *weights: torch.Tensor
+    ):  # noqa: A002
         device = input.device
         dtype = spec.compute_dtype
         shape = spec.shape
@@ -248,7 +278,9 @@ class _CudnnRNN(torch.autograd.Function):
             output = torch.empty((spec.steps, spec.batch, out_features), dtype=dtype, device=device)
         layers = shape.num_layers * shape.directions
         hy = torch.empty((layers, spec.batch, shape.output_size), dtype=dtype, device=device)
-        cy = torch.empty((layers, spec.batch, shape.hidden_size) if cx is not None else (0,), dtype=dtype, device=device)
+        cy = torch.empty(
+            (layers, spec.batch, shape.hidden_size) if cx is not None else (0,), dtype=dtype, device=device
+        )
         # the workspace and the reserve are both allocated before the kernel runs; the workspace (and the
         # contiguous input) are freed when it returns
         held = [x, torch.empty((spec.workspace_bytes,), dtype=torch.uint8, device=device)]
@@ -288,7 +320,13 @@ class _CudnnRNN(torch.autograd.Function):
         dcy = grad_cy.contiguous() if ctx.has_cx else None
         dx = torch.empty(x.shape, dtype=dtype, device=device)
         dhx = torch.empty(hx_in.shape, dtype=dtype, device=device)
-        dcx = torch.empty((shape.num_layers * shape.directions, spec.batch, shape.hidden_size), dtype=dtype, device=device) if ctx.has_cx else None
+        dcx = (
+            torch.empty(
+                (shape.num_layers * shape.directions, spec.batch, shape.hidden_size), dtype=dtype, device=device
+            )
+            if ctx.has_cx
+            else None
+        )
         _transient(spec.workspace_bytes, device)
         del x, dy, dhy, dcy
         if spec.batch_first and not spec.packed:
@@ -402,7 +440,9 @@ def _pack_padded(input: torch.Tensor, lengths: Any, batch_first: bool) -> Any:  
     return flat.index_select(0, rows), _real_sizes(batch_sizes)
 
 
-def _pad_packed(data: torch.Tensor, batch_sizes: Any, batch_first: bool, padding_value: float, total_length: int) -> Any:
+def _pad_packed(
+    data: torch.Tensor, batch_sizes: Any, batch_first: bool, padding_value: float, total_length: int
+) -> Any:
     """``aten._pad_packed_sequence`` for real ``batch_sizes``: the padded output and the lengths."""
     sizes_list = _int_values(batch_sizes)
     if sizes_list is None or not sizes_list:
@@ -524,7 +564,19 @@ class _RnnCalls(TorchFunctionMode):
             self._count("probe")
         flat_ids = self._flat_ids()
         flattened = not autocast and all(id(w) in flat_ids for w in weights)
-        spec = _Spec(shape, steps, batch, packed, bool(batch_first), bool(train), compute_dtype, flattened, bool(has_biases), reserve, workspace)
+        spec = _Spec(
+            shape,
+            steps,
+            batch,
+            packed,
+            bool(batch_first),
+            bool(train),
+            compute_dtype,
+            flattened,
+            bool(has_biases),
+            reserve,
+            workspace,
+        )
         if train and dropout > 0 and self.dropout_state is None:
             # get_dropout_state: allocated on the first training call with dropout, cached for the process
             self.dropout_state = torch.empty((sizes.DROPOUT_STATE_BYTES,), dtype=torch.uint8, device=device)

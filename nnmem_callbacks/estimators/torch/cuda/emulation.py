@@ -27,11 +27,19 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 import torch.nn.functional as F
 
-from nnmem_callbacks.hardware.gpus import DEFAULT_ARCH_CAPABILITY, CudaArch, cuda_arch
 from nnmem_callbacks.estimators.torch.cuda.autocast import cuda_autocast_on_cpu
 from nnmem_callbacks.estimators.torch.cuda.sdpa_backends import SdpaCall, SdpaSwitches, select_backend
+from nnmem_callbacks.hardware.gpus import DEFAULT_ARCH_CAPABILITY, CudaArch, cuda_arch
 
-__all__ = ["EMULATIONS", "PARTS", "EmulationReport", "cuda_kernel_emulation", "emulation_parts", "register_emulation", "sdpa_call_of"]
+__all__ = [
+    "EMULATIONS",
+    "PARTS",
+    "EmulationReport",
+    "cuda_kernel_emulation",
+    "emulation_parts",
+    "register_emulation",
+    "sdpa_call_of",
+]
 
 
 @dataclasses.dataclass
@@ -62,8 +70,12 @@ class EmulationReport:
     def backend_counts(self) -> dict[str, int]:
         """Backend -> number of distinct attention calls (calls differing only in batch size count once)."""
         distinct = {
-            (dataclasses.replace(call, q_shape=call.q_shape[1:], k_shape=call.k_shape[1:], v_shape=call.v_shape[1:],
-                                 mask_shape=None), backend)
+            (
+                dataclasses.replace(
+                    call, q_shape=call.q_shape[1:], k_shape=call.k_shape[1:], v_shape=call.v_shape[1:], mask_shape=None
+                ),
+                backend,
+            )
             for call, backend in self.sdpa.items()
         }
         counts: dict[str, int] = {}
@@ -81,7 +93,8 @@ class EmulationReport:
         """
         switches = SdpaSwitches.from_torch()
         return [
-            call for call, backend in self.sdpa.items()
+            call
+            for call, backend in self.sdpa.items()
             if _MEMORY_CLASS[select_backend(call, other, switches)[0]] != _MEMORY_CLASS[backend]
         ]
 
@@ -160,11 +173,15 @@ def register_emulation(name: str, factory: Callable[[CudaArch, EmulationReport],
 def sdpa_call_of(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False) -> SdpaCall:
     """The :class:`SdpaCall` of real (or fake) tensors."""
     return SdpaCall(
-        tuple(query.shape), tuple(key.shape), tuple(value.shape), str(query.dtype).replace("torch.", ""),
+        tuple(query.shape),
+        tuple(key.shape),
+        tuple(value.shape),
+        str(query.dtype).replace("torch.", ""),
         None if attn_mask is None else str(attn_mask.dtype).replace("torch.", ""),
         None if attn_mask is None else tuple(attn_mask.shape),
         bool(attn_mask is not None and attn_mask.requires_grad),
-        float(dropout_p), bool(is_causal),
+        float(dropout_p),
+        bool(is_causal),
         torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
         bool(enable_gqa),
         (query.stride(-1), key.stride(-1), value.stride(-1)) if query.dim() else (1, 1, 1),
@@ -201,14 +218,20 @@ def _run_backend(backend: str, query, key, value, attn_mask, dropout_p, is_causa
         if head_dim % 8:
             pad = 8 - head_dim % 8
             query, key, value = (F.pad(t, (0, pad)) for t in (query, key, value))
-        output = aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        output = aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[
+            0
+        ]
         return output[..., :head_dim] if head_dim % 8 else output
     if backend == "efficient":
         if attn_mask is not None:
             attn_mask = _efficient_mask(attn_mask, query, key)
-        return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, compute_lse, dropout_p, is_causal, scale=scale)[0]
+        return aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, compute_lse, dropout_p, is_causal, scale=scale
+        )[0]
     if backend == "cudnn":
-        return aten._scaled_dot_product_cudnn_attention(query, key, value, attn_mask, compute_lse, dropout_p, is_causal, False, scale=scale)[0]
+        return aten._scaled_dot_product_cudnn_attention(
+            query, key, value, attn_mask, compute_lse, dropout_p, is_causal, False, scale=scale
+        )[0]
     return aten._scaled_dot_product_attention_math(
         query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
     )[0]
@@ -223,7 +246,9 @@ def _cuda_sdpa(arch: CudaArch, report: EmulationReport) -> Iterator[None]:
         # read at each call: the model may switch backends (torch.nn.attention.sdpa_kernel) in its forward
         backend, _ = select_backend(call, arch, SdpaSwitches.from_torch())
         if backend == "error":
-            raise RuntimeError("No available kernel. Aborting execution. (every scaled_dot_product_attention backend is disabled)")
+            raise RuntimeError(
+                "No available kernel. Aborting execution. (every scaled_dot_product_attention backend is disabled)"
+            )
         report.sdpa.setdefault(call, backend)
         return _run_backend(backend, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
@@ -287,7 +312,9 @@ def emulation_parts(*parts: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def cuda_kernel_emulation(arch: CudaArch | None = None, report: EmulationReport | None = None) -> Iterator[EmulationReport]:
+def cuda_kernel_emulation(
+    arch: CudaArch | None = None, report: EmulationReport | None = None
+) -> Iterator[EmulationReport]:
     """CUDA autocast, attention and dropout semantics for a CPU trace (see the module docstring).
 
     Args:

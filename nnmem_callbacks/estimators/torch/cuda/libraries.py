@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from nnmem_callbacks.hardware import cuda_tables
 from nnmem_callbacks.core.units import format_bytes
+from nnmem_callbacks.hardware import cuda_tables
 
 __all__ = [
     "aten",
@@ -69,8 +69,20 @@ def _packets(*names: str) -> frozenset:
 
 
 #: Ops whose CUDA kernels call cuBLAS through ``getCurrentCUDABlasHandle`` (Blas.cpp / CUDABlas.cpp).
-GEMM_OPS = _packets("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot",
-                    "_addmm_activation", "_scaled_mm", "_int_mm")
+GEMM_OPS = _packets(
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "addbmm",
+    "addmv",
+    "mv",
+    "dot",
+    "vdot",
+    "_addmm_activation",
+    "_scaled_mm",
+    "_int_mm",
+)
 
 #: Ops that may run through cuBLASLt (``gemm_and_bias`` / ``scaled_gemm`` in CUDABlas.cpp).
 LT_OPS = _packets("addmm", "_addmm_activation", "_scaled_mm")
@@ -191,7 +203,11 @@ class LibraryModel:
         """
         text = []
         if workspace_ops is None or any(str(op).startswith("cuBLAS") for op in workspace_ops):
-            lt = f" plus a separate cuBLASLt workspace of {format_bytes(self.cublaslt_bytes)}" if self.cublaslt_bytes else ""
+            lt = (
+                f" plus a separate cuBLASLt workspace of {format_bytes(self.cublaslt_bytes)}"
+                if self.cublaslt_bytes
+                else ""
+            )
             text.append(
                 f"cuBLAS workspaces from the caching allocator counted as 'workspaces': {format_bytes(self.cublas_bytes)}{lt} "
                 f"at the first GEMM of the user's thread and of autograd's backward thread, kept for the process "
@@ -216,8 +232,11 @@ class LibraryModel:
         elif self.probed:
             text.append("cuDNN convolution workspaces measured on the device for: " + ", ".join(sorted(self.probed)))
         if isinstance(probe, ConvProbe) and probe.failed:
-            text.append("cuDNN convolution probes failed (" + ", ".join(f"{k} x{v}" for k, v in sorted(probe.failed.items()))
-                        + "); the table was used for those")
+            text.append(
+                "cuDNN convolution probes failed ("
+                + ", ".join(f"{k} x{v}" for k, v in sorted(probe.failed.items()))
+                + "); the table was used for those"
+            )
         if cudnn_benchmark_enabled() and (self.probed or self.unmodelled or self.table_used):
             text.append(BENCHMARK_NOTE)
         if self.unmodelled:
@@ -256,7 +275,11 @@ def device_index(device: torch.device) -> int:
 
 
 def library_model(
-    device: torch.device, notes: list[str], capability: tuple[int, int] | None = None, *, probe_convolutions: bool = True
+    device: torch.device,
+    notes: list[str],
+    capability: tuple[int, int] | None = None,
+    *,
+    probe_convolutions: bool = True,
 ) -> LibraryModel:
     """The library sizes for training on ``device``.
 
@@ -294,7 +317,9 @@ def library_model(
         except RuntimeError:
             pass
     probe = ConvProbe(torch.device("cuda", device_index(device))) if present and probe_convolutions else None
-    return LibraryModel(capability=tuple(capability), cublas_bytes=cublas, cublaslt_bytes=lt, source=source, conv_probe=probe)
+    return LibraryModel(
+        capability=tuple(capability), cublas_bytes=cublas, cublaslt_bytes=lt, source=source, conv_probe=probe
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -416,11 +441,16 @@ class ConvProbe:
         batched = self._batched(packet)
         # benchmark off: the search would try workspaces up to the free device memory (not a bounded probe);
         # the heuristics' choice is measured instead (BENCHMARK_NOTE says what the search adds)
-        with isolated(), _cudnn_benchmark_off(), torch.autocast("cuda", enabled=False), \
-                torch.utils._python_dispatch._disable_current_modes():
+        with (
+            isolated(),
+            _cudnn_benchmark_off(),
+            torch.autocast("cuda", enabled=False),
+            torch.utils._python_dispatch._disable_current_modes(),
+        ):
             real = [
                 real_tensor(value, (batch, *value.shape[1:]) if index in batched else None, device=str(self.device))
-                if isinstance(value, torch.Tensor) else value
+                if isinstance(value, torch.Tensor)
+                else value
                 for index, value in enumerate(args)
             ]
             before = self.meter.start()
@@ -504,7 +534,9 @@ def device_overhead(
             free, total = torch.cuda.mem_get_info(index)
             measured = total - free - torch.cuda.memory_reserved(index)
         except RuntimeError as error:  # the probe must not end the estimate: use the table
-            notes.append(f"the CUDA library probe failed ({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''})")
+            notes.append(
+                f"the CUDA library probe failed ({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''})"
+            )
             measured = 0
         if measured > 0:
             notes.append(
@@ -512,7 +544,11 @@ def device_overhead(
                 f"(total - free - reserved, device-wide) after a bounded probe ("
                 + ", ".join(
                     (["8x8 matmul forward and backward"] if gemm else [])
-                    + ([f"the same in {str(reduced_dtype).replace('torch.', '')}"] if gemm and reduced_dtype is not None else [])
+                    + (
+                        [f"the same in {str(reduced_dtype).replace('torch.', '')}"]
+                        if gemm and reduced_dtype is not None
+                        else []
+                    )
                     + (["a 1x1x4x4 convolution forward and backward"] if cudnn else [])
                     or ["no op: the run uses neither cuBLAS nor cuDNN"]
                 )
@@ -531,9 +567,13 @@ def device_overhead(
     figures, exact = cuda_tables.context_figures(capability, cuda_major)
     figure = figures.for_run(gemm, cudnn)
     uses = " and ".join(name for name, used in (("cuBLAS", gemm), ("cuDNN", cudnn)) if used) or "no library"
-    where = "" if exact else (
-        f" (the table has no entry for sm_{capability[0]}x with CUDA {cuda_major if cuda_major else '(unknown: a CPU build of torch)'}; "
-        f"the nearest measured stack is used)"
+    where = (
+        ""
+        if exact
+        else (
+            f" (the table has no entry for sm_{capability[0]}x with CUDA {cuda_major if cuda_major else '(unknown: a CPU build of torch)'}; "
+            f"the nearest measured stack is used)"
+        )
     )
     notes.append(
         f"CUDA context and libraries from the table: {format_bytes(figure)} for a run using {uses}, "
@@ -569,10 +609,14 @@ def uses_gemm(model: torch.nn.Module) -> bool:
         (False, True)
     """
     kinds = (torch.nn.Linear, torch.nn.Bilinear, torch.nn.MultiheadAttention)
-    return any(isinstance(module, kinds) or type(module).__name__ in ("Conv1D", "LinearLayer") for module in model.modules())
+    return any(
+        isinstance(module, kinds) or type(module).__name__ in ("Conv1D", "LinearLayer") for module in model.modules()
+    )
 
 
-def complete_closed_form(estimate: Any, model: torch.nn.Module, device: torch.device, precision_dtype: torch.dtype | None) -> Any:
+def complete_closed_form(
+    estimate: Any, model: torch.nn.Module, device: torch.device, precision_dtype: torch.dtype | None
+) -> Any:
     """Adds what the CUDA libraries take to a closed-form (untraced) estimate for a CUDA target.
 
     The cuBLAS workspaces of the user's and autograd's threads when the model
@@ -585,7 +629,10 @@ def complete_closed_form(estimate: Any, model: torch.nn.Module, device: torch.de
     category = "workspaces"
     breakdown = dict(estimate.breakdown)
     breakdown[category] = breakdown.get(category, 0) + workspaces
-    phase_breakdowns = {phase: {**values, category: values.get(category, 0) + workspaces} for phase, values in estimate.phase_breakdowns.items()}
+    phase_breakdowns = {
+        phase: {**values, category: values.get(category, 0) + workspaces}
+        for phase, values in estimate.phase_breakdowns.items()
+    }
     phases = tuple(dataclasses.replace(line, fixed_bytes=line.fixed_bytes + workspaces) for line in estimate.phases)
     if workspaces:
         notes.append(
@@ -593,14 +640,31 @@ def complete_closed_form(estimate: Any, model: torch.nn.Module, device: torch.de
             f"each: the user's and autograd's threads) are added"
         )
     overhead = device_overhead(
-        device, notes, reduced_dtype=precision_dtype, gemm=uses_gemm(model), cudnn=uses_cudnn(model), capability=libraries.capability
+        device,
+        notes,
+        reduced_dtype=precision_dtype,
+        gemm=uses_gemm(model),
+        cudnn=uses_cudnn(model),
+        capability=libraries.capability,
     )
-    extra = {**estimate.extra, "cuda_libraries": {
-        "capability": list(libraries.capability), "source": libraries.source,
-        "cublas_bytes": libraries.cublas_bytes, "cublas_workspaces": 2 if workspaces else 0,
-        "cublaslt_bytes": libraries.cublaslt_bytes, "cublaslt_workspaces": 2 if workspaces and libraries.cublaslt_bytes else 0,
-    }}
+    extra = {
+        **estimate.extra,
+        "cuda_libraries": {
+            "capability": list(libraries.capability),
+            "source": libraries.source,
+            "cublas_bytes": libraries.cublas_bytes,
+            "cublas_workspaces": 2 if workspaces else 0,
+            "cublaslt_bytes": libraries.cublaslt_bytes,
+            "cublaslt_workspaces": 2 if workspaces and libraries.cublaslt_bytes else 0,
+        },
+    }
     return dataclasses.replace(
-        estimate, peak_bytes=estimate.peak_bytes + workspaces, breakdown=breakdown, phases=phases,
-        phase_breakdowns=phase_breakdowns, overhead_bytes=overhead, notes=tuple(notes), extra=extra,
+        estimate,
+        peak_bytes=estimate.peak_bytes + workspaces,
+        breakdown=breakdown,
+        phases=phases,
+        phase_breakdowns=phase_breakdowns,
+        overhead_bytes=overhead,
+        notes=tuple(notes),
+        extra=extra,
     )
