@@ -97,35 +97,24 @@ def train(name: str, model: Classifier, log_dir: str, epochs: int, budget: str |
 def measurement_line(row: dict, estimate, batch_size: int | None = None) -> str:
     """One epoch's check, saying what is compared with what.
 
-    On CUDA the callback measures the tensors directly (``max_memory_allocated``).
-    On CPU it can only measure the process RSS, which also holds the interpreter
-    and libraries; it therefore compares the rise of the RSS above its level at
-    fit start with the predicted tensor peak less what was already resident (the
-    model). The runtime's own first-step growth (kernels, thread pools, allocator
-    caches) is part of that rise, so on a small model the rise says more about
-    the runtime than about the tensor estimate; the line then says so.
+    The measured figure is the tensor peak: on CUDA ``max_memory_allocated``; on
+    CPU that of a sampled optimizer step, from the PyTorch profiler's allocation
+    events. The error is (predicted - measured) / measured. On CPU the rise of
+    the process RSS above fit start is shown beside it for what it is: it holds
+    allocator caches and memory freed but kept resident, so it says little about
+    tensors.
     """
-    if row.get("kind") == "cuda":
-        line = f"epoch {row['epoch']}: measured tensor peak (max_memory_allocated) {format_bytes(row['measured_bytes'])}"
-        if "predicted_bytes" in row:
-            line += f" vs predicted {format_bytes(row['predicted_bytes'])} (error {row['relative_error']:+.1%})"
-        return line
-    line = (
-        f"epoch {row['epoch']}: process peak RSS {format_bytes(row['measured_peak_bytes'])}, "
-        f"{format_bytes(row['measured_bytes'])} above fit start"
-    )
-    if "predicted_bytes" not in row or estimate is None:
-        return line
-    tensors = row["predicted_peak_bytes"]
-    line += (
-        f"; predicted rise {format_bytes(row['predicted_bytes'])} = predicted tensor peak {format_bytes(tensors)} "
-        f"less the model already resident (error of the rise {row['relative_error']:+.1%})"
-    )
-    if row["measured_bytes"] > 2 * max(row["predicted_bytes"], 1):
-        line += (
-            f"\n  the rise is mostly the runtime's own first-step growth, not tensors: on a model this small it says "
-            f"little about the {format_bytes(tensors)} tensor estimate (on CUDA the tensors are measured directly)"
+    if row.get("kind") == "rss":  # CPU and the step could not be sampled (another profiler runs)
+        return (
+            f"epoch {row['epoch']}: process RSS rose {format_bytes(row['measured_bytes'])} above fit start "
+            "(the step's tensor peak could not be sampled)"
         )
+    what = "max_memory_allocated" if row.get("kind") == "cuda" else "a sampled step, profiler allocation events"
+    line = f"epoch {row['epoch']}: measured tensor peak ({what}) {format_bytes(row['measured_bytes'])}"
+    if "predicted_bytes" in row:
+        line += f" vs predicted {format_bytes(row['predicted_bytes'])} (error {row['relative_error']:+.1%})"
+    if row.get("rss_rise_bytes") is not None:
+        line += f"; beside it, the process RSS rose {format_bytes(row['rss_rise_bytes'])} above fit start"
     return line
 
 

@@ -17,6 +17,7 @@ from nnmem_callbacks.monitoring import oom
 from nnmem_callbacks.monitoring import tensorboard as tensorboard_report
 from nnmem_callbacks.monitoring.meters import Meter, PeakReading
 from nnmem_callbacks.monitoring.phase_tracking import BETWEEN_STEPS, PhaseTracker
+from nnmem_callbacks.monitoring.step_sampling import TensorPeakMeter
 
 MiB = 2**20
 
@@ -161,7 +162,7 @@ def test_keras_comparison_logs_the_comparison_keys_only_and_nan_when_unmeasured(
     unmeasured = epoch_report.compare_epoch(meter, None, epoch=1, **kwargs)
     expected = {names.measured, names.predicted_peak, names.predicted, names.relative_error, names.budget}
     assert set(measured.metrics) == set(unmeasured.metrics) == expected  # every key, every epoch
-    assert measured.metrics[names.relative_error] == pytest.approx((100 - 400) / 400)
+    assert measured.metrics[names.relative_error] == pytest.approx((400 - 100) / 100)  # (predicted - measured) / measured
     assert math.isnan(unmeasured.metrics[names.measured]) and math.isnan(unmeasured.metrics[names.relative_error])
     assert unmeasured.row == {"epoch": 1, "kind": "cuda", "measured_bytes": None, "exact": False,
                               "predicted_bytes": 400 * MiB, "relative_error": unmeasured.row["relative_error"]}
@@ -198,10 +199,20 @@ def test_lightning_details_log_every_series_the_tensorboard_layout_charts(kind):
         predicted_reserved_bytes=estimate.reserved_bytes_at(32), predicted_device_bytes=estimate.device_bytes_at(32),
         details=True,
     )
+    if kind == "cpu":  # the sampled step's tensor peak is compared; the RSS rise is kept beside it
+        tensors = TensorPeakMeter(90 * MiB)
+        compared = epoch_report.compare_epoch(
+            tensors, tensors.read(), epoch=0, names=monitor.metric_names(tensors).for_lightning(),
+            predicted_bytes=100 * MiB, predicted_peak_bytes=100 * MiB, budget_bytes=1024 * MiB, details=True,
+            phase_peaks=done.phase_peaks, phase_rises=done.phase_rises,
+        )
+        done = epoch_report.beside(compared, done)
+        assert done.row["relative_error"] == pytest.approx(10 / 90) and done.row["rss_rise_bytes"] == 50 * MiB
     layout = tensorboard_report.custom_scalars_layout(kind)
     charted = {tag for chart in layout["memory"].values() for tag in chart[1]}
     assert charted <= set(done.metrics), charted - set(done.metrics)
-    assert done.row["phase_peaks"] == {"forward": 1} and done.row["measured_peak_bytes"] == 100 * MiB
+    assert done.row["phase_peaks"] == {"forward": 1}
+    assert done.row["measured_peak_bytes"] == (90 if kind == "cpu" else 100) * MiB
     if kind == "cuda":
         assert done.metrics[tensorboard_report.MEASURED_RESERVED] == 110
         assert done.metrics[tensorboard_report.PREDICTED_DEVICE] == estimate.device_bytes_at(32) / MiB

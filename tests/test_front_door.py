@@ -278,3 +278,120 @@ def test_1_the_lightning_callback_plans_on_the_budget_less_the_margin(tmp_path):
     plan = callback.plan
     assert not plan.fits and plan.batch_size == plan.max_fitting_batch_size < 64
     assert datamodule.batch_size == plan.batch_size
+
+
+def _lightning_fit(tmp_path, callback, model, *, epochs=2, batches=4, **fit_kwargs):
+    """Fits ``model`` on CPU with ``callback``; returns the callback's warnings."""
+    import warnings
+
+    import pytorch_lightning as pl
+
+    trainer = pl.Trainer(default_root_dir=tmp_path, max_epochs=epochs, limit_train_batches=batches, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[callback])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, **fit_kwargs)
+    return [str(w.message) for w in caught if "MemoryBudgetCallback" in str(w.message)]
+
+
+def _lightning_models():
+    pytest.importorskip("pytorch_lightning")
+    sys.path.insert(0, str(ROOT / "tests"))
+    import _lightning_models
+
+    return _lightning_models
+
+
+@pytest.mark.slow
+def test_6_on_cpu_the_measured_figure_is_the_tensor_peak_the_estimate_predicts(tmp_path):
+    models = _lightning_models()
+    from nnmem_callbacks.lightning import MemoryBudgetCallback
+
+    for batch_size in (64, 9):  # a second fit in the same process measures as well as the first
+        callback = MemoryBudgetCallback(budget="2GiB")
+        said = _lightning_fit(tmp_path, callback, models.MLP(), datamodule=models.DataModule(batch_size=batch_size))
+        assert [row["kind"] for row in callback.measurements] == ["tensors", "tensors"]
+        for row in callback.measurements:
+            assert abs(row["relative_error"]) < 0.10, row  # the RSS rise swung from -100% to +182%
+            assert row["predicted_bytes"] == callback.estimate.peak_bytes_at(batch_size)
+            assert row["rss_rise_bytes"] is not None and "predicted_rss_rise_bytes" in row  # kept beside it
+            assert row["sampled_step_seconds"] > 0 and row["step_seconds"] > 0  # the stated cost
+        assert not [line for line in said if "the estimate missed" in line]
+
+
+@pytest.mark.slow
+def test_6_without_a_sampled_step_the_rss_rise_is_not_blamed_on_the_estimate(tmp_path):
+    import torch
+
+    models = _lightning_models()
+    from nnmem_callbacks.lightning import MemoryBudgetCallback
+
+    class Hog(models.MLP):
+        def on_train_batch_start(self, batch, batch_idx):
+            self._hog = bytearray(256 * 2**20) if batch_idx == 0 else None  # resident, but no tensor
+
+    callback = MemoryBudgetCallback(budget="2GiB")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):  # the user's profiler
+        said = _lightning_fit(tmp_path, callback, Hog(), datamodule=models.DataModule(batch_size=32))
+    assert [row["kind"] for row in callback.measurements] == ["rss", "rss"]
+    assert any("cannot sample the step's tensor peak" in line for line in said)
+    assert not [line for line in said if "the estimate missed" in line]
+
+
+@pytest.mark.slow
+def test_7_a_shrink_that_falls_back_to_warn_does_not_report_a_new_batch_size(tmp_path):
+    models = _lightning_models()
+    from torch.utils.data import DataLoader
+
+    from nnmem_callbacks.lightning import MemoryBudgetCallback
+
+    model = models.MLP()
+    probe = MemoryBudgetCallback(budget="2GiB")
+    loader = DataLoader(models.make_dataset(), batch_size=64)
+    _lightning_fit(tmp_path, probe, models.MLP(), epochs=1, batches=1, train_dataloaders=loader)
+    budget = int(probe.estimate.peak_bytes * 0.85)  # a smaller batch fits
+    callback = MemoryBudgetCallback(budget=budget, policy="shrink")
+    said = _lightning_fit(tmp_path, callback, model, epochs=1, batches=2, train_dataloaders=loader)
+    assert any("Falling back to policy='warn'" in line for line in said), said
+    summary = callback.summary  # the line logged at fit start
+    assert "64 ->" not in summary and "training unchanged at batch size 64" in summary
+    assert callback.plan.batch_size == 64 and callback.state_dict()["batch_size"] == 64
+    assert "64 ->" not in callback.state_dict()["decision"]
+
+
+@pytest.mark.slow
+def test_8_a_shrink_when_not_even_batch_1_fits_says_training_goes_on_unchanged(tmp_path):
+    models = _lightning_models()
+    from nnmem_callbacks.lightning import MemoryBudgetCallback
+
+    callback = MemoryBudgetCallback(budget=1024, policy="shrink")
+    said = _lightning_fit(tmp_path, callback, models.MLP(), epochs=1, batches=1,
+                          datamodule=models.DataModule(batch_size=32))
+    summary = callback.summary
+    assert "does not fit even at batch size 1" in summary
+    assert "training unchanged at batch size 32" in summary and "not even batch size 1 fits" in summary
+
+
+def test_9_one_sign_convention_predicted_minus_measured_over_measured():
+    from nnmem_callbacks.monitoring import epoch_comparison
+    from nnmem_callbacks.monitoring.meters import CudaMeter, PeakReading, metric_names
+
+    meter = CudaMeter("cuda:0")
+    over = epoch_comparison.compare_epoch(meter, PeakReading(kind="cuda", peak_bytes=100), epoch=0,
+                                          names=metric_names(meter), predicted_bytes=110, predicted_peak_bytes=110)
+    assert over.metrics["memory_relative_error"] == pytest.approx(0.10)  # an over-prediction is positive
+    from nnmem_callbacks.monitoring.meters import MetricNames
+
+    assert "(predicted - measured) / measured" in MetricNames.__doc__
+    readme = (ROOT / "README.md").read_text()
+    assert "(predicted - measured) / measured" in readme
+    assert "(predicted - measured) / measured" in (ROOT / "benchmarks" / "README.md").read_text()
+
+
+def test_10_the_readme_says_what_the_upper_bound_bounds_and_the_quickstart_shows_the_check():
+    readme = (ROOT / "README.md").read_text()
+    keras = " ".join(readme[readme.index("## Keras"):readme.index("## The nnmem command")].split())
+    assert "not a direct estimate at another batch" in keras and "plan.verification" in keras
+    quickstart = (ROOT / "examples" / "keras_quickstart.py").read_text()
+    assert "plan.verification.text" in quickstart and "a little above batch 64's upper bound asks" not in quickstart

@@ -114,7 +114,7 @@ def test_epoch_measurement_logs_cuda_series_and_warns_on_miss(monkeypatch):
     assert step == 7
     assert metrics["memory/measured_peak_mib"] == 550
     assert metrics["memory/predicted_peak_mib"] == 400
-    assert metrics["memory/relative_error"] == pytest.approx(150 / 400)
+    assert metrics["memory/relative_error"] == pytest.approx((400 - 550) / 550)  # (predicted - measured) / measured
     assert metrics["memory/predicted_reserved_mib"] == 480 and metrics["memory/measured_reserved_mib"] == 128
     assert metrics["memory/predicted_device_mib"] == 980 and metrics["memory/measured_device_used_mib"] == 4096
     assert cuda.resets >= 5  # one per phase boundary

@@ -37,26 +37,37 @@ def test_tensorboard_series_layout_text_and_figure(tmp_path):
     events.Reload()
     tags = events.Tags()
 
-    # on CPU the process RSS is compared as its rise above the fit-start level
+    # on CPU the measured peak is the tensor peak of a sampled step, compared with the predicted peak
+    predicted_peak = events.Scalars("memory/predicted_peak_mib")
+    measured_peak = events.Scalars("memory/measured_peak_mib")
+    peak_errors = events.Scalars("memory/relative_error")
+    assert len(predicted_peak) == len(measured_peak) == len(peak_errors) == 3  # one per epoch
+    assert [s.step for s in measured_peak] == [4, 8, 12]
+    for p, m, e in zip(predicted_peak, measured_peak, peak_errors):
+        assert p.value == pytest.approx(callback.estimate.peak_bytes / 2**20, rel=1e-5)
+        assert e.value == pytest.approx((p.value - m.value) / m.value, rel=1e-3, abs=1e-6)
+        assert abs(e.value) < 0.1
+    # the rise of the process RSS above fit start is logged beside it, under its own names
     predicted = events.Scalars("memory/predicted_rss_rise_mib")
     measured = events.Scalars("memory/measured_rss_rise_mib")
     errors = events.Scalars("memory/rss_rise_relative_error")
-    assert len(predicted) == len(measured) == len(errors) == 3  # one per epoch
-    assert [s.step for s in predicted] == [s.step for s in measured] == [4, 8, 12]
+    assert len(predicted) == len(measured) == len(errors) == 3
     expected = callback._predicted_comparable() / 2**20
     for p, m, e in zip(predicted, measured, errors):
         assert p.value == pytest.approx(expected, rel=1e-5)
         assert m.value > 0
-        assert e.value == pytest.approx((m.value - p.value) / p.value, rel=1e-3, abs=1e-6)
+        assert e.value == pytest.approx((p.value - m.value) / m.value, rel=1e-3, abs=1e-6)
     tensor_peak = events.Scalars("memory/predicted_tensor_peak_mib")[0].value
     assert tensor_peak == pytest.approx(callback.estimate.peak_bytes / 2**20, rel=1e-5)
-    assert events.Scalars("memory/predicted_peak_mib")[0].value == pytest.approx(tensor_peak, rel=1e-5)
 
     # the custom-scalars layout puts predicted and measured on one chart
     config = events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
     layout = layout_pb2.Layout.FromString(config)
     charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
+    assert ["memory/predicted_peak_mib", "memory/measured_peak_mib"] in charts.values()
     assert ["memory/predicted_rss_rise_mib", "memory/measured_rss_rise_mib"] in charts.values()
+    charted = {tag for series in charts.values() for tag in series}
+    assert charted <= set(tags["scalars"]), charted - set(tags["scalars"])
 
     text = events.Tensors("memory/estimate/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "| parameters |" in text and "predicted peak" in text

@@ -11,7 +11,12 @@ Both callbacks end every epoch the same way, through :func:`compare_epoch`:
   the adapter's spelling (Keras ``memory_...``, Lightning ``memory/...``), all in
   MiB except the relative error; a figure that could not be measured is NaN, so
   every key is present every epoch;
-* the **row** holds the same figures in bytes for ``callback.measurements``.
+* the **row** holds the same figures in bytes for ``callback.measurements``;
+* the **relative error** is ``(predicted - measured) / measured``, the sign the
+  benchmarks use: positive when the prediction is above the measurement
+  (:func:`relative_error`);
+* a second figure can be kept **beside** the compared one (:func:`beside`: on
+  CPU the rise of process RSS beside the sampled step's tensor peak).
 
 :func:`miss_warning` says when the measurement exceeds the prediction by more
 than :data:`MISS_TOLERANCE`, with the phase in which memory rose most.
@@ -25,8 +30,8 @@ Example:
     >>> reading = PeakReading(kind="cuda", peak_bytes=550 * MiB, reserved_bytes=600 * MiB, device_used_bytes=1024 * MiB)
     >>> comparison = compare_epoch(meter, reading, epoch=0, names=metric_names(meter), predicted_bytes=500 * MiB,
     ...                            predicted_peak_bytes=500 * MiB, budget_bytes=2048 * MiB)
-    >>> comparison.metrics
-    {'memory_measured_peak_mib': 550.0, 'memory_predicted_peak_mib': 500.0, 'memory_relative_error': 0.1, 'memory_budget_mib': 2048.0}
+    >>> comparison.metrics  # doctest: +ELLIPSIS
+    {'memory_measured_peak_mib': 550.0, 'memory_predicted_peak_mib': 500.0, 'memory_relative_error': -0.0909..., 'memory_budget_mib': 2048.0}
     >>> miss_warning(comparison, predicted_phase="step1/backward") is None  # within MISS_TOLERANCE
     True
 """
@@ -40,7 +45,16 @@ from typing import Any, Mapping
 from nnmem_callbacks.core.units import MiB, format_bytes
 from nnmem_callbacks.monitoring.meters import Meter, MetricNames, PeakReading
 
-__all__ = ["compare_epoch", "EpochComparison", "MISS_CAUSES", "MISS_TOLERANCE", "miss_warning", "missed"]
+__all__ = [
+    "beside",
+    "compare_epoch",
+    "EpochComparison",
+    "MISS_CAUSES",
+    "MISS_TOLERANCE",
+    "miss_warning",
+    "missed",
+    "relative_error",
+]
 
 #: A measurement above the prediction by more than this fraction of it is a miss (:func:`miss_warning`).
 MISS_TOLERANCE = 0.10
@@ -149,8 +163,8 @@ def compare_epoch(
         >>> reading = PeakReading(kind="rss", peak_bytes=1300 * MiB, current_bytes=1200 * MiB)
         >>> done = compare_epoch(meter, reading, epoch=3, names=names, baseline_bytes=1000 * MiB,
         ...                      predicted_bytes=250 * MiB, predicted_peak_bytes=400 * MiB)
-        >>> done.measured_bytes // MiB, done.metrics["memory/measured_rss_rise_mib"], done.row["relative_error"]
-        (300, 300.0, 0.2)
+        >>> done.measured_bytes // MiB, done.metrics["memory/measured_rss_rise_mib"], round(done.row["relative_error"], 4)
+        (300, 300.0, -0.1667)
         >>> compare_epoch(meter, None, epoch=4, names=names, predicted_bytes=250 * MiB,
         ...               predicted_peak_bytes=400 * MiB).metrics["memory/rss_rise_relative_error"]
         nan
@@ -180,7 +194,7 @@ def compare_epoch(
         metrics[names.predicted] = predicted_bytes / MiB
         if details:
             metrics[names.predicted_tensor_peak] = predicted_peak / MiB
-        error = (measured - predicted_bytes) / max(predicted_bytes, 1) if measured is not None else math.nan
+        error = relative_error(predicted_bytes, measured)
         metrics[names.relative_error] = error
         row["relative_error"] = error
     if budget_bytes is not None:
@@ -206,6 +220,47 @@ def compare_epoch(
         phase_rises=dict(phase_rises or {}),
         phase_peaks=dict(phase_peaks or {}),
     )
+
+
+def relative_error(predicted: int, measured: int | None) -> float:
+    """``(predicted - measured) / measured``: positive when the prediction is above the measurement (NaN unmeasured).
+
+    Example:
+        >>> relative_error(110, 100), relative_error(90, 100), relative_error(90, None)
+        (0.1, -0.1, nan)
+    """
+    if measured is None or measured <= 0:
+        return math.nan
+    return (int(predicted) - int(measured)) / int(measured)
+
+
+def beside(comparison: EpochComparison, other: EpochComparison) -> EpochComparison:
+    """``comparison`` with ``other``'s figures beside it: its metrics added (the compared ones win) and its row
+    figures under their own names (``rss_rise_bytes``, ``predicted_rss_rise_bytes``,
+    ``rss_rise_relative_error`` for process RSS; ``<kind>_...`` otherwise).
+
+    Example:
+        >>> from nnmem_callbacks.monitoring.meters import RssMeter, metric_names
+        >>> from nnmem_callbacks.monitoring.step_sampling import TensorPeakMeter
+        >>> tensors, rss = TensorPeakMeter(), RssMeter()
+        >>> main = compare_epoch(tensors, PeakReading(kind="tensors", peak_bytes=100), epoch=0,
+        ...                      names=metric_names(tensors), predicted_bytes=110, predicted_peak_bytes=110)
+        >>> extra = compare_epoch(rss, PeakReading(kind="rss", peak_bytes=1050), epoch=0, names=metric_names(rss),
+        ...                       baseline_bytes=1000, predicted_bytes=80, predicted_peak_bytes=110)
+        >>> both = beside(main, extra)
+        >>> both.row["relative_error"], both.row["rss_rise_bytes"], both.row["predicted_rss_rise_bytes"]
+        (0.1, 50, 80)
+        >>> sorted(both.metrics)[:3]
+        ['memory_measured_peak_mib', 'memory_measured_rss_rise_mib', 'memory_predicted_peak_mib']
+    """
+    prefix = "rss_rise" if other.process_level else other.row.get("kind", "other")
+    row = dict(comparison.row)
+    row[f"{prefix}_bytes"] = other.measured_bytes
+    if other.predicted_bytes is not None:
+        row[f"predicted_{prefix}_bytes"] = other.predicted_bytes
+        row[f"{prefix}_relative_error"] = other.row.get("relative_error", math.nan)
+    metrics = {**other.metrics, **comparison.metrics}
+    return dataclasses.replace(comparison, row=row, metrics=metrics)
 
 
 def missed(comparison: EpochComparison, tolerance: float = MISS_TOLERANCE) -> bool:

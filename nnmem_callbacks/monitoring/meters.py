@@ -393,7 +393,8 @@ class MetricNames:
         predicted_peak: The estimate's peak at the training batch size.
         measured: What the meter measured (allocator peak, or RSS rise).
         predicted: The prediction of that same quantity.
-        relative_error: ``(measured - predicted) / predicted``.
+        relative_error: ``(predicted - measured) / measured``: positive when the prediction is above the
+            measurement (the benchmarks' sign).
         budget: The budget the plan used.
         predicted_tensor_peak: The estimate's tensor peak under its own name
             (beside an RSS rise it is not the compared prediction).

@@ -65,29 +65,26 @@ def custom_scalars_layout(kind: str = "cpu") -> dict[str, dict[str, list[Any]]]:
     Args:
         kind: ``"cuda"`` adds charts for the allocator reserve and the device
             total; ``"cpu"`` charts the rise of the process RSS above its
-            fit-start level, beside the predicted tensor peak.
+            fit-start level beside the peak (on CPU the measured peak is the
+            tensor peak of one sampled step per epoch).
 
     Returns:
         A layout for ``SummaryWriter.add_custom_scalars``.
     """
-    if kind == "cpu":  # process RSS: what is compared is its rise above the fit-start level (nnmem_callbacks.monitoring.meters)
+    error_chart = "relative error of the prediction: (predicted - measured) / measured"
+    charts: dict[str, list[Any]] = {
+        "peak: predicted vs measured (MiB)": ["Multiline", [PREDICTED_PEAK, MEASURED_PEAK]],
+        error_chart: ["Multiline", [RELATIVE_ERROR]],
+    }
+    if kind == "cpu":  # the sampled step's tensor peak, and process RSS beside it (nnmem_callbacks.monitoring)
         from nnmem_callbacks.monitoring.meters import RssMeter, metric_names
 
         names = metric_names(RssMeter()).for_lightning()
-        return {
-            "memory": {
-                "process RSS rise above fit start: predicted vs measured (MiB)": [
-                    "Multiline",
-                    [names.predicted, names.measured],
-                ],
-                "relative error of the prediction": ["Multiline", [names.relative_error]],
-                "predicted tensor peak (MiB)": ["Multiline", [PREDICTED_TENSOR_PEAK]],
-            }
-        }
-    charts: dict[str, list[Any]] = {
-        "peak: predicted vs measured (MiB)": ["Multiline", [PREDICTED_PEAK, MEASURED_PEAK]],
-        "relative error of the prediction": ["Multiline", [RELATIVE_ERROR]],
-    }
+        charts["process RSS rise above fit start: predicted vs measured (MiB)"] = [
+            "Multiline",
+            [names.predicted, names.measured],
+        ]
+        charts[f"process RSS rise, {error_chart}"] = ["Multiline", [names.relative_error]]
     if kind == "cuda":
         charts["allocator reserve: predicted vs measured (MiB)"] = [
             "Multiline",

@@ -2,7 +2,9 @@
 
 :func:`kernel_peak` is the measurement: the peak of the running sum of the
 allocation (and free) events the profiler records while the call runs, which
-includes the call's outputs. :func:`real_tensor` builds a real tensor (zeros)
+includes the call's outputs (:class:`AllocationRecorder` records the same
+between two points of a program; :func:`live_tensor_bytes` is the level it
+rises above). :func:`real_tensor` builds a real tensor (zeros)
 with a fake tensor's dtype, stride order and a chosen shape; :func:`run_probe`
 runs one op on such tensors with the CPU RNG state saved and restored and
 autocast off.
@@ -19,15 +21,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
 __all__ = [
+    "AllocationRecorder",
     "dense_strides",
     "is_unsupported",
     "isolated",
     "kernel_peak",
+    "live_tensor_bytes",
     "native_stderr_silenced",
     "ProfilerBusy",
     "real_tensor",
@@ -100,42 +104,144 @@ class ProfilerBusy(RuntimeError):
     """Another profiler (the user's) is running: nothing can be measured."""
 
 
+class AllocationRecorder:
+    """Records the CPU allocator's allocation and free events between :meth:`start` and :meth:`stop`.
+
+    The figure is the peak of the running sum of the events in time order
+    (frees are negative): how far the live tensor bytes rose above their level
+    at :meth:`start`. The measurement the benchmarks' CPU truth and
+    :func:`kernel_peak` use; the Lightning callback samples training steps with
+    it. :meth:`mark` splits the recording into windows, each with its own peak
+    rise above its own start (:attr:`window_peaks`).
+
+    PyTorch's CPU allocator reports the free of a block only when the block was
+    allocated while memory profiling was on: a block allocated before
+    :meth:`start` and freed after it is not subtracted. Measure a window that
+    begins after such blocks were allocated (a :meth:`mark` one step in).
+
+    Example:
+        >>> recorder = AllocationRecorder()
+        >>> recorder.start()
+        >>> block = torch.zeros(1024)  # 4 KiB; freed again, the peak stays
+        >>> del block
+        >>> recorder.mark()
+        >>> block = torch.zeros(512)
+        >>> recorder.stop(), recorder.window_peaks
+        (4096, [4096, 2048])
+    """
+
+    #: The name of the profiler annotation :meth:`mark` records.
+    MARK = "nnmem::window"
+
+    def __init__(self) -> None:
+        self._session: Any = None
+        self.window_peaks: list[int] = []
+
+    @property
+    def running(self) -> bool:
+        """Whether the recorder is recording now."""
+        return self._session is not None
+
+    def start(self) -> None:
+        """Starts recording.
+
+        Raises:
+            ProfilerBusy: Another profiler (the user's) is running.
+        """
+        from torch.profiler import ProfilerActivity, profile
+
+        if torch.autograd.profiler._is_profiler_enabled:  # a second session's stop would end the user's
+            raise ProfilerBusy("a profiler is already running")
+        session = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with native_stderr_silenced():
+            try:
+                session.__enter__()
+            except RuntimeError as error:  # a profiler is already running (the user's)
+                raise ProfilerBusy(str(error)) from error
+        self._session, self.window_peaks = session, []
+
+    def mark(self) -> None:
+        """Begins a new window here."""
+        from torch.profiler import record_function
+
+        with record_function(self.MARK):
+            pass
+
+    def stop(self) -> int:
+        """Stops recording; returns the peak rise of the live tensor bytes since :meth:`start`.
+
+        :attr:`window_peaks` then holds each window's peak rise above the live
+        bytes at the window's start.
+        """
+        from torch._C._profiler import _EventType
+
+        session, self._session = self._session, None
+        if session is None:
+            raise RuntimeError("AllocationRecorder.stop() without start()")
+        with native_stderr_silenced():
+            session.__exit__(None, None, None)
+        events, marks = [], []
+        stack = list(session.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            node = stack.pop()
+            if node.tag == _EventType.Allocation:
+                events.append((node.start_time_ns, node.extra_fields.alloc_size))
+            elif node.name == self.MARK:
+                marks.append(node.start_time_ns)
+            stack.extend(node.children)
+        marks.sort()
+        windows = [0] * (len(marks) + 1)
+        running = peak = base = window = 0
+        for time_ns, size in sorted(events):
+            while window < len(marks) and marks[window] <= time_ns:
+                window, base = window + 1, running
+            running += size
+            peak = max(peak, running)
+            windows[window] = max(windows[window], running - base)
+        self.window_peaks = windows
+        return peak
+
+
 def kernel_peak(call: Callable[[], Any], *, strict: bool = False) -> tuple[Any, int]:
     """Runs ``call`` under the profiler; returns its result and the peak of its allocations.
 
     The peak is that of the running sum of the allocation events (frees are
-    negative) in time order, so it includes the outputs the call returns.
-    When a profiler is already running, the call runs unmeasured and the peak
-    is 0 (or :class:`ProfilerBusy` is raised with ``strict``). Errors of the
-    call itself propagate.
+    negative) in time order, so it includes the outputs the call returns
+    (:class:`AllocationRecorder`). When a profiler is already running, the
+    call runs unmeasured and the peak is 0 (or :class:`ProfilerBusy` is raised
+    with ``strict``). Errors of the call itself propagate.
     """
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    session = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with native_stderr_silenced():
-        try:
-            session.__enter__()
-        except RuntimeError as error:  # a profiler is already running (the user's)
-            if strict:
-                raise ProfilerBusy(str(error)) from error
-            return call(), 0
-        try:
-            result = call()
-        finally:
-            session.__exit__(None, None, None)
-    events = []
-    stack = list(session.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation:
-            events.append((node.start_time_ns, node.extra_fields.alloc_size))
-        stack.extend(node.children)
-    running = peak = 0
-    for _, size in sorted(events):
-        running += size
-        peak = max(peak, running)
+    recorder = AllocationRecorder()
+    try:
+        recorder.start()
+    except ProfilerBusy:
+        if strict:
+            raise
+        return call(), 0
+    try:
+        result = call()
+    finally:
+        peak = recorder.stop()
     return result, peak
+
+
+def live_tensor_bytes(tensors: Iterable[Any], device_type: str = "cpu") -> int:
+    """Bytes of the unique storages behind ``tensors`` on ``device_type`` (tied weights and views count once).
+
+    Example:
+        >>> weight = torch.zeros(256)
+        >>> live_tensor_bytes([weight, weight[:10], torch.zeros(2, device="meta")])
+        1024
+    """
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != device_type:
+            continue
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() == 0:  # empty storage
+            continue
+        seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+    return sum(seen.values())
 
 
 def dense_strides(shape: Sequence[int], like_stride: Sequence[int]) -> tuple[int, ...]:

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import Plan, describe_plan
 
-__all__ = ["batch_change_blocker", "BatchSizeSetting", "decide", "Decision", "restored_plan"]
+__all__ = ["batch_change_blocker", "BatchSizeSetting", "decide", "Decision", "restored_plan", "unchanged_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +139,28 @@ def decide(
             f"Falling back to policy='warn'.\n{message}",
         )
     return Decision("warn", f"MemoryBudgetCallback: the predicted peak exceeds the budget.\n{message}")
+
+
+def unchanged_plan(plan: Plan, accumulate_grad_batches: int) -> Plan:
+    """``plan`` as the run really goes on when the callback does not change it: the original batch and accumulation.
+
+    A ``shrink`` or ``accumulate`` plan that cannot be applied (the loaders came
+    from ``fit``, no batch-size attribute) falls back to a warning; the plan kept
+    on the callback (its summary, ``state_dict``, the epoch comparison) must then
+    describe the run that trains, not the change that was not made.
+
+    Example:
+        >>> plan = Plan(budget_bytes=100, predicted_bytes=150, fits=False, policy="shrink", original_batch_size=64,
+        ...             batch_size=41, accumulate_grad_batches=1, max_fitting_batch_size=41)
+        >>> plan.decision
+        'batch size 64 -> 41'
+        >>> unchanged_plan(plan, 1).decision
+        'does not fit; largest fitting batch size is 41'
+    """
+    return dataclasses.replace(
+        plan, batch_size=plan.original_batch_size, accumulate_grad_batches=int(accumulate_grad_batches),
+        verification=None,
+    )
 
 
 def restored_plan(plan: Plan, restored: Mapping[str, Any]) -> Plan:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,8 @@ from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
 from nnmem_callbacks.monitoring import meters as monitor
 from nnmem_callbacks.monitoring import oom
 from nnmem_callbacks.monitoring.phase_tracking import PhaseTracker
+from nnmem_callbacks.monitoring.step_sampling import SampledStep, TensorPeakMeter
+from nnmem_callbacks.probes.runner import live_tensor_bytes
 from nnmem_callbacks.monitoring.tensorboard import write_fit_start
 
 if TYPE_CHECKING:  # the same classes serve lightning.pytorch
@@ -120,6 +123,9 @@ class MemoryBudgetCallbackMixin:
         plan: The :class:`~nnmem_callbacks.Plan` decided at fit start.
         measurements: One dict per finished epoch with the measured and
             predicted figures (bytes).
+        summary: The fit-start summary line the callback logged (the
+            prediction, the budget, the policy, the decision and the batch
+            size trained with); ``None`` without an estimate.
 
     Example:
         >>> from nnmem_callbacks.lightning import MemoryBudgetCallback
@@ -163,6 +169,7 @@ class MemoryBudgetCallbackMixin:
         self.plan: Plan | None = None
         self.measurements: list[dict[str, Any]] = []
         self.failure: str | None = None
+        self.summary: str | None = None
         self.last_diagnosis: str | None = None
         self._guard = Guard(functools.partial(self._ns.rank_zero_warn, stacklevel=5), log)
         self._applied = False
@@ -171,6 +178,9 @@ class MemoryBudgetCallbackMixin:
         self._baseline_rss: int | None = None
         self._resident_bytes = 0
         self._phases = PhaseTracker(guard=self._guard.safe)
+        self._sampled = SampledStep()
+        self._batch_started: float | None = None
+        self._step_seconds: list[float] = []
         self._miss_warned = False
         self._fit_started = False
         self._device_kind = "cpu"
@@ -261,18 +271,37 @@ class MemoryBudgetCallbackMixin:
             )
             self._apply(trainer, pl_module, decision)
         self._restored = None
-        summary = self._summary()
+        self.summary = summary = self._summary()
         self._info(summary)
         if facts.is_global_zero:
             self._write_tensorboard(trainer, summary)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._phases.start_epoch(monitor.torch_meter(trainer.strategy.root_device))
+        self._step_seconds = []
+        if self._device_kind == "cpu" and self.estimate is not None:
+            self._sampled.arm(first_epoch=not self.measurements)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._phases.enter("forward")
+        if self._device_kind == "cpu" and self.estimate is not None:
+            self._guard.safe(
+                lambda: self._sampled.begin(
+                    lambda: live_tensor_bytes(trainer_io.training_tensors(trainer, pl_module, batch)),
+                    trainer.accumulate_grad_batches,
+                ),
+                "starting to sample the step's tensor peak",
+            )
+            if self._sampled.unavailable is not None and not self._sampled.said:
+                self._sampled.said = True
+                self._guard.warn(
+                    f"MemoryBudgetCallback cannot sample the step's tensor peak: {self._sampled.unavailable}. "
+                    "It compares the rise of the process RSS only, which holds allocator caches and freed memory "
+                    "kept resident: a rough figure."
+                )
+        self._batch_started = time.perf_counter()
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
         self._phases.enter("backward")
@@ -287,9 +316,15 @@ class MemoryBudgetCallbackMixin:
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._phases.end_batch()
+        sampling = self._sampled.recording
+        if self._batch_started is not None and not sampling:
+            self._step_seconds.append(time.perf_counter() - self._batch_started)
+        if sampling:
+            self._guard.safe(self._sampled.batch_done, "sampling the step's tensor peak")
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         phases, meter = self._phases, self._phases.meter
+        sampled = self._guard.safe(self._sampled.stop, "sampling the step's tensor peak")
         if meter is None:
             return
         reading = phases.finish_epoch()
@@ -313,18 +348,51 @@ class MemoryBudgetCallbackMixin:
             predicted_device_bytes=self.estimate.device_bytes_at(size) if cuda_predictions else None,
             details=True,
         )
+        if self._device_kind == "cpu" and self.estimate is not None:
+            largest = self._largest_over_ranks(trainer, sampled or 0)  # every rank joins the reduction
+            if largest:
+                comparison = epoch_report.beside(self._tensor_comparison(trainer, largest, comparison), comparison)
         self.measurements.append(comparison.row)
         metrics, step = comparison.metrics, trainer.global_step
         for logger in trainer.loggers:
             self._guard.safe(lambda logger=logger: logger.log_metrics(metrics, step=step), "logging metrics")
-        if not self._miss_warned:
+        # the rise of process RSS says too little to blame the estimate for (freed memory stays resident)
+        if not self._miss_warned and not comparison.process_level:
             predicted_phase = self.estimate.peak_phase if self.estimate is not None else None
             warning = epoch_report.miss_warning(comparison, predicted_phase=predicted_phase, causes=_MISS_CAUSES)
             if warning is not None:
                 self._miss_warned = True
                 self._guard.warn(warning)
 
+    def _tensor_comparison(
+        self, trainer: pl.Trainer, sampled: int, rss: epoch_report.EpochComparison
+    ) -> epoch_report.EpochComparison:
+        """CPU: the sampled step's tensor peak (largest over the ranks) beside the estimate's peak, and its cost."""
+        tensors = TensorPeakMeter(sampled)
+        predicted = predicted_peak(self.estimate, self._train_batch_size)
+        comparison = epoch_report.compare_epoch(
+            tensors,
+            tensors.read(),
+            epoch=rss.epoch,
+            names=monitor.metric_names(tensors).for_lightning(),
+            predicted_bytes=predicted,
+            predicted_peak_bytes=predicted,
+            budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
+            phase_peaks=rss.phase_peaks,
+            phase_rises=rss.phase_rises,
+            details=True,
+        )
+        accumulate = max(int(getattr(trainer, "accumulate_grad_batches", 1) or 1), 1)
+        unsampled = self._step_seconds
+        comparison.row["sampled_step_seconds"] = self._sampled.seconds
+        comparison.row["step_seconds"] = accumulate * sum(unsampled) / len(unsampled) if unsampled else None
+        return comparison
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._guard.safe(self._sampled.stop, "stopping the sampled step's recording")
+
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._guard.safe(self._sampled.stop, "stopping the sampled step's recording")  # never leave a profiler on
         kind = oom.is_out_of_memory(exception)
         if kind is None:
             return
@@ -416,6 +484,8 @@ class MemoryBudgetCallbackMixin:
             self._train_batch_size = int(decision.batch_size)
             self._applied = True
             trainer_io.set_batch_size(trainer, pl_module, self._ns, self.batch_size_attr, decision.batch_size)
+        elif self.plan is not None and self.plan.changed:  # shrink/accumulate fell back to a warning
+            self.plan = actions.unchanged_plan(self.plan, self._original_accumulate)
         if decision.message:
             self._guard.warn(decision.message)
 

@@ -44,6 +44,9 @@ def fit_start_summary(
         "MemoryBudgetCallback: predicted peak 3.00 MiB at batch size 8 (trace, 32-true, cpu); budget 1.00 GiB; policy 'warn'; decision: fits: training unchanged"
         >>> fit_start_summary(make_plan(est, 2**20), est, policy="shrink", applied=True, batch_size=2).split("; ")[-1]
         'training with batch size 2'
+        >>> fit_start_summary(make_plan(est, 2**10, "shrink"), est, policy="shrink", applied=False, batch_size=8
+        ...                   ).split("decision: ")[-1]
+        "does not fit even at batch size 1; training unchanged at batch size 8 (policy 'shrink': not even batch size 1 fits; see the warning)"
     """
     text = (
         f"MemoryBudgetCallback: predicted peak {format_bytes(plan.predicted_bytes)} at batch size "
@@ -52,6 +55,13 @@ def fit_start_summary(
     )
     if applied and batch_size != plan.original_batch_size:
         text += f"; training with batch size {batch_size}"
+    elif not plan.fits:
+        text += f"; training unchanged at batch size {batch_size}"
+        if policy in ("shrink", "accumulate"):
+            why = (
+                "not even batch size 1 fits" if plan.max_fitting_batch_size == 0 else "it could not change the batch size"
+            )
+            text += f" (policy {policy!r}: {why}; see the warning)"
     if baseline_rss is not None:
         text += (
             f"; predicted rise of the process RSS above its fit-start {format_bytes(baseline_rss)}: "
