@@ -339,7 +339,9 @@ class JaxMeter(Meter):
         import threading
 
         self._stop = threading.Event()
-        threading.Thread(target=self._sample_until_stopped, args=(self._stop,), daemon=True, name="nnmem-jax-sampler").start()
+        threading.Thread(
+            target=self._sample_until_stopped, args=(self._stop,), daemon=True, name="nnmem-jax-sampler"
+        ).start()
 
     def _sample_until_stopped(self, stop: Any) -> None:
         while not stop.wait(self.sample_interval_s):
@@ -462,8 +464,7 @@ def predicted_rss_rise(peak_bytes: int, resident_bytes: int) -> int:
 
 #: How to get the TensorFlow allocator's own figures on CPU.
 TF_PRECISE_HINT = (
-    "set TF_CPU_ALLOCATOR_USE_BFC=true (or TF_ENABLE_ONEDNN_OPTS=1) in the environment before TensorFlow is "
-    "imported"
+    "set TF_CPU_ALLOCATOR_USE_BFC=true (or TF_ENABLE_ONEDNN_OPTS=1) in the environment before TensorFlow is imported"
 )
 
 

@@ -106,7 +106,9 @@ def _axis_unit(largest: float) -> tuple[float, str]:
     return 1, "B"
 
 
-def breakdown_figure(estimate: MemoryEstimate, *, budget_bytes: int | None = None, batch_size: int | None = None) -> Any:
+def breakdown_figure(
+    estimate: MemoryEstimate, *, budget_bytes: int | None = None, batch_size: int | None = None
+) -> Any:
     """A matplotlib figure of the predicted breakdown (one stacked bar) and the budget.
 
     The axis is scaled to the bars, not to the budget: when the budget is more
@@ -145,8 +147,13 @@ def breakdown_figure(estimate: MemoryEstimate, *, budget_bytes: int | None = Non
         left += value / scale
     labels = [f"batch {estimate.batch_size}"]
     if other_peak is not None:
-        axes.barh([1], [other_peak / scale], height=0.6, color="grey",
-                  label=f"peak at batch {batch_size} ({format_bytes(other_peak)})")
+        axes.barh(
+            [1],
+            [other_peak / scale],
+            height=0.6,
+            color="grey",
+            label=f"peak at batch {batch_size} ({format_bytes(other_peak)})",
+        )
         labels.append(f"batch {batch_size}")
     axes.set_yticks(range(len(labels)), labels)
     axes.invert_yaxis()
@@ -154,11 +161,18 @@ def breakdown_figure(estimate: MemoryEstimate, *, budget_bytes: int | None = Non
     title = f"predicted peak {format_bytes(estimate.peak_bytes)} at batch {estimate.batch_size} [{estimate.peak_phase}]"
     if budget_bytes is not None:
         if budget_on_axis:
-            axes.axvline(budget_bytes / scale, color="black", linestyle="--", linewidth=2,
-                         label=f"budget ({format_bytes(budget_bytes)})")
+            axes.axvline(
+                budget_bytes / scale,
+                color="black",
+                linestyle="--",
+                linewidth=2,
+                label=f"budget ({format_bytes(budget_bytes)})",
+            )
         else:
-            title += (f"\nbudget {format_bytes(budget_bytes)} (off the axis: the peak is "
-                      f"{estimate.peak_bytes / budget_bytes:.2%} of it)")
+            title += (
+                f"\nbudget {format_bytes(budget_bytes)} (off the axis: the peak is "
+                f"{estimate.peak_bytes / budget_bytes:.2%} of it)"
+            )
     axes.set_xlabel(unit)
     axes.set_title(title, fontsize="medium")
     axes.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)

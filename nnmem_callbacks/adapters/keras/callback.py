@@ -144,7 +144,9 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
                     f"gradient_accumulation_steps."
                 )
             raise ValueError(f"unknown policy {policy!r}; valid policies are {', '.join(map(repr, self.POLICIES))}")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         self.batch_size = batch_size
         self.budget = check_budget(budget)
@@ -320,14 +322,21 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
                 resident = int(extra.get("tf_allocator_static_bytes", 0))
             # fit's tf.data pipeline prefetches: about INPUT_PIPELINE_BATCHES more batches are alive
             batch_inputs = self._batch_input_bytes(size)
-            pipeline = sum(
-                _tf_counted(batch_inputs // max(self._num_inputs(), 1)) for _ in range(self._num_inputs())
-            ) * INPUT_PIPELINE_BATCHES
+            pipeline = (
+                sum(_tf_counted(batch_inputs // max(self._num_inputs(), 1)) for _ in range(self._num_inputs()))
+                * INPUT_PIPELINE_BATCHES
+            )
             return max(self._meter.baseline - resident, 0) + peak + pipeline
-        if self._meter.kind == "jax" and "xla_allocator_peak_bytes" in self.estimate.extra and self.estimate.batch_size == size:
+        if (
+            self._meter.kind == "jax"
+            and "xla_allocator_peak_bytes" in self.estimate.extra
+            and self.estimate.batch_size == size
+        ):
             # peak_bytes_in_use counts the allocator's chunks (whole regions when JAX allocates on demand)
             return int(self.estimate.extra["xla_allocator_peak_bytes"]) + self._jax_lookahead_bytes(size)
-        return compared_prediction(self.estimate, size, process_level=self._meter.process_level, resident_bytes=resident)
+        return compared_prediction(
+            self.estimate, size, process_level=self._meter.process_level, resident_bytes=resident
+        )
 
     def _jax_lookahead_bytes(self, size: int) -> int:
         """The batch Keras' JAX ``fit`` moves to the accelerator while the step before it runs.
@@ -377,7 +386,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         if self._writer is None:
             return
         for name, value in values.items():
-            tag = "memory/" + name[len("memory_"):]
+            tag = "memory/" + name[len("memory_") :]
             self._guard.safe(lambda tag=tag, value=value: self._writer.scalar(tag, value, epoch), "writing TensorBoard")
         self._guard.safe(self._writer.flush, "writing TensorBoard")
 

@@ -86,7 +86,9 @@ def keras_suggestions(
             )
         )
     if not mixed:
-        halvable = activations + estimate.breakdown[str(Category.TEMPORARIES)] + estimate.breakdown[str(Category.INPUTS)] // 2
+        halvable = (
+            activations + estimate.breakdown[str(Category.TEMPORARIES)] + estimate.breakdown[str(Category.INPUTS)] // 2
+        )
         saving = halvable // 2
         if saving > 0:
             suggestions.append(
@@ -201,8 +203,13 @@ def fit_plan(
     estimate = estimate_training(model, batch_size, x, y)
     capacity, free = devices.device_capacity(device)
     budget_bytes = resolve_budget(budget, capacity_bytes=capacity, free_bytes=free, margin=margin)
-    plan = make_plan(estimate, budget_bytes, policy="accumulate", margin=planning_margin(budget, margin),
-                     verifier=keras_verifier(model, x, y))
+    plan = make_plan(
+        estimate,
+        budget_bytes,
+        policy="accumulate",
+        margin=planning_margin(budget, margin),
+        verifier=keras_verifier(model, x, y),
+    )
     estimate = dataclasses.replace(estimate, extra={**dict(estimate.extra), "optimizer": optimizer_name(model)})
     return FitPlan(
         batch_size=plan.batch_size,
@@ -212,8 +219,13 @@ def fit_plan(
         budget_bytes=plan.budget_bytes,
         estimate=estimate,
         suggestions=tuple(
-            keras_suggestions(estimate, budget_bytes, margin=margin, optimizer_name=optimizer_name(model),
-                              max_batch_size=plan.max_fitting_batch_size)
+            keras_suggestions(
+                estimate,
+                budget_bytes,
+                margin=margin,
+                optimizer_name=optimizer_name(model),
+                max_batch_size=plan.max_fitting_batch_size,
+            )
         ),
         verification=plan.verification,
     )

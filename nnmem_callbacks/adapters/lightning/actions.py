@@ -158,7 +158,9 @@ def unchanged_plan(plan: Plan, accumulate_grad_batches: int) -> Plan:
         'does not fit; largest fitting batch size is 41'
     """
     return dataclasses.replace(
-        plan, batch_size=plan.original_batch_size, accumulate_grad_batches=int(accumulate_grad_batches),
+        plan,
+        batch_size=plan.original_batch_size,
+        accumulate_grad_batches=int(accumulate_grad_batches),
         verification=None,
     )
 

@@ -53,8 +53,8 @@ from nnmem_callbacks.monitoring import meters as monitor
 from nnmem_callbacks.monitoring import oom
 from nnmem_callbacks.monitoring.phase_tracking import PhaseTracker
 from nnmem_callbacks.monitoring.step_sampling import SampledStep, TensorPeakMeter
-from nnmem_callbacks.probes.runner import live_tensor_bytes
 from nnmem_callbacks.monitoring.tensorboard import write_fit_start
+from nnmem_callbacks.probes.runner import live_tensor_bytes
 
 if TYPE_CHECKING:  # the same classes serve lightning.pytorch
     import pytorch_lightning as pl
@@ -444,8 +444,13 @@ class MemoryBudgetCallbackMixin:
     ) -> Plan:
         """The plan on the training device; when full precision does not fit, with ``bf16-mixed`` as an offer."""
         plan = planning.plan_on_device(
-            estimate, device=facts.device, device_kind=facts.device_kind, resident_bytes=self._resident_bytes,
-            budget=self.budget, margin=self.margin, policy=self.policy,
+            estimate,
+            device=facts.device,
+            device_kind=facts.device_kind,
+            resident_bytes=self._resident_bytes,
+            budget=self.budget,
+            margin=self.margin,
+            policy=self.policy,
             accumulate_grad_batches=facts.accumulate_grad_batches,
         )
         if planning.offers_bf16(plan, facts.precision):
@@ -455,7 +460,10 @@ class MemoryBudgetCallbackMixin:
                 log.debug("bf16-mixed re-estimate failed: %s", why_not)
             else:
                 plan = planning.with_bf16_offer(
-                    plan, estimate, bf16, device_kind=facts.device_kind,
+                    plan,
+                    estimate,
+                    bf16,
+                    device_kind=facts.device_kind,
                     accumulate_grad_batches=facts.accumulate_grad_batches,
                 )
         return plan
@@ -545,8 +553,13 @@ class MemoryBudgetCallbackMixin:
 
             def write(logger: Any = logger) -> None:
                 write_fit_start(
-                    logger.experiment, estimate, plan, kind=self._device_kind, summary=summary,
-                    batch_size=self._train_batch_size, step=step,
+                    logger.experiment,
+                    estimate,
+                    plan,
+                    kind=self._device_kind,
+                    summary=summary,
+                    batch_size=self._train_batch_size,
+                    step=step,
                 )
 
             self._guard.safe(write, "writing the fit-start summary to TensorBoard")

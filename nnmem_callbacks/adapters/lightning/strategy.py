@@ -77,18 +77,24 @@ def read_strategy(strategy: Any, *, world_size: int = 1, global_rank: int = 0) -
         data_parallel = getattr(strategy, "_data_parallel_size", None)
         if tensor_parallel == 1 and data_parallel == world_size:
             return StrategyReading(
-                Strategy("fsdp", world_size=world_size, rank=rank, backend=_backend(strategy)), name,
+                Strategy("fsdp", world_size=world_size, rank=rank, backend=_backend(strategy)),
+                name,
                 "ModelParallelStrategy with data parallelism only: fully_shard (FSDP2) on the model's blocks and "
                 "the root assumed (configure_model has not run when the estimate is made)",
             )
         return StrategyReading(
-            None, name, f"ModelParallelStrategy with tensor_parallel_size={tensor_parallel!r} (tensor parallelism "
-            "is not modelled; data_parallel_size=world size with tensor_parallel_size=1 is)")
+            None,
+            name,
+            f"ModelParallelStrategy with tensor_parallel_size={tensor_parallel!r} (tensor parallelism "
+            "is not modelled; data_parallel_size=world size with tensor_parallel_size=1 is)",
+        )
     if any(n in _DDP for n in names):
         kwargs = dict(getattr(strategy, "_ddp_kwargs", None) or {})
         return StrategyReading(
             Strategy(
-                "ddp", world_size=world_size, rank=rank,
+                "ddp",
+                world_size=world_size,
+                rank=rank,
                 bucket_cap_mb=float(kwargs.get("bucket_cap_mb") or DEFAULT_BUCKET_CAP_MB),
                 gradient_as_bucket_view=bool(kwargs.get("gradient_as_bucket_view", False)),
                 static_graph=bool(kwargs.get("static_graph", False)),
@@ -108,8 +114,9 @@ def _fsdp(strategy: Any, name: str, world_size: int, rank: int | None) -> Strate
     sharding = getattr(getattr(strategy, "sharding_strategy", None), "name", "FULL_SHARD")
     backend = _backend(strategy)
     if sharding == "NO_SHARD":
-        return StrategyReading(Strategy("ddp", world_size=world_size, rank=rank, backend=backend), name,
-                               "FSDP NO_SHARD read as DDP")
+        return StrategyReading(
+            Strategy("ddp", world_size=world_size, rank=rank, backend=backend), name, "FSDP NO_SHARD read as DDP"
+        )
     if sharding not in ("FULL_SHARD", "SHARD_GRAD_OP"):
         return StrategyReading(None, name, f"FSDP sharding_strategy={sharding} (hybrid sharding) is not modelled")
     offload = bool(getattr(getattr(strategy, "cpu_offload", None), "offload_params", False))
@@ -127,9 +134,19 @@ def _fsdp(strategy: Any, name: str, world_size: int, rank: int | None) -> Strate
     if policy is not None and unit_classes is None:
         reason = "a callable auto_wrap_policy: the FSDP units are assumed to be the model's blocks"
     return StrategyReading(
-        Strategy("fsdp", world_size=world_size, rank=rank, reshard_after_forward=sharding == "FULL_SHARD",
-                 offload_params=offload, offload_optimizer=offload, param_dtype=param_dtype, backend=backend),
-        name, reason, tuple(unit_classes) if unit_classes else None,
+        Strategy(
+            "fsdp",
+            world_size=world_size,
+            rank=rank,
+            reshard_after_forward=sharding == "FULL_SHARD",
+            offload_params=offload,
+            offload_optimizer=offload,
+            param_dtype=param_dtype,
+            backend=backend,
+        ),
+        name,
+        reason,
+        tuple(unit_classes) if unit_classes else None,
     )
 
 
@@ -138,17 +155,25 @@ def _deepspeed(strategy: Any, name: str, world_size: int, rank: int | None) -> S
     zero = config.get("zero_optimization") or {}
     stage = int(zero.get("stage", 0) or 0) if isinstance(zero, dict) else 0
     if stage not in (1, 2, 3):
-        return StrategyReading(Strategy("ddp", world_size=world_size, rank=rank), name,
-                               "DeepSpeed without ZeRO read as data parallel")
+        return StrategyReading(
+            Strategy("ddp", world_size=world_size, rank=rank), name, "DeepSpeed without ZeRO read as data parallel"
+        )
 
     def offloaded(key: str) -> bool:
         value = zero.get(key) or {}
         return isinstance(value, dict) and str(value.get("device", "none")).lower() in ("cpu", "nvme")
 
     return StrategyReading(
-        Strategy("zero", world_size=world_size, rank=rank, zero_stage=stage,
-                 offload_params=offloaded("offload_param"), offload_optimizer=offloaded("offload_optimizer")),
-        name, "DeepSpeed ZeRO: model states from formulas, not traced",
+        Strategy(
+            "zero",
+            world_size=world_size,
+            rank=rank,
+            zero_stage=stage,
+            offload_params=offloaded("offload_param"),
+            offload_optimizer=offloaded("offload_optimizer"),
+        ),
+        name,
+        "DeepSpeed ZeRO: model states from formulas, not traced",
     )
 
 

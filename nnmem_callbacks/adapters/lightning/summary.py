@@ -59,7 +59,9 @@ def fit_start_summary(
         text += f"; training unchanged at batch size {batch_size}"
         if policy in ("shrink", "accumulate"):
             why = (
-                "not even batch size 1 fits" if plan.max_fitting_batch_size == 0 else "it could not change the batch size"
+                "not even batch size 1 fits"
+                if plan.max_fitting_batch_size == 0
+                else "it could not change the batch size"
             )
             text += f" (policy {policy!r}: {why}; see the warning)"
     if baseline_rss is not None:

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable
 
@@ -201,12 +202,15 @@ def _onednn_rnn_measure(args: tuple, strict: bool) -> dict[str, list[int]]:
             probe_input = torch.zeros((steps, batch, input_size), dtype=source.dtype)
             hx = torch.zeros((batch, hidden_size), dtype=args[5].dtype)
             cx = torch.zeros((batch, hidden_size), dtype=args[6].dtype)
-            out, peak = _kernel_peak(lambda: forward(probe_input, *weights, hx, cx, *args[7:]), strict=strict)  # noqa: B023 - the kernel runs here, in this iteration
+            out, peak = _kernel_peak(
+                functools.partial(forward, probe_input, *weights, hx, cx, *args[7:]), strict=strict
+            )
             workspaces.append(out[3].numel() * out[3].element_size())
             forward_peaks.append(peak)
             grads = (torch.zeros_like(out[0]), torch.zeros_like(out[1]), torch.zeros_like(out[2]))
             _, peak = _kernel_peak(
-                lambda: backward(
+                functools.partial(
+                    backward,
                     probe_input,
                     *weights,
                     hx,
@@ -217,14 +221,14 @@ def _onednn_rnn_measure(args: tuple, strict: bool) -> dict[str, list[int]]:
                     *grads,
                     reverse,
                     mode,
-                    hidden_size,  # noqa: B023 - the kernel runs here, in this iteration
+                    hidden_size,
                     num_layers,
                     has_biases,
                     train,
                     bidirectional,
                     batch_sizes,
                     batch_first,
-                    out[3],  # noqa: B023 - the kernel runs here, in this iteration
+                    out[3],
                 ),
                 strict=strict,
             )

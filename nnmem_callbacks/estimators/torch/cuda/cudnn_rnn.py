@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from typing import Any, Iterator
 
@@ -129,7 +130,8 @@ def probe_entry(
                 else None
             )
             out, peak = kernel_peak(
-                lambda: torch._cudnn_rnn(
+                functools.partial(
+                    torch._cudnn_rnn,
                     x,
                     weights,
                     stride0,
@@ -138,7 +140,7 @@ def probe_entry(
                     cx,
                     sizes.CUDNN_MODE[shape.mode],
                     shape.hidden_size,
-                    shape.proj_size,  # noqa: B023 - the kernel runs here, in this iteration
+                    shape.proj_size,
                     shape.num_layers,
                     False,
                     0.0,
