@@ -45,20 +45,24 @@ L = keras.layers
 
 
 def seed_mlp() -> keras.Model:
-    model = keras.Sequential([keras.Input((1000,))] + [L.Dense(100, activation="relu") for _ in range(4)] + [L.Dense(10)])
+    model = keras.Sequential(
+        [keras.Input((1000,))] + [L.Dense(100, activation="relu") for _ in range(4)] + [L.Dense(10)]
+    )
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 
 def small_cnn() -> keras.Model:
-    model = keras.Sequential([
-        keras.Input((32, 32, 3)),
-        L.Conv2D(32, 3, activation="relu"),
-        L.MaxPooling2D(),
-        L.Conv2D(64, 3, activation="relu"),
-        L.GlobalAveragePooling2D(),
-        L.Dense(10),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            L.Conv2D(32, 3, activation="relu"),
+            L.MaxPooling2D(),
+            L.Conv2D(64, 3, activation="relu"),
+            L.GlobalAveragePooling2D(),
+            L.Dense(10),
+        ]
+    )
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
@@ -93,7 +97,9 @@ def main() -> None:
             print(f"note: {warning.message}\n")
     names = callback.metric_names
     if "rss_rise" in names.measured:
-        compared = "the rise of the process RSS above its level at fit start (predicted: tensor peak minus what was resident)"
+        compared = (
+            "the rise of the process RSS above its level at fit start (predicted: tensor peak minus what was resident)"
+        )
     else:
         compared = "the allocator's peak"
     print(f"Compared each epoch: {compared}")

@@ -34,7 +34,14 @@ from nnmem_callbacks.lightning import MemoryBudgetCallback
 class Classifier(pl.LightningModule):
     """A classifier around any network; the batch size lives in ``hparams`` so the callback can change it."""
 
-    def __init__(self, net: nn.Module, input_shape: tuple[int, ...], classes: int = 10, batch_size: int = 256, samples: int = 4096):
+    def __init__(
+        self,
+        net: nn.Module,
+        input_shape: tuple[int, ...],
+        classes: int = 10,
+        batch_size: int = 256,
+        samples: int = 4096,
+    ):
         super().__init__()
         self.save_hyperparameters(ignore=["net"])
         self.net = net
@@ -67,18 +74,33 @@ def mlp() -> nn.Module:
 
 def cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 8 * 8, 10),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 8 * 8, 10),
     )
 
 
-def train(name: str, model: Classifier, log_dir: str, epochs: int, budget: str | None, policy: str) -> MemoryBudgetCallback:
+def train(
+    name: str, model: Classifier, log_dir: str, epochs: int, budget: str | None, policy: str
+) -> MemoryBudgetCallback:
     callback = MemoryBudgetCallback(budget=budget, policy=policy)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=epochs, callbacks=[callback],
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        callbacks=[callback],
         logger=pl.loggers.TensorBoardLogger(log_dir, name=name),
-        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False, log_every_n_steps=5,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        log_every_n_steps=5,
     )
     trainer.fit(model)
     print(f"\n== {name} ==")
@@ -86,7 +108,9 @@ def train(name: str, model: Classifier, log_dir: str, epochs: int, budget: str |
         print(f"no prediction: {callback.failure}")
     else:
         est = callback.estimate
-        print(f"predicted tensor peak: {format_bytes(est.peak_bytes)} at batch {est.batch_size} ({est.method}, phase {est.peak_phase})")
+        print(
+            f"predicted tensor peak: {format_bytes(est.peak_bytes)} at batch {est.batch_size} ({est.method}, phase {est.peak_phase})"
+        )
         print(f"decision: {callback.plan.decision}")
     for row in callback.measurements:
         batch = callback.plan.batch_size if callback.plan is not None else None
@@ -120,7 +144,9 @@ def measurement_line(row: dict, estimate, batch_size: int | None = None) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log-dir", default="./runs/quickstart", help="TensorBoard log directory (default: %(default)s)")
+    parser.add_argument(
+        "--log-dir", default="./runs/quickstart", help="TensorBoard log directory (default: %(default)s)"
+    )
     parser.add_argument("--epochs", type=int, default=2, help="epochs per model (default: %(default)s)")
     parser.add_argument("--budget", default=None, help="e.g. '10GiB', 0.5; default: free memory minus 5%%")
     parser.add_argument("--policy", default="warn", choices=MemoryBudgetCallback.POLICIES)
@@ -132,7 +158,14 @@ def main(argv: list[str] | None = None) -> None:
     pl.seed_everything(0, workers=True)
     budget = args.budget  # a size ('10GiB') or a fraction ('0.5'), read by nnmem_callbacks.core.plan.parse_budget_text
     train("mlp", Classifier(mlp(), (1000,)), args.log_dir, args.epochs, budget, args.policy)
-    train("cnn", Classifier(cnn(), (3, 32, 32), batch_size=128, samples=2048), args.log_dir, args.epochs, budget, args.policy)
+    train(
+        "cnn",
+        Classifier(cnn(), (3, 32, 32), batch_size=128, samples=2048),
+        args.log_dir,
+        args.epochs,
+        budget,
+        args.policy,
+    )
     print(f"\nTensorBoard logs: {args.log_dir}  (tensorboard --logdir {args.log_dir})")
 
 

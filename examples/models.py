@@ -48,8 +48,9 @@ def bert_base_mlm(attn_implementation: str = "sdpa", **config: object) -> nn.Mod
     return BertForMaskedLM(bert_config)
 
 
-def gpt2(n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257,
-         attn_implementation: str = "sdpa") -> nn.Module:
+def gpt2(
+    n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257, attn_implementation: str = "sdpa"
+) -> nn.Module:
     """GPT-2 (small by default) with its LM head; feed ``input_ids`` and ``labels``."""
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -17,7 +17,9 @@ def make_dataset(n: int = 256, features: int = 32, classes: int = 4, seed: int =
 class MLP(pl.LightningModule):
     """An MLP with dropout and batch norm (both touch RNG / running stats)."""
 
-    def __init__(self, features: int = 32, hidden: int = 64, classes: int = 4, lr: float = 0.01, optimizer: str = "adam"):
+    def __init__(
+        self, features: int = 32, hidden: int = 64, classes: int = 4, lr: float = 0.01, optimizer: str = "adam"
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(
@@ -54,7 +56,9 @@ class MLPWithLoader(MLP):
         self.save_hyperparameters()
 
     def train_dataloader(self):
-        return DataLoader(make_dataset(self.hparams.n, self.hparams.features), batch_size=self.hparams.batch_size, shuffle=True)
+        return DataLoader(
+            make_dataset(self.hparams.n, self.hparams.features), batch_size=self.hparams.batch_size, shuffle=True
+        )
 
 
 class DataModule(pl.LightningDataModule):
@@ -65,7 +69,6 @@ class DataModule(pl.LightningDataModule):
 
     def train_dataloader(self):
         return DataLoader(make_dataset(self.hparams.n, self.hparams.features), batch_size=self.batch_size, shuffle=True)
-
 
 
 class GAN(pl.LightningModule):

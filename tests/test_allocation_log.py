@@ -14,9 +14,9 @@ import pickle
 
 import pytest
 
+from nnmem_callbacks.allocators import cuda_caching as allocator
 from nnmem_callbacks.core.allocation_log import AllocationLog
 from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
-from nnmem_callbacks.allocators import cuda_caching as allocator
 
 MiB = 2**20
 
@@ -46,9 +46,13 @@ TWO_ACTIVATIONS = [(1, 8 * MiB, 0), (2, 0, 3 * MiB), (3, 0, 3 * MiB), (2, 0, -1)
 def two_activation_estimate():
     log = line_log(2, 4, TWO_ACTIVATIONS)
     return MemoryEstimate(
-        peak_bytes=20 * MiB, breakdown={"parameters": 8 * MiB, "activations": 12 * MiB}, batch_size=2,
-        phases=(PhaseLine("step1/forward", 8 * MiB, 6 * MiB),), peak_phase="step1/forward",
-        reserved_bytes=allocator.replay(log.events_at(2)).peak_reserved, allocation_log=log,
+        peak_bytes=20 * MiB,
+        breakdown={"parameters": 8 * MiB, "activations": 12 * MiB},
+        batch_size=2,
+        phases=(PhaseLine("step1/forward", 8 * MiB, 6 * MiB),),
+        peak_phase="step1/forward",
+        reserved_bytes=allocator.replay(log.events_at(2)).peak_reserved,
+        allocation_log=log,
     )
 
 
@@ -82,15 +86,31 @@ def test_small_pool_segments_fill_by_whole_blocks():
     assert log.replay_at(70) == log.replay_at(70)
     assert log.replay_at(70).peak_reserved == 4 * MiB
     assert log.replay_at(70).peak_allocated == 30 * 70144
-    est = MemoryEstimate(peak_bytes=30 * 50176, breakdown={"activations": 30 * 50176}, batch_size=50,
-                         phases=(PhaseLine("step1/forward", 0, 30 * 1000),), reserved_bytes=2 * MiB, allocation_log=log)
+    est = MemoryEstimate(
+        peak_bytes=30 * 50176,
+        breakdown={"activations": 30 * 50176},
+        batch_size=50,
+        phases=(PhaseLine("step1/forward", 0, 30 * 1000),),
+        reserved_bytes=2 * MiB,
+        allocation_log=log,
+    )
     assert est.reserved_bytes_at(70) == 4 * MiB
-    assert est.reserved_bytes_at(70) > est.peak_bytes_at(70) * est.reserved_bytes / est.peak_bytes  # the ratio: 2.93 MiB
+    assert (
+        est.reserved_bytes_at(70) > est.peak_bytes_at(70) * est.reserved_bytes / est.peak_bytes
+    )  # the ratio: 2.93 MiB
 
 
 def test_sizes_are_exact_at_every_traced_batch_and_interpolated_between():
-    log = AllocationLog(batch_size=8, keys=(1, 2, 2), sizes=(4096, 800, -1), fit_size=16, fit_sizes=(4096, 1600, -1),
-                        replay=allocator.replay, check_size=2, check_sizes=(4096, 500, -1))
+    log = AllocationLog(
+        batch_size=8,
+        keys=(1, 2, 2),
+        sizes=(4096, 800, -1),
+        fit_size=16,
+        fit_sizes=(4096, 1600, -1),
+        replay=allocator.replay,
+        check_size=2,
+        check_sizes=(4096, 500, -1),
+    )
     assert log.sizes_at(8) == [4096, 800, -1]
     assert log.sizes_at(16) == [4096, 1600, -1]
     assert log.sizes_at(2) == [4096, 500, -1]
@@ -101,12 +121,22 @@ def test_sizes_are_exact_at_every_traced_batch_and_interpolated_between():
 
 def test_a_log_that_does_not_pair_is_refused():
     with pytest.raises(ValueError, match="free"):
-        AllocationLog(batch_size=1, keys=(1, 1), sizes=(10, -1), fit_size=2, fit_sizes=(20, 30), replay=allocator.replay)
+        AllocationLog(
+            batch_size=1, keys=(1, 1), sizes=(10, -1), fit_size=2, fit_sizes=(20, 30), replay=allocator.replay
+        )
     with pytest.raises(ValueError, match="one entry per event"):
         AllocationLog(batch_size=1, keys=(1,), sizes=(10, -1), fit_size=2, fit_sizes=(20, -1), replay=allocator.replay)
     with pytest.raises(ValueError, match="below"):
-        AllocationLog(batch_size=4, keys=(1,), sizes=(10,), fit_size=8, fit_sizes=(20,), replay=allocator.replay,
-                      check_size=4, check_sizes=(10,))
+        AllocationLog(
+            batch_size=4,
+            keys=(1,),
+            sizes=(10,),
+            fit_size=8,
+            fit_sizes=(20,),
+            replay=allocator.replay,
+            check_size=4,
+            check_sizes=(10,),
+        )
 
 
 def test_replays_are_cached_per_batch():
@@ -191,8 +221,13 @@ def test_build_log_refuses_phases_that_run_other_events_at_another_batch():
 def _mlp():
     import torch
 
-    return torch.nn.Sequential(torch.nn.Linear(1000, 300), torch.nn.ReLU(), torch.nn.Linear(300, 300), torch.nn.ReLU(),
-                               torch.nn.Linear(300, 10))
+    return torch.nn.Sequential(
+        torch.nn.Linear(1000, 300),
+        torch.nn.ReLU(),
+        torch.nn.Linear(300, 300),
+        torch.nn.ReLU(),
+        torch.nn.Linear(300, 10),
+    )
 
 
 def test_scaled_replay_at_the_estimate_batch_is_the_estimate_reserve():
@@ -224,7 +259,9 @@ def test_without_scaling_traces_the_reserve_scales_by_ratio_and_says_so():
 
     from nnmem_callbacks import estimate_training
 
-    est = estimate_training(_mlp(), torch.empty(64, 1000, device="meta"), optimizer="adam", device="cuda", check_scaling=False)
+    est = estimate_training(
+        _mlp(), torch.empty(64, 1000, device="meta"), optimizer="adam", device="cuda", check_scaling=False
+    )
     assert est.allocation_log is None
     assert any("ratio of the peak" in note for note in est.notes)
     assert est.reserved_bytes_at(128) == round(est.peak_bytes_at(128) * est.reserved_bytes / est.peak_bytes)
@@ -246,9 +283,14 @@ def test_the_search_over_replays_ends_on_a_fitting_batch_whose_next_does_not(bud
 def test_the_search_replays_the_log_at_few_batch_sizes():
     events = [(1, 8 * MiB, 0)] + [(k, 0, 3 * MiB + 4096 * k) for k in range(2, 40)] + [(k, 0, -1) for k in range(2, 40)]
     log = line_log(4, 8, events)
-    est = MemoryEstimate(peak_bytes=log.replay_at(4).peak_allocated, breakdown={"activations": 1}, batch_size=4,
-                         phases=(PhaseLine("step", 8 * MiB, sum(3 * MiB + 4096 * k for k in range(2, 40))),),
-                         reserved_bytes=log.replay_at(4).peak_reserved, allocation_log=log)
+    est = MemoryEstimate(
+        peak_bytes=log.replay_at(4).peak_allocated,
+        breakdown={"activations": 1},
+        batch_size=4,
+        phases=(PhaseLine("step", 8 * MiB, sum(3 * MiB + 4096 * k for k in range(2, 40))),),
+        reserved_bytes=log.replay_at(4).peak_reserved,
+        allocation_log=log,
+    )
     answer = est.max_batch_size(64 * 2**30, include_reserve=True)
     assert est.device_bytes_at(answer) <= 64 * 2**30 < est.device_bytes_at(answer + 1)
     assert len(log._cache) <= 8  # a bisection from batch 1 would replay about 2 * log2(answer) = 16 times
@@ -258,7 +300,11 @@ def _two_step_trace(n, reorder=False, extra=False):
     setup = [(1, 4096), (2, 64 * n)]
     forward1 = [(3, 1000 * n), (4, 4096), (4, -1), (5, 1000 * n)]
     # step 2 frees the temporary after the second activation (another order) or allocates another size
-    forward2 = [(6, 1000 * n), (7, 4096), (8, 1000 * n), (7, -1)] if reorder else [(6, 1000 * n), (7, 4096), (7, -1), (8, 1000 * n)]
+    forward2 = (
+        [(6, 1000 * n), (7, 4096), (8, 1000 * n), (7, -1)]
+        if reorder
+        else [(6, 1000 * n), (7, 4096), (7, -1), (8, 1000 * n)]
+    )
     if extra:
         forward2 = forward2 + [(9, 123)]
     events = setup + forward1 + forward2

@@ -15,8 +15,9 @@ from benchmarks.suites.distributed import rank_peak  # noqa: E402
 
 def _node(tag, name="", start=0, end=0, parent=None, size=0, ptr=0):
     extra = SimpleNamespace(device=SimpleNamespace(type="cpu"), alloc_size=size, ptr=ptr)
-    node = SimpleNamespace(tag=tag, name=name, start_time_ns=start, end_time_ns=end, parent=parent, children=[],
-                           extra_fields=extra)
+    node = SimpleNamespace(
+        tag=tag, name=name, start_time_ns=start, end_time_ns=end, parent=parent, children=[], extra_fields=extra
+    )
     if parent is not None:
         parent.children.append(node)
     return node

@@ -113,8 +113,20 @@ def test_zoo_case_builds_and_runs_forward(name):
 
 
 def test_zoo_names_and_helpers():
-    assert set(zoo.ZOO) >= {"mlp", "bn_cnn", "resnet18", "resnet50", "lstm", "transformer_encoder", "gpt2",
-                            "vit", "unet", "embedding_heavy", "checkpointed", "data_dependent"}
+    assert set(zoo.ZOO) >= {
+        "mlp",
+        "bn_cnn",
+        "resnet18",
+        "resnet50",
+        "lstm",
+        "transformer_encoder",
+        "gpt2",
+        "vit",
+        "unet",
+        "embedding_heavy",
+        "checkpointed",
+        "data_dependent",
+    }
     assert [c.name for c in zoo.ZOO.values() if c.data_dependent] == ["data_dependent"]
     assert set(zoo.OPTIMIZERS) == {"sgd_momentum", "adam", "adamw"}
     assert zoo.PRECISIONS == ("32-true", "bf16-mixed")
@@ -164,7 +176,9 @@ class _FakeCudaAllocator:
         monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: self.peak)
         monkeypatch.setattr(cuda, "max_memory_reserved", lambda device=None: self.reserved)
         monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda device=None: setattr(self, "peak", self.allocated))
-        monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (80 * 2**30 - self.reserved - 500 * 2**20, 80 * 2**30))
+        monkeypatch.setattr(
+            cuda, "mem_get_info", lambda device=None: (80 * 2**30 - self.reserved - 500 * 2**20, 80 * 2**30)
+        )
         monkeypatch.setattr(groundtruth, "_fresh", lambda model, batch, device, seed: (model, batch))
 
         def steps(model, batch, optimizer, loss_fn, precision, device_type, phase, n_steps):
@@ -209,7 +223,9 @@ def test_accuracy_runs_every_cuda_combination_in_its_own_process(monkeypatch):
     monkeypatch.setattr(accuracy, "run_case_isolated", spy)
     rows = accuracy.run_case_isolated("mlp", ["adam", "sgd_momentum"], ["32-true", "bf16-mixed"], "cuda")
     assert len(rows) == 4
-    assert sorted(calls[1:]) == sorted((( o,), (p,)) for o in ("adam", "sgd_momentum") for p in ("32-true", "bf16-mixed"))
+    assert sorted(calls[1:]) == sorted(
+        ((o,), (p,)) for o in ("adam", "sgd_momentum") for p in ("32-true", "bf16-mixed")
+    )
 
 
 def test_accuracy_measures_the_cuda_truth_before_the_estimate(monkeypatch):

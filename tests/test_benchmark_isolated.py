@@ -11,7 +11,11 @@ def _module(tmp_path, name, body):
 
 
 def test_the_last_json_object_printed_is_the_record(tmp_path):
-    name = _module(tmp_path, "prints_records", 'import json\nprint("warming up")\nprint(json.dumps({"a": 1}))\nprint("{not json")\nprint(json.dumps({"a": 2}))\nprint("done")\n')
+    name = _module(
+        tmp_path,
+        "prints_records",
+        'import json\nprint("warming up")\nprint(json.dumps({"a": 1}))\nprint("{not json")\nprint(json.dumps({"a": 2}))\nprint("done")\n',
+    )
     assert run_worker(name, [], cwd=str(tmp_path)) == {"a": 2}
 
 
@@ -26,6 +30,10 @@ def test_a_worker_past_its_time_is_stopped(tmp_path):
 
 
 def test_arguments_and_environment_reach_the_worker(tmp_path):
-    name = _module(tmp_path, "echoes", 'import json, os, sys\nprint(json.dumps({"argv": sys.argv[1:], "mode": os.environ.get("MODE")}))\n')
+    name = _module(
+        tmp_path,
+        "echoes",
+        'import json, os, sys\nprint(json.dumps({"argv": sys.argv[1:], "mode": os.environ.get("MODE")}))\n',
+    )
     record = run_worker(name, ["--worker", "mlp"], env={"MODE": "x", "PATH": ""}, cwd=str(tmp_path))
     assert record == {"argv": ["--worker", "mlp"], "mode": "x"}

@@ -10,9 +10,11 @@ from benchmarks.tools import repredict
 
 
 def _tf_result(tmp_path, isa: str):
-    rows = [{"case": "mlp", "backend": "tensorflow", "predicted_bytes": 100, "predicted_upper_bytes": 150},
-            {"case": "lstm", "backend": "tensorflow", "predicted_bytes": 200, "predicted_upper_bytes": 250},
-            {"case": "gone", "backend": "tensorflow", "error_text": "it failed then"}]
+    rows = [
+        {"case": "mlp", "backend": "tensorflow", "predicted_bytes": 100, "predicted_upper_bytes": 150},
+        {"case": "lstm", "backend": "tensorflow", "predicted_bytes": 200, "predicted_upper_bytes": 250},
+        {"case": "gone", "backend": "tensorflow", "error_text": "it failed then"},
+    ]
     meta = {"cpu": "CPU", "isa": isa, "TF_ENABLE_ONEDNN_OPTS": "0"}
     path = tmp_path / "result.json"
     path.write_text(json.dumps({"meta": meta, "rows": rows}))
@@ -29,8 +31,13 @@ def this_host(monkeypatch):
 def test_every_case_the_committed_bytes_exits_0_and_one_byte_off_exits_1(tmp_path, monkeypatch, this_host, capsys):
     path = _tf_result(tmp_path, "avx2")
     now = {"mlp": (100, 150), "lstm": (200, 250)}
-    monkeypatch.setattr(repredict, "_tensorflow_case", lambda row, onednn, timeout: repredict.compare_tensorflow(
-        row, {"predicted_bytes": now[row["case"]][0], "predicted_upper_bytes": now[row["case"]][1]}))
+    monkeypatch.setattr(
+        repredict,
+        "_tensorflow_case",
+        lambda row, onednn, timeout: repredict.compare_tensorflow(
+            row, {"predicted_bytes": now[row["case"]][0], "predicted_upper_bytes": now[row["case"]][1]}
+        ),
+    )
     assert repredict.main([str(path)]) == 0
     assert "2 of 2 cases predict the committed bytes" in capsys.readouterr().out  # the failed row is not compared
     now["lstm"] = (200, 251)
@@ -55,7 +62,9 @@ def test_a_retry_that_gives_the_committed_bytes_matches_and_says_so(tmp_path, mo
 
 def test_a_result_of_another_host_is_refused_unless_asked(tmp_path, monkeypatch, this_host, capsys):
     path = _tf_result(tmp_path, "avx2,avx512f")
-    monkeypatch.setattr(repredict, "_tensorflow_case", lambda row, onednn, timeout: repredict.compare_tensorflow(row, row))
+    monkeypatch.setattr(
+        repredict, "_tensorflow_case", lambda row, onednn, timeout: repredict.compare_tensorflow(row, row)
+    )
     assert repredict.main([str(path)]) == 2
     assert "another kind of host (isa" in capsys.readouterr().err
     assert repredict.main([str(path), "--any-host"]) == 0
@@ -64,6 +73,8 @@ def test_a_result_of_another_host_is_refused_unless_asked(tmp_path, monkeypatch,
 
 def test_results_it_cannot_re_predict_are_refused(tmp_path):
     path = tmp_path / "gpu.json"
-    path.write_text(json.dumps({"meta": {"device": "cuda"}, "rows": [{"case": "mlp", "optimizer": "adam", "precision": "32-true"}]}))
+    path.write_text(
+        json.dumps({"meta": {"device": "cuda"}, "rows": [{"case": "mlp", "optimizer": "adam", "precision": "32-true"}]})
+    )
     with pytest.raises(SystemExit):
         repredict.main([str(path)])

@@ -10,8 +10,8 @@ import pytest
 matplotlib = pytest.importorskip("matplotlib")
 
 from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine  # noqa: E402
-from nnmem_callbacks.monitoring.tensorboard import breakdown_figure  # noqa: E402
 from nnmem_callbacks.core.units import GiB, MiB  # noqa: E402
+from nnmem_callbacks.monitoring.tensorboard import breakdown_figure  # noqa: E402
 
 #: matplotlib's default colour cycle, in the order the bars are drawn
 CYCLE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
@@ -21,8 +21,12 @@ def estimate_of(parameters: int, gradients: int, state: int, activations: int, b
     peak = parameters + gradients + state + activations
     return MemoryEstimate(
         peak_bytes=peak,
-        breakdown={"parameters": parameters, "gradients": gradients, "optimizer_state": state,
-                   "activations": activations},
+        breakdown={
+            "parameters": parameters,
+            "gradients": gradients,
+            "optimizer_state": state,
+            "activations": activations,
+        },
         batch_size=batch,
         phases=(PhaseLine("step1/backward", peak - activations, activations // batch),),
         peak_phase="step1/backward",
@@ -49,10 +53,10 @@ def bar_widths(image, colours, figure) -> list[int]:
 
     box = figure.axes[0].get_window_extent()
     height = image.shape[0]
-    image = image[int(height - box.y1):int(height - box.y0), int(box.x0):int(box.x1)]
+    image = image[int(height - box.y1) : int(height - box.y0), int(box.x0) : int(box.x1)]
     widths = []
     for colour in colours:
-        rgb = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+        rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
         mask = np.abs(image - rgb).max(axis=-1) <= 6
         widths.append(int(mask.sum(axis=1).max()))
     return widths
@@ -93,13 +97,15 @@ def test_a_peak_near_the_budget_shows_bars_and_the_budget_line():
     image = render(figure, "breakdown_20GiB_of_21GiB.png")
     width = axes_width_px(figure)
     widths = bar_widths(image, CYCLE[:4], figure)
-    assert all(got >= 0.8 * share * width * 20 / (21 * 1.08) for share, got in zip([0.2, 0.2, 0.4, 0.2], widths)), widths
+    assert all(got >= 0.8 * share * width * 20 / (21 * 1.08) for share, got in zip([0.2, 0.2, 0.4, 0.2], widths)), (
+        widths
+    )
     # the budget is a dashed black line at 21 GiB: its column is mostly dark inside the axes
     axes = figure.axes[0]
     x, _ = axes.transData.transform((21, 0))
     box = axes.get_window_extent()
     height = image.shape[0]
-    column = image[int(height - box.y1) + 2:int(height - box.y0) - 2, int(round(x)) - 1:int(round(x)) + 2]
+    column = image[int(height - box.y1) + 2 : int(height - box.y0) - 2, int(round(x)) - 1 : int(round(x)) + 2]
     dark = (column.max(axis=-1) < 80).any(axis=1).mean()
     assert dark >= 0.4, dark
     # and nothing is drawn right of it but the axes frame and the legend

@@ -11,11 +11,11 @@ import textwrap
 import pytest
 
 from nnmem_callbacks import cli
-from nnmem_callbacks.hardware import gpus
-from nnmem_callbacks.estimators import napkin
 from nnmem_callbacks.cli import demo as cli_demo
 from nnmem_callbacks.core.batch_search import MAX_BATCH_SEARCH_LIMIT
 from nnmem_callbacks.core.plan import DEFAULT_MARGIN, make_plan, resolve_budget
+from nnmem_callbacks.estimators import napkin
+from nnmem_callbacks.hardware import gpus
 
 FACTORIES = textwrap.dedent(
     """
@@ -68,8 +68,21 @@ def run_cli(capsys, *argv):
 
 
 def comparable(document):
-    keys = ("peak_bytes", "breakdown", "batch_size", "fixed_bytes", "per_sample_bytes", "peak_phase", "phases",
-            "reserved_bytes", "overhead_bytes", "device_bytes", "device", "precision", "method")
+    keys = (
+        "peak_bytes",
+        "breakdown",
+        "batch_size",
+        "fixed_bytes",
+        "per_sample_bytes",
+        "peak_phase",
+        "phases",
+        "reserved_bytes",
+        "overhead_bytes",
+        "device_bytes",
+        "device",
+        "precision",
+        "method",
+    )
     return {key: document[key] for key in keys}
 
 
@@ -87,8 +100,9 @@ def _option_actions(parser):
         yield action
 
 
-@pytest.mark.parametrize("factory", [cli.estimate_command_parser, cli.calc_command_parser,
-                                     cli.gpus_command_parser, cli.demo_command_parser])
+@pytest.mark.parametrize(
+    "factory", [cli.estimate_command_parser, cli.calc_command_parser, cli.gpus_command_parser, cli.demo_command_parser]
+)
 def test_every_option_is_described_with_an_example(factory):
     parser = factory()
     for action in _option_actions(parser):
@@ -121,19 +135,24 @@ def test_no_command_prints_help(capsys):
 
 
 # -- parsing ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, expected", [
-    ("3,224,224", cli.InputSpec(None, "float32", (3, 224, 224))),
-    ("int64:128", cli.InputSpec(None, "int64", (128,))),
-    ("input_ids=long:128", cli.InputSpec("input_ids", "int64", (128,))),
-    ("x=bf16:(4, 8)", cli.InputSpec("x", "bfloat16", (4, 8))),
-    ("labels=int64:", cli.InputSpec("labels", "int64", ())),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("3,224,224", cli.InputSpec(None, "float32", (3, 224, 224))),
+        ("int64:128", cli.InputSpec(None, "int64", (128,))),
+        ("input_ids=long:128", cli.InputSpec("input_ids", "int64", (128,))),
+        ("x=bf16:(4, 8)", cli.InputSpec("x", "bfloat16", (4, 8))),
+        ("labels=int64:", cli.InputSpec("labels", "int64", ())),
+    ],
+)
 def test_parse_input_shape(text, expected):
     assert cli.parse_input_shape(text) == expected
 
 
-@pytest.mark.parametrize("text, fragment", [("3;224", "cannot read input shape"), ("int65:3", "unknown dtype"),
-                                            ("0,3", "cannot read input shape")])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [("3;224", "cannot read input shape"), ("int65:3", "unknown dtype"), ("0,3", "cannot read input shape")],
+)
 def test_bad_input_shapes_name_the_syntax(text, fragment):
     with pytest.raises(cli.CliError, match=fragment) as info:
         cli.parse_input_shape(text)
@@ -171,13 +190,26 @@ def test_estimate_json_equals_estimate_training(capsys, factory_file, device, ap
     torch = pytest.importorskip("torch")
     from nnmem_callbacks import estimate_training
 
-    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "8", "--optimizer", "adam",
-                             "--device", device, "--json")
+    code, out, err = run_cli(
+        capsys,
+        "estimate",
+        f"{factory_file}:mlp",
+        "-i",
+        "20",
+        "-b",
+        "8",
+        "--optimizer",
+        "adam",
+        "--device",
+        device,
+        "--json",
+    )
     assert code == 0, err
     document = json.loads(out)
     model = cli.build_model(f"{factory_file}:mlp")
-    api = estimate_training(model, torch.empty(8, 20, device="meta"), optimizer="adam", precision="32-true",
-                            device=api_device)
+    api = estimate_training(
+        model, torch.empty(8, 20, device="meta"), optimizer="adam", precision="32-true", device=api_device
+    )
     assert comparable(document) == comparable(api.to_dict())
     fit = document["fit"]
     include_reserve = api_device == "cuda"
@@ -192,23 +224,43 @@ def test_estimate_named_and_positional_inputs_and_model_args(capsys, factory_fil
     torch = pytest.importorskip("torch")
     from nnmem_callbacks import estimate_training
 
-    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:TokenModel", "-i", "input_ids=int64:12",
-                             "-i", "labels=int64:12", "-b", "4", "--optimizer", "sgd", "--precision", "bf16-mixed",
-                             "--device", "cpu", "--json")
+    code, out, err = run_cli(
+        capsys,
+        "estimate",
+        f"{factory_file}:TokenModel",
+        "-i",
+        "input_ids=int64:12",
+        "-i",
+        "labels=int64:12",
+        "-b",
+        "4",
+        "--optimizer",
+        "sgd",
+        "--precision",
+        "bf16-mixed",
+        "--device",
+        "cpu",
+        "--json",
+    )
     assert code == 0, err
-    batch = {"input_ids": torch.empty(4, 12, dtype=torch.int64, device="meta"),
-             "labels": torch.empty(4, 12, dtype=torch.int64, device="meta")}
-    api = estimate_training(cli.build_model(f"{factory_file}:TokenModel"), batch, optimizer="sgd",
-                            precision="bf16-mixed", device="cpu")
+    batch = {
+        "input_ids": torch.empty(4, 12, dtype=torch.int64, device="meta"),
+        "labels": torch.empty(4, 12, dtype=torch.int64, device="meta"),
+    }
+    api = estimate_training(
+        cli.build_model(f"{factory_file}:TokenModel"), batch, optimizer="sgd", precision="bf16-mixed", device="cpu"
+    )
     assert comparable(json.loads(out)) == comparable(api.to_dict())
 
-    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:two_inputs", "-i", "8", "-i", "6", "-b", "3",
-                             "--device", "cpu", "--json")
+    code, out, err = run_cli(
+        capsys, "estimate", f"{factory_file}:two_inputs", "-i", "8", "-i", "6", "-b", "3", "--device", "cpu", "--json"
+    )
     assert code == 0, err
     assert json.loads(out)["batch_size"] == 3
 
-    code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "--model-arg", "hidden=64",
-                             "--device", "cpu", "--json")
+    code, out, err = run_cli(
+        capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "--model-arg", "hidden=64", "--device", "cpu", "--json"
+    )
     assert code == 0, err
     assert json.loads(out)["breakdown"]["parameters"] == (20 * 64 + 64 + 64 * 10 + 10) * 4
 
@@ -217,16 +269,24 @@ def test_estimate_table_and_gpu_fit_table(capsys, factory_file):
     pytest.importorskip("torch")
     code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16")
     assert code == 0, err
-    for text in ("parameters", "peak (tensors)", "allocator reserve", "CUDA context", "Which GPU fits", "H100 80GB",
-                 "max batch"):
+    for text in (
+        "parameters",
+        "peak (tensors)",
+        "allocator reserve",
+        "CUDA context",
+        "Which GPU fits",
+        "H100 80GB",
+        "max batch",
+    ):
         assert text in out
 
 
 def test_estimate_json_gpu_rows_match_the_estimate(capsys, factory_file):
     pytest.importorskip("torch")
     # wide enough that no GPU's largest batch reaches the search limit (2**24 samples)
-    code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--model-arg", "hidden=2048",
-                           "--json")
+    code, out, _ = run_cli(
+        capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--model-arg", "hidden=2048", "--json"
+    )
     assert code == 0
     document = json.loads(out)
     rows = {row["name"]: row for row in document["fit"]["gpus"]}
@@ -243,8 +303,20 @@ def test_estimate_json_gpu_rows_match_the_estimate(capsys, factory_file):
 
 def test_estimate_with_budget(capsys, factory_file):
     pytest.importorskip("torch")
-    code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--device", "cpu",
-                           "--budget", "20KiB", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "estimate",
+        f"{factory_file}:mlp",
+        "-i",
+        "20",
+        "-b",
+        "16",
+        "--device",
+        "cpu",
+        "--budget",
+        "20KiB",
+        "--json",
+    )
     document = json.loads(out)
     assert document["fit"]["budget_bytes"] == 20 * 1024
     assert document["fit"]["fits"] == (document["peak_bytes"] <= 20 * 1024)
@@ -253,8 +325,20 @@ def test_estimate_with_budget(capsys, factory_file):
 
 def test_estimate_checks_its_largest_batch_by_a_direct_trace(capsys, factory_file):
     pytest.importorskip("torch")
-    code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--device", "cpu",
-                           "--budget", "1MiB", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "estimate",
+        f"{factory_file}:mlp",
+        "-i",
+        "20",
+        "-b",
+        "16",
+        "--device",
+        "cpu",
+        "--budget",
+        "1MiB",
+        "--json",
+    )
     fit = json.loads(out)["fit"]
     verification = fit["verification"]
     assert verification is not None and verification["checks"]
@@ -262,57 +346,102 @@ def test_estimate_checks_its_largest_batch_by_a_direct_trace(capsys, factory_fil
     # the reported batch was traced directly and fits the budget (kept free of the margin) there
     last = [c for c in verification["checks"] if c["batch_size"] == fit["max_batch_size"]]
     assert last and last[-1]["fits"] and last[-1]["traced_bytes"] <= 1024 * 1024
-    code, out, _ = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--device", "cpu",
-                           "--budget", "1MiB")
+    code, out, _ = run_cli(
+        capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16", "--device", "cpu", "--budget", "1MiB"
+    )
     assert "by direct estimate" in out
 
 
 # -- calc -----------------------------------------------------------------------------------------
 def test_calc_json_equals_napkin_functions(capsys):
-    code, out, err = run_cli(capsys, "calc", "--layers", "12", "--hidden", "768", "--heads", "12", "--vocab", "30522",
-                             "--seq-len", "128", "--arch", "bert", "-b", "32", "--optimizer", "adamw", "--json")
+    code, out, err = run_cli(
+        capsys,
+        "calc",
+        "--layers",
+        "12",
+        "--hidden",
+        "768",
+        "--heads",
+        "12",
+        "--vocab",
+        "30522",
+        "--seq-len",
+        "128",
+        "--arch",
+        "bert",
+        "-b",
+        "32",
+        "--optimizer",
+        "adamw",
+        "--json",
+    )
     assert code == 0, err
-    expected = napkin.transformer_estimate(layers=12, hidden=768, heads=12, vocab=30522, seq_len=128, batch_size=32,
-                                           arch="bert", optimizer="adamw")
+    expected = napkin.transformer_estimate(
+        layers=12, hidden=768, heads=12, vocab=30522, seq_len=128, batch_size=32, arch="bert", optimizer="adamw"
+    )
     assert comparable(json.loads(out)) == comparable(expected.to_dict())
     assert json.loads(out)["why"][0].startswith("The peak is at")
 
-    code, out, _ = run_cli(capsys, "calc", "--layers", "1000,100,100,100,100,10", "-b", "256", "--optimizer", "sgd",
-                           "--json")
+    code, out, _ = run_cli(
+        capsys, "calc", "--layers", "1000,100,100,100,100,10", "-b", "256", "--optimizer", "sgd", "--json"
+    )
     assert comparable(json.loads(out)) == comparable(
-        napkin.mlp_estimate([1000, 100, 100, 100, 100, 10], 256, optimizer="sgd").to_dict())
+        napkin.mlp_estimate([1000, 100, 100, 100, 100, 10], 256, optimizer="sgd").to_dict()
+    )
 
-    code, out, _ = run_cli(capsys, "calc", "--params", "19M", "--activations", "532752", "-b", "128", "--json",
-                           "--device", "cpu")
+    code, out, _ = run_cli(
+        capsys, "calc", "--params", "19M", "--activations", "532752", "-b", "128", "--json", "--device", "cpu"
+    )
     assert comparable(json.loads(out)) == comparable(
-        napkin.params_estimate(19_000_000, 532_752, 128, device="cpu").to_dict())
+        napkin.params_estimate(19_000_000, 532_752, 128, device="cpu").to_dict()
+    )
 
 
 def test_calc_table_has_why(capsys):
-    code, out, _ = run_cli(capsys, "calc", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq-len", "256",
-                           "--vocab", "1000", "-b", "8", "--device", "h100")
+    code, out, _ = run_cli(
+        capsys,
+        "calc",
+        "--layers",
+        "2",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--seq-len",
+        "256",
+        "--vocab",
+        "1000",
+        "-b",
+        "8",
+        "--device",
+        "h100",
+    )
     assert code == 0
     assert "The peak is at" in out and "What would shrink it" in out and "largest batch that fits" in out
 
 
 def test_calc_plot_writes_png(capsys, tmp_path):
     target = tmp_path / "mem.png"
-    code, out, _ = run_cli(capsys, "calc", "--params", "1M", "--activations", "10000", "-b", "16", "--device", "t4",
-                           "--plot", str(target))
+    code, out, _ = run_cli(
+        capsys, "calc", "--params", "1M", "--activations", "10000", "-b", "16", "--device", "t4", "--plot", str(target)
+    )
     assert code == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(target) in out
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["calc"], "needs one of: transformer"),
-    (["calc", "--hidden", "64"], "also needs --layers, --heads, --seq-len"),
-    (["calc", "--layers", "100"], "at least two widths"),
-    (["calc", "--layers", "2", "--hidden", "10", "--heads", "3", "--seq-len", "4"], "divisible by heads"),
-    (["calc", "--params", "1M", "--activations", "10", "--precision", "fp16"], "ambiguous; write 16-mixed"),
-    (["calc", "--params", "1M", "--activations", "10", "--optimizer", "lamb"], "valid optimizers"),
-    (["calc", "--params", "1M", "--activations", "10", "--device", "a100"], "add the memory"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["calc"], "needs one of: transformer"),
+        (["calc", "--hidden", "64"], "also needs --layers, --heads, --seq-len"),
+        (["calc", "--layers", "100"], "at least two widths"),
+        (["calc", "--layers", "2", "--hidden", "10", "--heads", "3", "--seq-len", "4"], "divisible by heads"),
+        (["calc", "--params", "1M", "--activations", "10", "--precision", "fp16"], "ambiguous; write 16-mixed"),
+        (["calc", "--params", "1M", "--activations", "10", "--optimizer", "lamb"], "valid optimizers"),
+        (["calc", "--params", "1M", "--activations", "10", "--device", "a100"], "add the memory"),
+    ],
+)
 def test_calc_errors_are_short_and_name_the_fix(capsys, argv, fragment):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2
@@ -329,7 +458,10 @@ def test_model_spec_errors(capsys, factory_file, tmp_path):
         (["estimate", "no_such_pkg_xyz.models:make", "-i", "3"], "cannot import module 'no_such_pkg_xyz.models'"),
         (["estimate", f"{factory_file}:nope", "-i", "3"], "callables defined there: TokenModel, broken, mlp"),
         (["estimate", f"{factory_file}:broken", "-i", "3"], "raised ValueError: boom: no such layer"),
-        (["estimate", f"{factory_file}:not_a_model", "-i", "3"], "returned an object of type 'int' (42); it must return a torch.nn.Module"),
+        (
+            ["estimate", f"{factory_file}:not_a_model", "-i", "3"],
+            "returned an object of type 'int' (42); it must return a torch.nn.Module",
+        ),
         (["estimate", f"{factory_file}:mlp"], "give the model's input shape"),
         (["estimate", f"{factory_file}:mlp", "-i", "20;3"], "cannot read input shape"),
         (["estimate", f"{factory_file}:mlp", "-i", "20", "--optimizer", "adamm"], "did you mean 'adam'"),
@@ -364,8 +496,9 @@ def test_keras_model_gives_a_clear_message(capsys, tmp_path, monkeypatch):
 
 
 def test_user_errors_exit_2_without_traceback_in_a_subprocess(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "nnmem_callbacks.cli", "estimate", "not-a-spec"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "nnmem_callbacks.cli", "estimate", "not-a-spec"], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "MODEL must be" in result.stderr

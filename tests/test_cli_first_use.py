@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from nnmem_callbacks import cli
-from nnmem_callbacks.hardware import gpus
-from nnmem_callbacks.estimators import napkin
-from nnmem_callbacks.core import plan, vocabulary
 from nnmem_callbacks.cli import parsers
 from nnmem_callbacks.cli.render import readable_note
+from nnmem_callbacks.core import plan, vocabulary
+from nnmem_callbacks.estimators import napkin
+from nnmem_callbacks.hardware import gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -28,14 +28,16 @@ CALC = ["calc", "--params", "1M", "--activations", "1000", "-b", "8", "--optimiz
 @pytest.fixture(scope="module")
 def mlp_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("models") / "first_models.py"
-    path.write_text(textwrap.dedent(
-        """
+    path.write_text(
+        textwrap.dedent(
+            """
         from torch import nn
 
         def mlp():
             return nn.Sequential(nn.Linear(1000, 100), nn.ReLU(), nn.Linear(100, 100), nn.ReLU(), nn.Linear(100, 10))
         """
-    ))
+        )
+    )
     return str(path)
 
 
@@ -46,8 +48,9 @@ def run_cli(capsys, *argv):
 
 
 def shell(command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", "set -o pipefail; " + command], capture_output=True, text=True, cwd=ROOT,
-                          env=ENV, timeout=120)
+    return subprocess.run(
+        ["bash", "-c", "set -o pipefail; " + command], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120
+    )
 
 
 # -- input shapes ---------------------------------------------------------------------------------
@@ -58,8 +61,10 @@ def test_input_shapes_with_a_stray_x_or_empty_dimension_are_errors(text):
     assert "e.g. 3,224,224" in str(info.value)
 
 
-@pytest.mark.parametrize("text, shape", [("3x224x224", (3, 224, 224)), ("3 x 32", (3, 32)), ("(3,)", (3,)),
-                                         ("[4, 8]", (4, 8)), ("1000", (1000,))])
+@pytest.mark.parametrize(
+    "text, shape",
+    [("3x224x224", (3, 224, 224)), ("3 x 32", (3, 32)), ("(3,)", (3,)), ("[4, 8]", (4, 8)), ("1000", (1000,))],
+)
 def test_input_shapes_that_are_read(text, shape):
     assert cli.parse_input_shape(text).shape == shape
 
@@ -139,8 +144,9 @@ def test_the_exit_status_is_documented_in_help_and_readme(capsys):
 
 
 def test_the_exit_status_in_a_shell_pipeline():
-    result = shell(f"{shlex.quote(sys.executable)} -m nnmem_callbacks.cli {' '.join(CALC)} --device cpu --budget 1MiB"
-                   " > /dev/null")
+    result = shell(
+        f"{shlex.quote(sys.executable)} -m nnmem_callbacks.cli {' '.join(CALC)} --device cpu --budget 1MiB > /dev/null"
+    )
     assert result.returncode == 3, result.stderr
 
 
@@ -204,11 +210,34 @@ BAD_PRECISIONS = ["fp16", "half", "float16", "bfloat16", "fp8", "16mixed"]
 
 def _cli_precision(capsys, command, precision, mlp_file):
     if command == "calc":
-        code, out, err = run_cli(capsys, "calc", "--layers", "1000,100,100,10", "-b", "4", "--device", "cpu",
-                                 "--precision", precision, "--json")
+        code, out, err = run_cli(
+            capsys,
+            "calc",
+            "--layers",
+            "1000,100,100,10",
+            "-b",
+            "4",
+            "--device",
+            "cpu",
+            "--precision",
+            precision,
+            "--json",
+        )
     else:
-        code, out, err = run_cli(capsys, "estimate", f"{mlp_file}:mlp", "-i", "1000", "-b", "4", "--device", "cpu",
-                                 "--precision", precision, "--json")
+        code, out, err = run_cli(
+            capsys,
+            "estimate",
+            f"{mlp_file}:mlp",
+            "-i",
+            "1000",
+            "-b",
+            "4",
+            "--device",
+            "cpu",
+            "--precision",
+            precision,
+            "--json",
+        )
     return (json.loads(out)["precision"], None) if code == 0 else (None, err)
 
 
@@ -238,8 +267,10 @@ def test_each_precision_spelling_gets_one_answer_everywhere(capsys, mlp_file, pr
             assert err.strip() == f"nnmem {command}: error: --precision: {message}"
     if expected is not None:  # and the API
         model = torch.nn.Sequential(torch.nn.Linear(8, 4))
-        assert estimate_training(model, torch.empty(2, 8, device="meta"), precision=precision,
-                                 device="cpu").precision == expected
+        assert (
+            estimate_training(model, torch.empty(2, 8, device="meta"), precision=precision, device="cpu").precision
+            == expected
+        )
 
 
 def test_fp32_is_32_true_and_fp16_is_ambiguous_everywhere():
@@ -257,8 +288,10 @@ def test_each_optimizer_name_gets_one_answer_everywhere(capsys, mlp_file, optimi
         expected, message = vocabulary.canonical_optimizer(optimizer), None
     except ValueError as error:
         expected, message = None, str(error)
-    for argv in (["calc", "--layers", "1000,100,10", "-b", "4", "--device", "cpu"],
-                 ["estimate", f"{mlp_file}:mlp", "-i", "1000", "-b", "4", "--device", "cpu"]):
+    for argv in (
+        ["calc", "--layers", "1000,100,10", "-b", "4", "--device", "cpu"],
+        ["estimate", f"{mlp_file}:mlp", "-i", "1000", "-b", "4", "--device", "cpu"],
+    ):
         code, out, err = run_cli(capsys, *argv, "--optimizer", optimizer, "--json")
         if expected is None:
             assert code == 2 and err.strip() == f"nnmem {argv[0]}: error: --optimizer: {message}"
@@ -292,8 +325,20 @@ def test_help_lists_the_whole_vocabulary():
 # -- output details -----------------------------------------------------------------------------------
 def test_json_phase_labels_are_distinct_and_say_where_each_is_the_peak(capsys, mlp_file):
     pytest.importorskip("torch")
-    code, out, err = run_cli(capsys, "estimate", f"{mlp_file}:mlp", "-i", "1000", "-b", "64", "--optimizer", "sgd",
-                             "--device", "cpu", "--json")
+    code, out, err = run_cli(
+        capsys,
+        "estimate",
+        f"{mlp_file}:mlp",
+        "-i",
+        "1000",
+        "-b",
+        "64",
+        "--optimizer",
+        "sgd",
+        "--device",
+        "cpu",
+        "--json",
+    )
     assert code == 0, err
     phases = json.loads(out)["phases"]
     labels = [phase["phase"] for phase in phases]
@@ -312,12 +357,18 @@ def test_napkin_mlp_phases_read_as_words():
 
 
 def test_notes_show_bytes_with_units(capsys):
-    from nnmem_callbacks.core.estimate import MemoryEstimate
-    from rich.console import Console
     import io
 
-    est = MemoryEstimate(peak_bytes=2**20, breakdown={"parameters": 2**20}, batch_size=1,
-                         notes=("CUDA allocator rounding and unsplit blocks add 28971460 bytes to the tensor peak",))
+    from rich.console import Console
+
+    from nnmem_callbacks.core.estimate import MemoryEstimate
+
+    est = MemoryEstimate(
+        peak_bytes=2**20,
+        breakdown={"parameters": 2**20},
+        batch_size=1,
+        notes=("CUDA allocator rounding and unsplit blocks add 28971460 bytes to the tensor peak",),
+    )
     target = cli.resolve_target("cpu")
     buffer = io.StringIO()
     cli.render_estimate(est, cli.fit_summary(est, target, None), title="t", console=Console(file=buffer, width=200))
@@ -332,7 +383,9 @@ def test_a_kernel_the_device_cannot_run_is_a_clear_error_not_an_internal_one(cap
     from nnmem_callbacks.probes.runner import UnsupportedKernelError
 
     def refuses(*args, **kwargs):
-        raise UnsupportedKernelError("aten.mkldnn_rnn_layer", "bfloat16", "cpu", "could not create a primitive descriptor")
+        raise UnsupportedKernelError(
+            "aten.mkldnn_rnn_layer", "bfloat16", "cpu", "could not create a primitive descriptor"
+        )
 
     monkeypatch.setattr(estimator, "estimate_training", refuses)
     factories = tmp_path / "lstm_models.py"

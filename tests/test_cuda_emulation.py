@@ -14,7 +14,6 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnmem_callbacks import estimate_training
-from nnmem_callbacks.hardware import gpus
 from nnmem_callbacks.estimators.torch.cuda.autocast import (
     cpu_autocast_ops,
     cuda_autocast_on_cpu,
@@ -23,6 +22,7 @@ from nnmem_callbacks.estimators.torch.cuda.autocast import (
 )
 from nnmem_callbacks.estimators.torch.cuda.emulation import cuda_kernel_emulation
 from nnmem_callbacks.estimators.torch.cuda.sdpa_backends import SdpaCall, SdpaSwitches, select_backend
+from nnmem_callbacks.hardware import gpus
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU emulation of CUDA kernels")
 
@@ -108,10 +108,32 @@ def test_cpu_autocast_is_restored_after_the_block():
 # ---------------------------------------------------------------------------
 # attention backend choice (sdp_utils.cpp)
 # ---------------------------------------------------------------------------
-def _call(dtype="bfloat16", head=64, mask=None, mask_grad=False, dropout=0.0, causal=False, lq=128, lk=128, grad=True, heads_kv=8, gqa=False):
-    return SdpaCall((4, 8, lq, head), (4, heads_kv, lk, head), (4, heads_kv, lk, head), dtype,
-                    mask_dtype=mask, mask_shape=None if mask is None else (1, 8, lq, lk),
-                    mask_requires_grad=mask_grad, dropout_p=dropout, is_causal=causal, requires_grad=grad, enable_gqa=gqa)
+def _call(
+    dtype="bfloat16",
+    head=64,
+    mask=None,
+    mask_grad=False,
+    dropout=0.0,
+    causal=False,
+    lq=128,
+    lk=128,
+    grad=True,
+    heads_kv=8,
+    gqa=False,
+):
+    return SdpaCall(
+        (4, 8, lq, head),
+        (4, heads_kv, lk, head),
+        (4, heads_kv, lk, head),
+        dtype,
+        mask_dtype=mask,
+        mask_shape=None if mask is None else (1, 8, lq, lk),
+        mask_requires_grad=mask_grad,
+        dropout_p=dropout,
+        is_causal=causal,
+        requires_grad=grad,
+        enable_gqa=gqa,
+    )
 
 
 H100, A100, A10, T4, V100, P100 = (gpus.find_arch(n) for n in ("h100", "a100-80gb", "a10", "t4", "v100-16gb", "p100"))
@@ -171,7 +193,9 @@ def test_each_backend_keeps_its_own_tensors(dtype, mask, op, saved_extra):
         q = torch.empty(batch, heads, length, head, dtype=dtype, requires_grad=True)
         bias = torch.zeros(1, heads, length, length, dtype=dtype, requires_grad=True) if mask else None
         saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((tuple(t.shape), t.dtype)) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.append((tuple(t.shape), t.dtype)) or t, lambda t: t
+        ):
             out = nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=bias)
         assert list(report.sdpa.values()) == [op]
         lse = [s for s in saved if s[1] == torch.float32 and len(s[0]) == 3]
@@ -204,8 +228,9 @@ class PositionBiasAttention(nn.Module):
 
 def test_a_trainable_mask_traces_for_a_cuda_target_without_fallback():
     with _no_fallback_warning():
-        est = estimate_training(PositionBiasAttention(), torch.randn(8, 32, 64), optimizer="adam", device="cuda",
-                                loss_fn=lambda m, b: m(b))
+        est = estimate_training(
+            PositionBiasAttention(), torch.randn(8, 32, 64), optimizer="adam", device="cuda", loss_fn=lambda m, b: m(b)
+        )
     assert est.method == "trace"
     assert est.extra["cuda_emulation"]["attention_backends"] == {"efficient": 1}
     bias_bytes = 4 * 32 * 32 * 4
@@ -229,14 +254,29 @@ class _no_fallback_warning:
 
 def test_hf_t5_traces_for_a_cuda_target():
     transformers = pytest.importorskip("transformers")
-    config = transformers.T5Config(vocab_size=256, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1,
-                                   num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0,
-                                   use_cache=False)
+    config = transformers.T5Config(
+        vocab_size=256,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        use_cache=False,
+    )
     model = transformers.T5ForConditionalGeneration(config)
     ids = torch.randint(1, 256, (2, 16))
     with _no_fallback_warning():
-        est = estimate_training(model, {"input_ids": ids, "labels": ids[:, :8]}, optimizer="adamw", device="cuda",
-                                loss_fn=lambda m, b: m(**b).loss)
+        est = estimate_training(
+            model,
+            {"input_ids": ids, "labels": ids[:, :8]},
+            optimizer="adamw",
+            device="cuda",
+            loss_fn=lambda m, b: m(**b).loss,
+        )
     assert est.method == "trace"
     assert est.extra["cuda_emulation"]["attention_backends"].get("efficient", 0) >= 1
 
@@ -274,7 +314,9 @@ def test_an_unknown_gpu_name_is_a_clear_error():
 
 
 def test_the_emulation_leaves_cpu_kernels_alone_afterwards():
-    estimate_training(BfAttention(), torch.randn(2, 8, 64), device="cuda", precision="bf16-mixed", loss_fn=lambda m, b: m(b))
+    estimate_training(
+        BfAttention(), torch.randn(2, 8, 64), device="cuda", precision="bf16-mixed", loss_fn=lambda m, b: m(b)
+    )
     q = torch.randn(1, 2, 8, 16)
     assert nn.functional.scaled_dot_product_attention(q, q, q).shape == q.shape  # the CPU kernel runs again
     assert nn.functional.dropout(torch.ones(1000), 0.5).eq(0).any()
@@ -285,7 +327,7 @@ def test_the_emulation_leaves_cpu_kernels_alone_afterwards():
 # ---------------------------------------------------------------------------
 # the "which GPU fits" table
 # ---------------------------------------------------------------------------
-ATTENTION_FACTORY = '''
+ATTENTION_FACTORY = """
 import torch
 from torch import nn
 
@@ -297,7 +339,7 @@ class Attention(nn.Module):
     def forward(self, x):
         q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 4, 16).permute(2, 0, 3, 1, 4)
         return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().mean()
-'''
+"""
 
 
 def test_which_gpu_fits_marks_cards_whose_kernels_differ(tmp_path, capsys):
@@ -342,7 +384,9 @@ def test_probing_is_invisible_to_dispatch_modes():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            self.devices.update(t.device.type for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+            self.devices.update(
+                t.device.type for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+            )
             return out
 
     cuda_autocast._PLANS.clear()  # force a probe

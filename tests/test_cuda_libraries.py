@@ -13,12 +13,12 @@ nn = torch.nn
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from nnmem_callbacks.hardware import cuda_tables  # noqa: E402
-from nnmem_callbacks.core.estimate import Category  # noqa: E402
 from nnmem_callbacks.allocators import cuda_caching as allocator  # noqa: E402
+from nnmem_callbacks.core.estimate import Category  # noqa: E402
 from nnmem_callbacks.estimators.torch.cuda import libraries as cuda_libraries
 from nnmem_callbacks.estimators.torch.estimator import estimate_training  # noqa: E402
 from nnmem_callbacks.estimators.torch.tracer import StorageTracker  # noqa: E402
+from nnmem_callbacks.hardware import cuda_tables  # noqa: E402
 
 MiB = 2**20
 _ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "TORCH_CUBLASLT_UNIFIED_WORKSPACE")
@@ -41,7 +41,9 @@ def _mlp() -> nn.Module:
 
 def _estimate(model=None, batch_size=64, **kwargs):
     model = model or _mlp()
-    return estimate_training(model, torch.empty(batch_size, 256, device="meta"), optimizer="adam", device="cuda", **kwargs)
+    return estimate_training(
+        model, torch.empty(batch_size, 256, device="meta"), optimizer="adam", device="cuda", **kwargs
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -155,7 +157,9 @@ def _fake_device(monkeypatch, *, capability=(8, 0), free=70 * 2**30, total=80 * 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=None: (free, total))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index=None: reserved)
     loaded = []
-    monkeypatch.setattr(cuda_libraries, "load_libraries", lambda device, dtype, gemm, cudnn: loaded.append((device, dtype, gemm, cudnn)))
+    monkeypatch.setattr(
+        cuda_libraries, "load_libraries", lambda device, dtype, gemm, cudnn: loaded.append((device, dtype, gemm, cudnn))
+    )
     return loaded
 
 
@@ -218,13 +222,22 @@ def test_context_table_falls_back_to_the_nearest_stack():
 
 
 def test_cublas_workspace_config_parsing_follows_pytorch():
-    assert cuda_tables.cublas_workspace_bytes((9, 0), {"CUBLAS_WORKSPACE_CONFIG": ":4096:2:16:8"}) == (4096 * 2 + 16 * 8) * 1024
+    assert (
+        cuda_tables.cublas_workspace_bytes((9, 0), {"CUBLAS_WORKSPACE_CONFIG": ":4096:2:16:8"})
+        == (4096 * 2 + 16 * 8) * 1024
+    )
     assert cuda_tables.cublas_workspace_bytes((9, 0), {"CUBLAS_WORKSPACE_CONFIG": "garbage"}) == 32 * MiB
     assert cuda_tables.cublas_workspace_bytes((7, 5), {}) == 4096 * 1024 * 2 + 16 * 1024 * 8
-    assert cuda_tables.cublaslt_workspace_bytes((7, 5), {"CUBLASLT_WORKSPACE_SIZE": str(64 * 1024)}) == 4096 * 1024 * 2 + 16 * 1024 * 8
-    assert cuda_tables.cublaslt_workspace_bytes(
-        (7, 5), {"CUBLASLT_WORKSPACE_SIZE": str(64 * 1024), "TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0"}
-    ) == 64 * MiB
+    assert (
+        cuda_tables.cublaslt_workspace_bytes((7, 5), {"CUBLASLT_WORKSPACE_SIZE": str(64 * 1024)})
+        == 4096 * 1024 * 2 + 16 * 1024 * 8
+    )
+    assert (
+        cuda_tables.cublaslt_workspace_bytes(
+            (7, 5), {"CUBLASLT_WORKSPACE_SIZE": str(64 * 1024), "TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0"}
+        )
+        == 64 * MiB
+    )
 
 
 def test_conv_table_rejects_an_unknown_direction():
@@ -336,9 +349,9 @@ def test_conv_probe_failure_falls_back_to_the_table():
     probe = cuda_libraries.ConvProbe(torch.device("cpu"), meter=Refusing())
     model = cuda_libraries.LibraryModel(capability=(9, 0), conv_probe=probe)
     x, w = torch.zeros(2, 4, 5, 5), torch.zeros(4, 4, 3, 3)
-    assert model.transient(torch.ops.aten.convolution, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), None) == (
-        x.numel() * 4 + w.numel() * 4 + 512
-    )
+    assert model.transient(
+        torch.ops.aten.convolution, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), None
+    ) == (x.numel() * 4 + w.numel() * 4 + 512)
     assert probe.failed["RuntimeError"] == 1
 
 

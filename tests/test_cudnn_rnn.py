@@ -17,14 +17,13 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from nnmem_callbacks.hardware import cudnn_rnn_sizes as sizes
 from nnmem_callbacks import estimate_training
-from nnmem_callbacks.hardware.cudnn_rnn_sizes import RnnShape
-from nnmem_callbacks.probes.session import ProbeSettings, kernel_probes
 from nnmem_callbacks.estimators.torch.cuda import cudnn_rnn
 from nnmem_callbacks.estimators.torch.estimator import run_trace
 from nnmem_callbacks.estimators.torch.step import make_config
-
+from nnmem_callbacks.hardware import cudnn_rnn_sizes as sizes
+from nnmem_callbacks.hardware.cudnn_rnn_sizes import RnnShape
+from nnmem_callbacks.probes.session import ProbeSettings, kernel_probes
 
 #: (reserve, workspace) bytes measured on the H100 (cuda_facts.json LSTM; zoo lstm case, adam, 32-true)
 H100_POINTS = ((738_197_504, 484_442_112), (23_068_672, 33_688_616))
@@ -60,7 +59,13 @@ def lifetimes(result, size):
         if nbytes != size:
             continue
         freed = next((j for j in range(index + 1, len(result.events)) if result.events[j] == (key, -1)), None)
-        found.append((event_phase(result, index), None if freed is None else event_phase(result, freed), freed is not None and freed == index + 1))
+        found.append(
+            (
+                event_phase(result, index),
+                None if freed is None else event_phase(result, freed),
+                freed is not None and freed == index + 1,
+            )
+        )
     return found
 
 
@@ -109,7 +114,7 @@ def test_rule_rejects_unknown_modes():
 # traces of every configuration
 # ---------------------------------------------------------------------------
 
-N, T, I, H = 4, 5, 8, 16
+N, T, I, H = 4, 5, 8, 16  # noqa: E741 - the cuDNN documentation's names
 F32 = 4
 
 
@@ -154,7 +159,9 @@ def test_batch_first_input_is_copied_time_major_in_forward_and_backward():
 
 def test_flat_module_weights_are_not_copied_but_functional_weights_are():
     weight_space = (4 * H * I + 4 * H * H + 2 * 4 * H) * F32
-    assert not [s for s in lifetimes(trace(nn.LSTM(I, H, 1), torch.randn(T, N, I)), weight_space) if s[0] == "step1/forward"]
+    assert not [
+        s for s in lifetimes(trace(nn.LSTM(I, H, 1), torch.randn(T, N, I)), weight_space) if s[0] == "step1/forward"
+    ]
 
     class Functional(nn.Module):
         """Separate weights passed to torch._VF.lstm, as the Keras torch backend does."""
@@ -266,9 +273,27 @@ def test_real_h100_lstm_forward_and_backward_peaks():
     "precision, measured, tolerance",
     [
         # a fit point of the workspace line (adam, 32-true): every phase, not only the one fitted
-        ("32-true", {"step1/forward": 67_484_160, "step1/backward": 74_454_016, "step2/forward": 79_988_224, "step2/backward": 86_958_080}, 0.001),
+        (
+            "32-true",
+            {
+                "step1/forward": 67_484_160,
+                "step1/backward": 74_454_016,
+                "step2/forward": 79_988_224,
+                "step2/backward": 86_958_080,
+            },
+            0.001,
+        ),
         # the check: cuDNN runs bf16-mixed in fp16 (half the reserve, the same fixed workspace part)
-        ("bf16-mixed", {"step1/forward": 49_657_856, "step1/backward": 52_662_784, "step2/forward": 62_161_920, "step2/backward": 65_166_848}, 0.02),
+        (
+            "bf16-mixed",
+            {
+                "step1/forward": 49_657_856,
+                "step1/backward": 52_662_784,
+                "step2/forward": 62_161_920,
+                "step2/backward": 65_166_848,
+            },
+            0.02,
+        ),
     ],
 )
 def test_zoo_lstm_phases_match_the_h100(precision, measured, tolerance):
@@ -277,7 +302,17 @@ def test_zoo_lstm_phases_match_the_h100(precision, measured, tolerance):
 
     case = ZOO["lstm"]
     torch.manual_seed(0)
-    config = make_config(case.make_model(), case.make_batch(case.batch_size, "cpu"), "adam", case.loss_fn, precision, "cuda", 1, None, "norm")
+    config = make_config(
+        case.make_model(),
+        case.make_batch(case.batch_size, "cpu"),
+        "adam",
+        case.loss_fn,
+        precision,
+        "cuda",
+        1,
+        None,
+        "norm",
+    )
     result = run_trace(config, case.batch_size)
     for phase, value in measured.items():
         assert abs(result.phase_peaks[phase] - value) <= tolerance * value, (phase, result.phase_peaks[phase], value)
@@ -288,7 +323,9 @@ def test_cpu_targets_do_not_use_the_emulation(monkeypatch):
         raise AssertionError("the cuDNN emulation ran for a CPU target")
 
     monkeypatch.setattr(cudnn_rnn._CudnnRNN, "apply", refuse)
-    estimate = estimate_training(nn.LSTM(I, H, 1), torch.randn(T, N, I), optimizer="sgd", device="cpu", loss_fn=first_output_sum)
+    estimate = estimate_training(
+        nn.LSTM(I, H, 1), torch.randn(T, N, I), optimizer="sgd", device="cpu", loss_fn=first_output_sum
+    )
     assert estimate.method == "trace"
 
 
@@ -313,7 +350,24 @@ def test_user_module_is_untouched():
 def fake_cudnn_rnn(reserve_per_n=96, reserve_fixed=64):
     calls = []
 
-    def _cudnn_rnn(x, weights, stride0, weight_buf, hx, cx, mode, hidden, proj, layers, batch_first, dropout, train, bidirectional, batch_sizes, state):
+    def _cudnn_rnn(
+        x,
+        weights,
+        stride0,
+        weight_buf,
+        hx,
+        cx,
+        mode,
+        hidden,
+        proj,
+        layers,
+        batch_first,
+        dropout,
+        train,
+        bidirectional,
+        batch_sizes,
+        state,
+    ):
         steps, batch = x.shape[0], x.shape[1]
         calls.append((steps, batch, mode, stride0))
         out = torch.empty(steps, batch, hidden)
@@ -347,15 +401,26 @@ def test_probe_entry_reads_the_reserve_and_the_workspace(monkeypatch):
 
 
 def test_probed_sizes_fit_the_probe_and_report_it(monkeypatch):
-    entry = {"n": [4, 8, 16], "reserve": [96 * n + 64 for n in (4, 8, 16)], "workspace": [40 * n + 1000 for n in (4, 8, 16)], "weights": [1]}
+    entry = {
+        "n": [4, 8, 16],
+        "reserve": [96 * n + 64 for n in (4, 8, 16)],
+        "workspace": [40 * n + 1000 for n in (4, 8, 16)],
+        "weights": [1],
+    }
     runs = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cudnn_rnn, "probe_entry", lambda *args: runs.append(args) or entry)
     cudnn_rnn._PROBE_MEMO.clear()
     shape = RnnShape("GRU", I, H)
     with kernel_probes("cuda", cache=False) as session:
-        assert cudnn_rnn.probed_sizes(shape, torch.float32, torch.device("cuda", 0), 256, 64, True) == (96 * 256 * 64 + 64, 40 * 256 * 64 + 1000)
-        assert cudnn_rnn.probed_sizes(shape, torch.float32, torch.device("cuda", 0), 10, 10, True) == (96 * 100 + 64, 40 * 100 + 1000)
+        assert cudnn_rnn.probed_sizes(shape, torch.float32, torch.device("cuda", 0), 256, 64, True) == (
+            96 * 256 * 64 + 64,
+            40 * 256 * 64 + 1000,
+        )
+        assert cudnn_rnn.probed_sizes(shape, torch.float32, torch.device("cuda", 0), 10, 10, True) == (
+            96 * 100 + 64,
+            40 * 100 + 1000,
+        )
         notes = session.notes()
     assert len(runs) == 1  # probed once per shape
     assert any("probed on this cuda: 1 op shape(s) measured (3 kernel runs" in note for note in notes)
@@ -376,7 +441,11 @@ def test_probe_is_refused_above_the_cap_and_without_a_gpu(monkeypatch):
 
 
 def test_trace_uses_probed_sizes(monkeypatch):
-    monkeypatch.setattr(cudnn_rnn, "probed_sizes", lambda shape, dtype, device, steps, batch, biases: (7_000 * steps * batch, 3_000 * steps * batch))
+    monkeypatch.setattr(
+        cudnn_rnn,
+        "probed_sizes",
+        lambda shape, dtype, device, steps, batch, biases: (7_000 * steps * batch, 3_000 * steps * batch),
+    )
     result = trace(nn.LSTM(I, H, 1), torch.randn(T, N, I))
     assert_reserve_and_workspace(result, 7_000 * T * N, 3_000 * T * N)
 
@@ -414,7 +483,9 @@ def test_fallback_allocates_nothing_on_cuda(monkeypatch):
             return out[out > 0].sum()  # data-dependent shape: the trace fails
 
     with pytest.warns(RuntimeWarning, match="could not trace"):
-        estimate = estimate_training(Untraceable(), torch.randn(T, N, I), optimizer="adam", device="cuda", loss_fn=lambda m, b: m(b))
+        estimate = estimate_training(
+            Untraceable(), torch.randn(T, N, I), optimizer="adam", device="cuda", loss_fn=lambda m, b: m(b)
+        )
     assert estimate.method == "closed-form"
     assert estimate.breakdown["activations"] > 0
     assert cuda_inits == []
@@ -465,10 +536,12 @@ def test_keras_torch_backend_rnns_trace_for_a_cuda_target():
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, KERAS_BACKEND="torch", PYTHONPATH=root)
-    done = subprocess.run([sys.executable, "-c", KERAS_TORCH_CUDA], env=env, capture_output=True, text=True, timeout=600, cwd=root)
+    done = subprocess.run(
+        [sys.executable, "-c", KERAS_TORCH_CUDA], env=env, capture_output=True, text=True, timeout=600, cwd=root
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stderr[-4000:]
-    result = json.loads(lines[0][len("RESULT "):])
+    result = json.loads(lines[0][len("RESULT ") :])
     # Keras' cuDNN path: functional torch._VF.lstm / gru, batch-first, weights not flat (a weight buffer per call)
     assert result["calls"] and {tuple(c) for c in result["calls"]} == {("LSTM", False, True), ("GRU", False, True)}
     assert result["restored"]
@@ -481,8 +554,8 @@ def test_keras_torch_backend_rnns_trace_for_a_cuda_target():
 
 def test_probe_inside_a_trace_is_invisible_to_it(monkeypatch):
     """The probe's real tensors pass no fake mode and no storage tracker (and no autocast)."""
-    from nnmem_callbacks.probes import runner
     from nnmem_callbacks.estimators.torch.tracer import StorageTracker
+    from nnmem_callbacks.probes import runner
 
     function, calls = fake_cudnn_rnn()
     seen = []
@@ -492,7 +565,11 @@ def test_probe_inside_a_trace_is_invisible_to_it(monkeypatch):
         return function(*args)
 
     monkeypatch.setattr(torch, "_cudnn_rnn", checked)
-    monkeypatch.setattr(runner, "kernel_peak", lambda call, strict=False: (lambda out: (out, sum(t.numel() * t.element_size() for t in out)))(call()))
+    monkeypatch.setattr(
+        runner,
+        "kernel_peak",
+        lambda call, strict=False: (lambda out: (out, sum(t.numel() * t.element_size() for t in out)))(call()),
+    )
     tracker = StorageTracker("cuda")
     with FakeTensorMode(), tracker, torch.autocast("cpu", dtype=torch.bfloat16):
         tracker.set_phase("step1/forward")

@@ -51,8 +51,13 @@ class ScriptedMeter(Meter):
         self.reads += 1
         if self.fail_reads:
             raise RuntimeError("driver gone")
-        return PeakReading(kind=self.kind, peak_bytes=self.peak, current_bytes=self.current,
-                           reserved_bytes=self.peak + 10 * MiB, device_used_bytes=self.peak + 500 * MiB)
+        return PeakReading(
+            kind=self.kind,
+            peak_bytes=self.peak,
+            current_bytes=self.current,
+            reserved_bytes=self.peak + 10 * MiB,
+            device_used_bytes=self.peak + 500 * MiB,
+        )
 
 
 def step(tracker, meter, forward, backward_transient):
@@ -73,8 +78,12 @@ def test_phase_tracker_books_peaks_and_rises_per_phase():
     tracker = PhaseTracker()
     tracker.start_epoch(meter)
     step(tracker, meter, 40 * MiB, 200 * MiB)
-    assert tracker.peaks == {BETWEEN_STEPS: 100 * MiB, "forward": 140 * MiB, "backward": 340 * MiB,
-                             "optimizer": 105 * MiB}
+    assert tracker.peaks == {
+        BETWEEN_STEPS: 100 * MiB,
+        "forward": 140 * MiB,
+        "backward": 340 * MiB,
+        "optimizer": 105 * MiB,
+    }
     # the backward rise is measured from where backward began (140 MiB), not from the epoch start
     assert tracker.rises == {BETWEEN_STEPS: 0, "forward": 40 * MiB, "backward": 200 * MiB, "optimizer": 5 * MiB}
     assert tracker.largest_rise_phase() == "backward"
@@ -148,9 +157,14 @@ def test_phase_tracker_rejects_a_bad_batch_count():
 # -- epoch comparison ------------------------------------------------------------------
 def cuda_estimate():
     return MemoryEstimate(
-        peak_bytes=400 * MiB, breakdown={"parameters": 100 * MiB, "activations": 300 * MiB}, batch_size=32,
-        phases=(PhaseLine("step1/backward", 100 * MiB, 300 * MiB // 32),), peak_phase="step1/backward",
-        reserved_bytes=480 * MiB, overhead_bytes=500 * MiB, device="cuda:0",
+        peak_bytes=400 * MiB,
+        breakdown={"parameters": 100 * MiB, "activations": 300 * MiB},
+        batch_size=32,
+        phases=(PhaseLine("step1/backward", 100 * MiB, 300 * MiB // 32),),
+        peak_phase="step1/backward",
+        reserved_bytes=480 * MiB,
+        overhead_bytes=500 * MiB,
+        device="cuda:0",
     )
 
 
@@ -162,10 +176,18 @@ def test_keras_comparison_logs_the_comparison_keys_only_and_nan_when_unmeasured(
     unmeasured = epoch_report.compare_epoch(meter, None, epoch=1, **kwargs)
     expected = {names.measured, names.predicted_peak, names.predicted, names.relative_error, names.budget}
     assert set(measured.metrics) == set(unmeasured.metrics) == expected  # every key, every epoch
-    assert measured.metrics[names.relative_error] == pytest.approx((400 - 100) / 100)  # (predicted - measured) / measured
+    assert measured.metrics[names.relative_error] == pytest.approx(
+        (400 - 100) / 100
+    )  # (predicted - measured) / measured
     assert math.isnan(unmeasured.metrics[names.measured]) and math.isnan(unmeasured.metrics[names.relative_error])
-    assert unmeasured.row == {"epoch": 1, "kind": "cuda", "measured_bytes": None, "exact": False,
-                              "predicted_bytes": 400 * MiB, "relative_error": unmeasured.row["relative_error"]}
+    assert unmeasured.row == {
+        "epoch": 1,
+        "kind": "cuda",
+        "measured_bytes": None,
+        "exact": False,
+        "predicted_bytes": 400 * MiB,
+        "relative_error": unmeasured.row["relative_error"],
+    }
     assert set(measured.row) == {"epoch", "kind", "measured_bytes", "exact", "predicted_bytes", "relative_error"}
 
 
@@ -181,8 +203,15 @@ def test_process_rss_is_compared_as_its_rise_above_the_baseline():
     meter = ScriptedMeter(process_level=True)
     names = monitor.metric_names(meter)
     reading = PeakReading(kind="rss", peak_bytes=900 * MiB, current_bytes=800 * MiB)
-    done = epoch_report.compare_epoch(meter, reading, epoch=0, names=names, baseline_bytes=1000 * MiB,
-                                      predicted_bytes=50 * MiB, predicted_peak_bytes=300 * MiB)
+    done = epoch_report.compare_epoch(
+        meter,
+        reading,
+        epoch=0,
+        names=names,
+        baseline_bytes=1000 * MiB,
+        predicted_bytes=50 * MiB,
+        predicted_peak_bytes=300 * MiB,
+    )
     assert done.measured_bytes == 0  # below the baseline: no rise, never negative
     assert done.metrics[names.predicted_peak] == 300 and done.metrics[names.predicted] == 50
     assert names.predicted_peak != names.predicted  # the tensor peak is logged beside the compared rise
@@ -193,18 +222,33 @@ def test_lightning_details_log_every_series_the_tensorboard_layout_charts(kind):
     meter = ScriptedMeter(process_level=kind == "cpu")
     estimate = cuda_estimate()
     done = epoch_report.compare_epoch(
-        meter, meter.read(), epoch=0, names=monitor.metric_names(meter).for_lightning(), baseline_bytes=50 * MiB,
-        predicted_bytes=400 * MiB, predicted_peak_bytes=400 * MiB, budget_bytes=1024 * MiB,
-        phase_peaks={"forward": 1}, phase_rises={"forward": 1},
-        predicted_reserved_bytes=estimate.reserved_bytes_at(32), predicted_device_bytes=estimate.device_bytes_at(32),
+        meter,
+        meter.read(),
+        epoch=0,
+        names=monitor.metric_names(meter).for_lightning(),
+        baseline_bytes=50 * MiB,
+        predicted_bytes=400 * MiB,
+        predicted_peak_bytes=400 * MiB,
+        budget_bytes=1024 * MiB,
+        phase_peaks={"forward": 1},
+        phase_rises={"forward": 1},
+        predicted_reserved_bytes=estimate.reserved_bytes_at(32),
+        predicted_device_bytes=estimate.device_bytes_at(32),
         details=True,
     )
     if kind == "cpu":  # the sampled step's tensor peak is compared; the RSS rise is kept beside it
         tensors = TensorPeakMeter(90 * MiB)
         compared = epoch_report.compare_epoch(
-            tensors, tensors.read(), epoch=0, names=monitor.metric_names(tensors).for_lightning(),
-            predicted_bytes=100 * MiB, predicted_peak_bytes=100 * MiB, budget_bytes=1024 * MiB, details=True,
-            phase_peaks=done.phase_peaks, phase_rises=done.phase_rises,
+            tensors,
+            tensors.read(),
+            epoch=0,
+            names=monitor.metric_names(tensors).for_lightning(),
+            predicted_bytes=100 * MiB,
+            predicted_peak_bytes=100 * MiB,
+            budget_bytes=1024 * MiB,
+            details=True,
+            phase_peaks=done.phase_peaks,
+            phase_rises=done.phase_rises,
         )
         done = epoch_report.beside(compared, done)
         assert done.row["relative_error"] == pytest.approx(10 / 90) and done.row["rss_rise_bytes"] == 50 * MiB
@@ -224,20 +268,39 @@ def test_lightning_details_log_every_series_the_tensorboard_layout_charts(kind):
 def test_metric_names_agree_with_the_tensorboard_constants():
     names = monitor.metric_names(monitor.CudaMeter()).for_lightning()
     assert (names.predicted_peak, names.measured, names.relative_error, names.budget) == (
-        tensorboard_report.PREDICTED_PEAK, tensorboard_report.MEASURED_PEAK, tensorboard_report.RELATIVE_ERROR,
-        tensorboard_report.BUDGET)
-    assert (names.predicted_tensor_peak, names.predicted_reserved, names.measured_reserved, names.predicted_device,
-            names.measured_device) == (
-        tensorboard_report.PREDICTED_TENSOR_PEAK, tensorboard_report.PREDICTED_RESERVED,
-        tensorboard_report.MEASURED_RESERVED, tensorboard_report.PREDICTED_DEVICE, tensorboard_report.MEASURED_DEVICE)
+        tensorboard_report.PREDICTED_PEAK,
+        tensorboard_report.MEASURED_PEAK,
+        tensorboard_report.RELATIVE_ERROR,
+        tensorboard_report.BUDGET,
+    )
+    assert (
+        names.predicted_tensor_peak,
+        names.predicted_reserved,
+        names.measured_reserved,
+        names.predicted_device,
+        names.measured_device,
+    ) == (
+        tensorboard_report.PREDICTED_TENSOR_PEAK,
+        tensorboard_report.PREDICTED_RESERVED,
+        tensorboard_report.MEASURED_RESERVED,
+        tensorboard_report.PREDICTED_DEVICE,
+        tensorboard_report.MEASURED_DEVICE,
+    )
 
 
 # -- miss warning -------------------------------------------------------------------------
 def compared(meter, peak, predicted, baseline=0, rises=None, peaks=None):
     return epoch_report.compare_epoch(
-        meter, PeakReading(kind=meter.kind, peak_bytes=peak), epoch=3, names=monitor.metric_names(meter),
-        baseline_bytes=baseline, predicted_bytes=predicted, predicted_peak_bytes=predicted, phase_rises=rises,
-        phase_peaks=peaks, details=True,
+        meter,
+        PeakReading(kind=meter.kind, peak_bytes=peak),
+        epoch=3,
+        names=monitor.metric_names(meter),
+        baseline_bytes=baseline,
+        predicted_bytes=predicted,
+        predicted_peak_bytes=predicted,
+        phase_rises=rises,
+        phase_peaks=peaks,
+        details=True,
     )
 
 
@@ -258,15 +321,17 @@ def test_rss_miss_tolerates_a_tenth_of_the_fit_start_rss():
 def test_miss_warning_names_the_phase_of_the_largest_rise():
     meter = ScriptedMeter()
     rises = {"forward": 300 * MiB, "backward": 50 * MiB}
-    text = epoch_report.miss_warning(compared(meter, 500 * MiB, 200 * MiB, rises=rises),
-                                     predicted_phase="step1/backward")
+    text = epoch_report.miss_warning(
+        compared(meter, 500 * MiB, 200 * MiB, rises=rises), predicted_phase="step1/backward"
+    )
     assert "memory rose most in the 'forward' phase" in text and "'step1/backward'" in text
     assert "scripted allocator 500.00 MiB in epoch 3" in text and "by 300.00 MiB (150%)" in text
     assert text.endswith(epoch_report.MISS_CAUSES)
     # without rises, the phase of the largest peak; within the tolerance, nothing
     peaks = {"forward": 10, "optimizer": 20}
-    assert "'optimizer' phase" in epoch_report.miss_warning(compared(meter, 500 * MiB, 200 * MiB, peaks=peaks),
-                                                            predicted_phase=None)
+    assert "'optimizer' phase" in epoch_report.miss_warning(
+        compared(meter, 500 * MiB, 200 * MiB, peaks=peaks), predicted_phase=None
+    )
     assert epoch_report.miss_warning(compared(meter, 200 * MiB, 200 * MiB, rises=rises), predicted_phase="x") is None
 
 
@@ -281,8 +346,15 @@ def test_diagnosis_of_a_run_that_was_predicted_to_fit_blames_memory_outside_the_
     estimate = cuda_estimate()
     plan = make_plan(estimate, 8 * 1024 * MiB)
     text = oom.diagnose_out_of_memory(
-        "cuda", phase="backward", plan=plan, estimate=estimate, predicted_bytes=400 * MiB, batch_size=32,
-        measured_peak_bytes=3 * 1024 * MiB, phase_peaks={"forward": 1024 * MiB}, advice=("Use a policy.",),
+        "cuda",
+        phase="backward",
+        plan=plan,
+        estimate=estimate,
+        predicted_bytes=400 * MiB,
+        batch_size=32,
+        measured_peak_bytes=3 * 1024 * MiB,
+        phase_peaks={"forward": 1024 * MiB},
+        advice=("Use a policy.",),
     )
     lines = text.splitlines()
     assert lines[0] == "MemoryBudgetCallback: CUDA out of memory during the 'backward' phase."
@@ -297,22 +369,26 @@ def test_diagnosis_of_a_run_predicted_not_to_fit_gives_the_largest_batch_and_rem
     estimate = cuda_estimate()
     plan = make_plan(estimate, 300 * MiB)
     assert not plan.fits and plan.max_fitting_batch_size
-    text = oom.diagnose_out_of_memory("cpu", phase="forward", plan=plan, estimate=estimate,
-                                      predicted_bytes=400 * MiB, batch_size=32)
+    text = oom.diagnose_out_of_memory(
+        "cpu", phase="forward", plan=plan, estimate=estimate, predicted_bytes=400 * MiB, batch_size=32
+    )
     assert f"Largest batch size predicted to fit: {plan.max_fitting_batch_size}." in text
     assert "memory outside the estimate" not in text
     assert all(f"- {s.text}" in text for s in plan.suggestions) and plan.suggestions
 
 
 def test_diagnosis_without_a_prediction_says_why_and_what_to_do():
-    text = oom.diagnose_out_of_memory("cuda", phase="optimizer", failure="the estimator failed",
-                                      no_plan_advice="Try bf16-mixed.")
+    text = oom.diagnose_out_of_memory(
+        "cuda", phase="optimizer", failure="the estimator failed", no_plan_advice="Try bf16-mixed."
+    )
     assert text.splitlines()[1:] == ["No prediction was available (the estimator failed).", "Try bf16-mixed."]
     assert "did not run at fit start" in oom.diagnose_out_of_memory("cpu", phase="forward")
 
 
 def test_shared_measuring_modules_import_no_framework():
-    code = ("import sys, nnmem_callbacks.monitoring.epoch_comparison, nnmem_callbacks.monitoring.phase_tracking, "
-            "nnmem_callbacks.monitoring.oom; "
-            "assert not {'torch', 'tensorflow', 'jax', 'keras'} & set(sys.modules), sorted(sys.modules)")
+    code = (
+        "import sys, nnmem_callbacks.monitoring.epoch_comparison, nnmem_callbacks.monitoring.phase_tracking, "
+        "nnmem_callbacks.monitoring.oom; "
+        "assert not {'torch', 'tensorflow', 'jax', 'keras'} & set(sys.modules), sorted(sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -64,7 +64,13 @@ def test_peak_bytes_at_rejects_non_positive_batch(bad):
 
 
 def test_upper_envelope_keeps_only_lines_that_are_ever_the_maximum():
-    lines = [PhaseLine("a", 100, 1), PhaseLine("b", 50, 2), PhaseLine("c", 10, 2), PhaseLine("d", 0, 1), PhaseLine("e", 0, 3)]
+    lines = [
+        PhaseLine("a", 100, 1),
+        PhaseLine("b", 50, 2),
+        PhaseLine("c", 10, 2),
+        PhaseLine("d", 0, 1),
+        PhaseLine("e", 0, 3),
+    ]
     hull = upper_envelope(lines)
     for n in range(1, 400):
         assert max(line.at(n) for line in hull) == max(line.at(n) for line in lines)
@@ -109,8 +115,11 @@ def test_budget_spellings():
 
 def test_plan_policies():
     est = MemoryEstimate(
-        peak_bytes=9_000, breakdown={"parameters": 1_000, "activations": 8_000}, batch_size=8,
-        phases=(PhaseLine("step1/backward", 1_000, 1_000),), peak_phase="step1/backward",
+        peak_bytes=9_000,
+        breakdown={"parameters": 1_000, "activations": 8_000},
+        batch_size=8,
+        phases=(PhaseLine("step1/backward", 1_000, 1_000),),
+        peak_phase="step1/backward",
     )
     warn = make_plan(est, 5_300, "warn")
     assert (warn.batch_size, warn.accumulate_grad_batches, warn.fits) == (8, 1, False)

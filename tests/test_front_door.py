@@ -51,14 +51,18 @@ def run_cli(capsys, *argv):
 
 
 # -- 3: a closed pipe ends the command with status 0 --------------------------------------------------------
-@pytest.mark.parametrize("argv", [
-    ["calc", "--layers", "1000,100,10", "-b", "32"],
-    ["calc", "--layers", "1000,100,10", "-b", "32", "--json"],
-    ["gpus"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["calc", "--layers", "1000,100,10", "-b", "32"],
+        ["calc", "--layers", "1000,100,10", "-b", "32", "--json"],
+        ["gpus"],
+    ],
+)
 def test_3_a_reader_that_goes_away_is_not_an_error(argv):
-    process = subprocess.Popen([sys.executable, "-m", "nnmem_callbacks.cli", *argv], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nnmem_callbacks.cli", *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     process.stdout.close()  # as `| head -0`: every write meets a closed pipe
     _, err = process.communicate(timeout=120)
     assert process.returncode == 0, err.decode()
@@ -109,16 +113,18 @@ def keras_files(tmp_path_factory):
 
 
 def test_12_a_wrong_input_shape_for_a_saved_keras_model_is_an_error(capsys, keras_files):
-    code, out, err = run_cli(capsys, "estimate", str(keras_files / "compiled.keras"), "-b", "4", "-i", "7,7",
-                             "--device", "cpu")
+    code, out, err = run_cli(
+        capsys, "estimate", str(keras_files / "compiled.keras"), "-b", "4", "-i", "7,7", "--device", "cpu"
+    )
     assert code == 2
     assert "does not match" in err and "-i 8" in err
 
 
 @pytest.mark.slow
 def test_12_an_uncompiled_keras_model_says_which_optimizer_and_loss_it_was_estimated_with(capsys, keras_files):
-    code, out, err = run_cli(capsys, "estimate", str(keras_files / "uncompiled.keras"), "-b", "4", "--device", "cpu",
-                             "--json")
+    code, out, err = run_cli(
+        capsys, "estimate", str(keras_files / "uncompiled.keras"), "-b", "4", "--device", "cpu", "--json"
+    )
     assert code == 0, err
     import json
 
@@ -134,11 +140,14 @@ def test_14_a_forward_that_raises_is_not_blamed_on_the_input_shape(capsys, facto
     assert "my model is broken" in err and "fix --input-shape" not in err
 
 
-@pytest.mark.parametrize("budget, suggestion, wrong", [
-    ("0", "must be more than 0", "'0GiB'"),
-    ("2200000", "'2200000B' is 2200000 bytes", "2200000GiB"),
-    ("0GiB", "positive size", "None"),
-])
+@pytest.mark.parametrize(
+    "budget, suggestion, wrong",
+    [
+        ("0", "must be more than 0", "'0GiB'"),
+        ("2200000", "'2200000B' is 2200000 bytes", "2200000GiB"),
+        ("0GiB", "positive size", "None"),
+    ],
+)
 def test_14_budget_hints_suggest_what_would_be_accepted(capsys, factory_file, budget, suggestion, wrong):
     code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "4", "--budget", budget)
     assert code == 2
@@ -215,8 +224,14 @@ def test_2_the_keras_quickstart_without_its_backend_says_what_to_install(tmp_pat
     blocker = tmp_path / "sitecustomize.py"  # makes `import keras` fail in the child, as on a machine without it
     blocker.write_text("import sys\nsys.modules['keras'] = None\n")
     env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}", "KERAS_BACKEND": "tensorflow"}
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "keras_quickstart.py")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "keras_quickstart.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2
     assert 'pip install -e ".[tensorflow]"' in done.stderr and "Traceback" not in done.stderr
 
@@ -228,8 +243,12 @@ def test_1_fits_exactly_when_at_most_the_largest_fitting_batch():
 
     for per_sample in (10, 100, 1_000):
         for batch in (1, 7, 64, 300):
-            estimate = MemoryEstimate(peak_bytes=5_000 + per_sample * batch, breakdown={"parameters": 5_000},
-                                      batch_size=batch, phases=(PhaseLine("step", 5_000, per_sample),))
+            estimate = MemoryEstimate(
+                peak_bytes=5_000 + per_sample * batch,
+                breakdown={"parameters": 5_000},
+                batch_size=batch,
+                phases=(PhaseLine("step", 5_000, per_sample),),
+            )
             for budget in range(4_000, 400_000, 7_919):
                 for margin in (0.0, 0.05, 0.2):
                     plan = make_plan(estimate, budget, "warn", margin)
@@ -266,14 +285,25 @@ def test_1_the_lightning_callback_plans_on_the_budget_less_the_margin(tmp_path):
     from nnmem_callbacks.lightning import MemoryBudgetCallback
 
     model = MLP()
-    peak = estimate_training(model, (torch.zeros(64, 32), torch.zeros(64, dtype=torch.long)),
-                             optimizer=torch.optim.Adam(model.parameters()), loss_fn=lambda m, b: m.training_step(b, 0),
-                             device="cpu").peak_bytes
+    peak = estimate_training(
+        model,
+        (torch.zeros(64, 32), torch.zeros(64, dtype=torch.long)),
+        optimizer=torch.optim.Adam(model.parameters()),
+        loss_fn=lambda m, b: m.training_step(b, 0),
+        device="cpu",
+    ).peak_bytes
     callback = MemoryBudgetCallback(budget=int(peak / 0.97), policy="shrink")  # within the budget, over the margin
     datamodule = DataModule(batch_size=64)
-    trainer = pl.Trainer(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[callback])
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        max_epochs=1,
+        limit_train_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
     trainer.fit(model, datamodule=datamodule)
     plan = callback.plan
     assert not plan.fits and plan.batch_size == plan.max_fitting_batch_size < 64
@@ -286,9 +316,16 @@ def _lightning_fit(tmp_path, callback, model, *, epochs=2, batches=4, **fit_kwar
 
     import pytorch_lightning as pl
 
-    trainer = pl.Trainer(default_root_dir=tmp_path, max_epochs=epochs, limit_train_batches=batches, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[callback])
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        max_epochs=epochs,
+        limit_train_batches=batches,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(model, **fit_kwargs)
@@ -366,8 +403,10 @@ def test_8_a_shrink_when_not_even_batch_1_fits_says_training_goes_on_unchanged(t
     from nnmem_callbacks.lightning import MemoryBudgetCallback
 
     callback = MemoryBudgetCallback(budget=1024, policy="shrink")
-    said = _lightning_fit(tmp_path, callback, models.MLP(), epochs=1, batches=1,
-                          datamodule=models.DataModule(batch_size=32))
+    said = _lightning_fit(
+        tmp_path, callback, models.MLP(), epochs=1, batches=1, datamodule=models.DataModule(batch_size=32)
+    )
+    assert any("not even batch size 1" in line or "does not fit even" in line for line in said), said
     summary = callback.summary
     assert "does not fit even at batch size 1" in summary
     assert "training unchanged at batch size 32" in summary and "not even batch size 1 fits" in summary
@@ -378,8 +417,14 @@ def test_9_one_sign_convention_predicted_minus_measured_over_measured():
     from nnmem_callbacks.monitoring.meters import CudaMeter, PeakReading, metric_names
 
     meter = CudaMeter("cuda:0")
-    over = epoch_comparison.compare_epoch(meter, PeakReading(kind="cuda", peak_bytes=100), epoch=0,
-                                          names=metric_names(meter), predicted_bytes=110, predicted_peak_bytes=110)
+    over = epoch_comparison.compare_epoch(
+        meter,
+        PeakReading(kind="cuda", peak_bytes=100),
+        epoch=0,
+        names=metric_names(meter),
+        predicted_bytes=110,
+        predicted_peak_bytes=110,
+    )
     assert over.metrics["memory_relative_error"] == pytest.approx(0.10)  # an over-prediction is positive
     from nnmem_callbacks.monitoring.meters import MetricNames
 
@@ -391,7 +436,7 @@ def test_9_one_sign_convention_predicted_minus_measured_over_measured():
 
 def test_10_the_readme_says_what_the_upper_bound_bounds_and_the_quickstart_shows_the_check():
     readme = (ROOT / "README.md").read_text()
-    keras = " ".join(readme[readme.index("## Keras"):readme.index("## The nnmem command")].split())
+    keras = " ".join(readme[readme.index("## Keras") : readme.index("## The nnmem command")].split())
     assert "not a direct estimate at another batch" in keras and "plan.verification" in keras
     quickstart = (ROOT / "examples" / "keras_quickstart.py").read_text()
     assert "plan.verification.text" in quickstart and "a little above batch 64's upper bound asks" not in quickstart

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nnmem_callbacks.hardware import gpus
 from nnmem_callbacks.core.units import GiB
+from nnmem_callbacks.hardware import gpus
 
 
 @pytest.mark.parametrize(
@@ -51,9 +51,21 @@ def test_unknown_name_lists_valid_gpus():
 
 def test_issue_capacities():
     """The capacities the issue names: T4 16, L4/A10/3090/4090 24, A100 40/80, H100 80, H200 141, A6000/L40S 48."""
-    expected = {"T4 16GB": 16, "L4 24GB": 24, "A10 24GB": 24, "A100 40GB": 40, "A100 80GB": 80,
-                "H100 80GB": 80, "H200 141GB": 141, "RTX 3090 24GB": 24, "RTX 4090 24GB": 24,
-                "V100 16GB": 16, "V100 32GB": 32, "RTX A6000 48GB": 48, "L40S 48GB": 48}
+    expected = {
+        "T4 16GB": 16,
+        "L4 24GB": 24,
+        "A10 24GB": 24,
+        "A100 40GB": 40,
+        "A100 80GB": 80,
+        "H100 80GB": 80,
+        "H200 141GB": 141,
+        "RTX 3090 24GB": 24,
+        "RTX 4090 24GB": 24,
+        "V100 16GB": 16,
+        "V100 32GB": 32,
+        "RTX A6000 48GB": 48,
+        "L40S 48GB": 48,
+    }
     table = {gpu.name: gpu for gpu in gpus.GPUS}
     for name, nominal in expected.items():
         assert table[name].nominal_gb == nominal
@@ -81,8 +93,16 @@ def test_non_gpu_names():
 
 @pytest.mark.parametrize(
     "name, capability, arch",
-    [("h100", (9, 0), "Hopper"), ("a100-40gb", (8, 0), "Ampere"), ("t4", (7, 5), "Turing"), ("l4", (8, 9), "Ada"),
-     ("sm86", (8, 6), "Ampere"), ("9.0", (9, 0), "Hopper"), ("a100", (8, 0), "Ampere"), ("Volta", (7, 0), "Volta")],
+    [
+        ("h100", (9, 0), "Hopper"),
+        ("a100-40gb", (8, 0), "Ampere"),
+        ("t4", (7, 5), "Turing"),
+        ("l4", (8, 9), "Ada"),
+        ("sm86", (8, 6), "Ampere"),
+        ("9.0", (9, 0), "Hopper"),
+        ("a100", (8, 0), "Ampere"),
+        ("Volta", (7, 0), "Volta"),
+    ],
 )
 def test_find_arch_reads_gpus_capabilities_and_names(name, capability, arch):
     found = gpus.find_arch(name)

@@ -61,10 +61,12 @@ CALLBACK = textwrap.dedent(
 def run_backend(backend: str, body: str, tmp_path, timeout: int = 300) -> dict:
     code = COMMON + CALLBACK + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n"
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", LOG_DIR=str(tmp_path / "tb"))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     raise AssertionError(f"subprocess failed ({backend}):\n{done.stderr[-4000:]}")
 
 

@@ -60,7 +60,7 @@ def run_fit(tmp_path: Path, **env: str) -> dict:
     )
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     raise AssertionError(f"subprocess failed:\n{done.stderr[-4000:]}")
 
 
@@ -83,7 +83,9 @@ def test_without_allocator_statistics_the_callback_measures_rss_and_says_so(tmp_
     assert row["predicted_bytes"] < 512 * 2**20 and row["measured_bytes"] < 1024 * 2**20
 
 
-@pytest.mark.parametrize("mode", [{"TF_ENABLE_ONEDNN_OPTS": "1"}, {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPU_ALLOCATOR_USE_BFC": "true"}])
+@pytest.mark.parametrize(
+    "mode", [{"TF_ENABLE_ONEDNN_OPTS": "1"}, {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPU_ALLOCATOR_USE_BFC": "true"}]
+)
 def test_with_allocator_statistics_the_callback_reads_the_allocator(tmp_path, mode):
     result = run_fit(tmp_path, **mode)
     assert result["stats_unavailable"] is None
@@ -103,7 +105,11 @@ def test_the_keras_quickstart_prints_a_plan_and_both_figures_in_this_mode():
     environ = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
     environ.update(KERAS_BACKEND="tensorflow")
     done = subprocess.run(
-        [sys.executable, "examples/keras_quickstart.py"], env=environ, capture_output=True, text=True, timeout=600,
+        [sys.executable, "examples/keras_quickstart.py"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]

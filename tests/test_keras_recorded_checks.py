@@ -14,16 +14,24 @@ MiB = 2**20
 def _recorded(case: str, predicted: float, upper: float, runs: list[float]) -> dict:
     truth = sorted(runs)[len(runs) // 2]
     return {
-        "case": case, "predicted_bytes": int(predicted * MiB), "predicted_upper_bytes": int(upper * MiB),
-        "measured_runs": [int(r * MiB) for r in runs], "error": (predicted - truth) / truth,
-        "step_check_runs": [1, 2, 3], "step_check_batch_size": 4,
+        "case": case,
+        "predicted_bytes": int(predicted * MiB),
+        "predicted_upper_bytes": int(upper * MiB),
+        "measured_runs": [int(r * MiB) for r in runs],
+        "error": (predicted - truth) / truth,
+        "step_check_runs": [1, 2, 3],
+        "step_check_batch_size": 4,
     }
 
 
 def _now(case: str, predicted: float, upper: float, offset: float = 0.0) -> dict:
     return {
-        "case": case, "batch_size": 8, "predicted_bytes": int(predicted * MiB), "predicted_upper_bytes": int(upper * MiB),
-        "step_check_offset_bytes": int(offset * MiB), "replay_counted_bytes": int((predicted - offset) * MiB),
+        "case": case,
+        "batch_size": 8,
+        "predicted_bytes": int(predicted * MiB),
+        "predicted_upper_bytes": int(upper * MiB),
+        "step_check_offset_bytes": int(offset * MiB),
+        "replay_counted_bytes": int((predicted - offset) * MiB),
     }
 
 

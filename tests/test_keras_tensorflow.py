@@ -21,16 +21,18 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover - another test i
 import tensorflow as tf  # noqa: E402
 
 from nnmem_callbacks import MemoryBudgetExceeded  # noqa: E402
-from nnmem_callbacks.keras import KerasEstimationError, MemoryBudgetCallback, estimate_training, fit_plan  # noqa: E402
 from nnmem_callbacks.allocators.tensorflow_cpu import tf_allocator_bytes  # noqa: E402
 from nnmem_callbacks.estimators.keras.tensorflow import ops as tf_ops  # noqa: E402
+from nnmem_callbacks.keras import KerasEstimationError, MemoryBudgetCallback, estimate_training, fit_plan  # noqa: E402
 
 pytestmark = pytest.mark.keras
 L = keras.layers
 
 
 def mlp(hidden: int = 100) -> keras.Model:
-    model = keras.Sequential([keras.Input((1000,))] + [L.Dense(hidden, activation="relu") for _ in range(4)] + [L.Dense(10)])
+    model = keras.Sequential(
+        [keras.Input((1000,))] + [L.Dense(hidden, activation="relu") for _ in range(4)] + [L.Dense(10)]
+    )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     return model
 
@@ -137,7 +139,7 @@ def _grappler_regrouped_muls(function, *args) -> dict[str, list[str]]:
 def test_minimize_broadcasts_regroups_like_grappler(leaves):
     from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
     from nnmem_callbacks.estimators.keras.tensorflow.schedule import op_phases, schedule_ops
-    from nnmem_callbacks.estimators.keras.tensorflow.trace import tensor_input_name, function_lookup
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup, tensor_input_name
 
     shapes = {"m": (16, 64, 64), "v": (64,), "s": ()}
     specs = [tf.TensorSpec(shapes[kind]) for kind in leaves]
@@ -187,7 +189,8 @@ def test_minimize_broadcasts_moves_a_product_into_the_forward_pass():
     assert real, "Grappler did not regroup the softmax gradient"
     ordered = replayer.order
     forward_only = [
-        name for name, inputs in real.items()
+        name
+        for name, inputs in real.items()
         if name.startswith("gradient_tape/") and not any(i.startswith("gradient_tape/") for i in inputs)
     ]
     assert forward_only, f"no regrouped product of forward values in {real}"
@@ -265,8 +268,11 @@ def test_mixed_precision_accumulation_and_remat_are_reflected():
     def build(policy=None, accumulate=None, remat=False):
         keras.mixed_precision.set_global_policy(policy or "float32")
         try:
+
             def make():
-                return keras.Sequential([keras.Input((256,))] + [L.Dense(256, activation="relu") for _ in range(6)] + [L.Dense(4)])
+                return keras.Sequential(
+                    [keras.Input((256,))] + [L.Dense(256, activation="relu") for _ in range(6)] + [L.Dense(4)]
+                )
 
             if remat:
                 with keras.RematScope(mode="activations"):  # "full" fails in Keras' own fit on TF
@@ -282,6 +288,7 @@ def test_mixed_precision_accumulation_and_remat_are_reflected():
     base = build()
     mixed = build("mixed_float16")
     assert mixed.precision == "16-mixed"
+
     def growth(est):  # bytes per 1024 more samples: activations and temporaries
         return est.peak_bytes_at(2048) - est.peak_bytes_at(1024)
 
@@ -478,10 +485,10 @@ def test_importing_the_keras_package_does_not_import_torch():
 
 def test_a_convolutions_two_gradients_run_together_with_their_scratch():
     """The executor runs both gradients of a convolution as soon as the output's gradient exists: their scratch overlaps."""
-    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
-    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
     from nnmem_callbacks.estimators.keras.tensorflow.probes import PROBED_OPS
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
     from nnmem_callbacks.estimators.keras.tensorflow.schedule import sibling_waves
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
 
     kernel = tf.Variable(tf.random.uniform((3, 3, 8, 16)))
 
@@ -504,7 +511,9 @@ def test_a_convolutions_two_gradients_run_together_with_their_scratch():
     scratch = 8 << 20
     peaks = {}
     for threads in (1, 2):
-        replayer = GraphReplayer(function_lookup(graph), 4, parallel_ops=threads, scratch=dict.fromkeys(gradients, scratch))
+        replayer = GraphReplayer(
+            function_lookup(graph), 4, parallel_ops=threads, scratch=dict.fromkeys(gradients, scratch)
+        )
         peaks[threads] = replayer.replay(graph)[0].peak
     # one thread: one work buffer at a time; two: both while the second runs
     assert peaks[2] - peaks[1] >= scratch - (64 << 10)
@@ -661,9 +670,8 @@ def test_the_upper_bound_takes_the_largest_of_the_unlucky_runs(monkeypatch):
 def test_the_scratch_of_one_wave_is_charged_allocation_by_allocation():
     """Each kernel of a wave allocates its own work buffer: a free chunk is split for each, not charged whole for their sum."""
     from nnmem_callbacks.allocators.bfc import BFCSimulator
-    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer, ReplayRun
     from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
-    from nnmem_callbacks.estimators.keras.tensorflow.replay import ReplayRun
 
     @tf.function(autograph=False)
     def nothing(x):
@@ -675,8 +683,14 @@ def test_the_scratch_of_one_wave_is_charged_allocation_by_allocation():
         bfc = BFCSimulator()
         bfc.free(bfc.alloc(8 << 20))  # a free 8 MiB chunk, as an earlier layer leaves behind
         run = ReplayRun(
-            GraphReplayer(function_lookup(graph), 1, bfc=bfc), graph, [], {}, set(),
-            inputs_category=None, input_list_bytes=None, track_phases=False,
+            GraphReplayer(function_lookup(graph), 1, bfc=bfc),
+            graph,
+            [],
+            {},
+            set(),
+            inputs_category=None,
+            input_list_bytes=None,
+            track_phases=False,
         )
         run.record("backward", 5 << 20, scratch)
         peaks[name] = run.result.peak_counted
@@ -708,7 +722,9 @@ def test_a_tensor_lists_elements_are_counted_by_the_bfc_allocator_only(monkeypat
     results = {}
     for allocator, min_bytes in (("bfc", 0), ("onednn", tf_allocator.TF_CPU_COUNTED_MIN_BYTES)):
         monkeypatch.setattr(tf_allocator, "_COUNTED_MIN", [min_bytes])
-        results[allocator] = GraphReplayer(function_lookup(graph), batch, bfc=BFCSimulator()).replay(graph, track_phases=False)[0]
+        results[allocator] = GraphReplayer(function_lookup(graph), batch, bfc=BFCSimulator()).replay(
+            graph, track_phases=False
+        )[0]
     element_bytes = batch * units * 4
     assert results["bfc"].peak == results["onednn"].peak  # the same tensors either way
     # the list, plus the batch and the few elements in flight (below oneDNN's threshold too)
@@ -781,7 +797,12 @@ def test_body_pieces_fall_back_to_the_counted_peak_and_repeat_for_iterations_in_
 
     assert tf_ops.body_pieces(GraphReplayResult(peak_counted=3 << 20)) == [3 << 20]
     assert tf_ops.body_pieces(GraphReplayResult(peak_counted=0)) == []
-    assert tf_ops.body_pieces(GraphReplayResult(peak_counted=768, peak_pieces=[256, 512]), copies=2) == [256, 512, 256, 512]
+    assert tf_ops.body_pieces(GraphReplayResult(peak_counted=768, peak_pieces=[256, 512]), copies=2) == [
+        256,
+        512,
+        256,
+        512,
+    ]
 
 
 def test_a_list_of_known_elements_is_counted_once_without_an_allocator_model():
@@ -829,17 +850,21 @@ def test_an_update_racing_its_layers_input_gradient_moves_the_variable_for_the_n
     """A 1x1 convolution's two gradients run as one wave; the kernel's update then copies it (its input gradient may
     still read it) and the variable keeps the copy's chunk, freeing the old one. With one inter-op thread, no wave,
     no copy."""
-    from nnmem_callbacks.estimators.keras.common import input_specs
     from nnmem_callbacks.allocators.tensorflow_cpu import VariablePlacement, allocator_after_build
+    from nnmem_callbacks.estimators.keras.common import input_specs
     from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
     from nnmem_callbacks.estimators.keras.tensorflow.state import build_state, resource_indices, state_variables
-    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup
-    from nnmem_callbacks.estimators.keras.tensorflow.trace import trace_train_step
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import function_lookup, trace_train_step
 
-    model = keras.Sequential([
-        keras.Input((8, 8, 8)), L.Conv2D(256, 3, padding="same"), L.Conv2D(512, 1),
-        L.GlobalAveragePooling2D(), L.Dense(1),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 8)),
+            L.Conv2D(256, 3, padding="same"),
+            L.Conv2D(512, 1),
+            L.GlobalAveragePooling2D(),
+            L.Dense(1),
+        ]
+    )
     model.compile(optimizer="adam", loss="mse")
     model.optimizer.build(model.trainable_variables)
     x_specs, y_specs, _ = input_specs(model, np.zeros((4, 8, 8, 8), "float32"), np.zeros((4, 1), "float32"))

@@ -20,11 +20,21 @@ def test_every_op_type_has_one_handler_and_unknown_ops_get_the_kernel_default():
     assert tf_ops.handler_for("Conv2DBackpropFilter") is tf_ops.DEFAULT_HANDLER
     assert tf_ops.handler_for("Conv2DBackpropFilter").name == "kernel_op"
     expected = {
-        "Relu": "elementwise_op", "Softmax": "elementwise_op", "ReadVariableOp": "read_variable",
-        "AssignSubVariableOp": "assign_variable", "ResourceApplyAdam": "assign_variable",
-        "Identity": "alias_op", "Reshape": "alias_op", "Const": "no_alloc_op", "NoOp": "no_alloc_op",
-        "Placeholder": "placeholder", "While": "control_flow_op", "StatefulPartitionedCall": "control_flow_op",
-        "TensorListPushBack": "list_update", "Transpose": "transpose", "Cast": "cast",
+        "Relu": "elementwise_op",
+        "Softmax": "elementwise_op",
+        "ReadVariableOp": "read_variable",
+        "AssignSubVariableOp": "assign_variable",
+        "ResourceApplyAdam": "assign_variable",
+        "Identity": "alias_op",
+        "Reshape": "alias_op",
+        "Const": "no_alloc_op",
+        "NoOp": "no_alloc_op",
+        "Placeholder": "placeholder",
+        "While": "control_flow_op",
+        "StatefulPartitionedCall": "control_flow_op",
+        "TensorListPushBack": "list_update",
+        "Transpose": "transpose",
+        "Cast": "cast",
     }
     assert {op: tf_ops.handler_for(op).name for op in expected} == expected
     assert [h.name for h in tf_ops.HANDLERS.values() if not h.in_schedule] == ["placeholder"]

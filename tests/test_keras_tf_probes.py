@@ -10,11 +10,11 @@ keras = pytest.importorskip("keras")
 if keras.backend.backend() != "tensorflow":  # pragma: no cover - another test imported keras first
     pytest.skip("Keras backend is not tensorflow in this process", allow_module_level=True)
 
-from nnmem_callbacks.keras import estimate_training  # noqa: E402
-from nnmem_callbacks.estimators.keras.tensorflow import probes as tf_probes
 from nnmem_callbacks.estimators.keras.common import input_specs  # noqa: E402
 from nnmem_callbacks.estimators.keras.estimator import build_like_fit  # noqa: E402
+from nnmem_callbacks.estimators.keras.tensorflow import probes as tf_probes
 from nnmem_callbacks.estimators.keras.tensorflow.trace import trace_train_step  # noqa: E402
+from nnmem_callbacks.keras import estimate_training  # noqa: E402
 from nnmem_callbacks.probes.cache import ProbeCache  # noqa: E402
 
 pytestmark = pytest.mark.keras
@@ -111,13 +111,17 @@ def test_the_replays_batch_sizes_are_probed_and_points_accumulate_in_the_cache(t
 
 
 def test_sizes_over_the_memory_cap_are_extrapolated_from_the_small_ones(tmp_path, monkeypatch):
-    filters = sorted((name, p) for name, p in traced_probes(conv_model(), 8).items() if p.op_type == "Conv2DBackpropFilter")
+    filters = sorted(
+        (name, p) for name, p in traced_probes(conv_model(), 8).items() if p.op_type == "Conv2DBackpropFilter"
+    )
     name, probe = filters[-1]  # one of the two convolutions' filter gradients
     probes = {name: probe}
     child = FakeChild()
     monkeypatch.setattr(tf_probes, "_run_child", child)
     cap = probe.tensor_bytes(4)  # 4 samples fit, 8 do not
-    curves, _ = tf_probes.measure(probes, (8, 16), memory_cap=cap, cache=ProbeCache({"device_type": "cpu", "t": 5}, tmp_path))
+    curves, _ = tf_probes.measure(
+        probes, (8, 16), memory_cap=cap, cache=ProbeCache({"device_type": "cpu", "t": 5}, tmp_path)
+    )
     assert [sorted(request["samples"]) for request in child.calls[0]] == [[1, 2, 4]]
     assert [curve.at(16) for curve in curves.values()] == [1160]
 

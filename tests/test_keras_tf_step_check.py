@@ -12,10 +12,10 @@ keras = pytest.importorskip("keras")
 if keras.backend.backend() != "tensorflow":  # pragma: no cover - another test imported keras first
     pytest.skip("Keras backend is not tensorflow in this process", allow_module_level=True)
 
-from nnmem_callbacks.keras import estimate_training  # noqa: E402
 from nnmem_callbacks.estimators.keras.tensorflow import step_check as tf_step_check
 from nnmem_callbacks.estimators.keras.tensorflow.graph import with_runtime_offset  # noqa: E402
 from nnmem_callbacks.estimators.keras.tensorflow.step_check import StepMeasurement  # noqa: E402
+from nnmem_callbacks.keras import estimate_training  # noqa: E402
 
 pytestmark = pytest.mark.keras
 L = keras.layers
@@ -28,7 +28,14 @@ def own_cache(tmp_path, monkeypatch):
 
 def conv_model() -> keras.Model:
     model = keras.Sequential(
-        [keras.Input((400, 4)), L.Conv1D(32, 9, strides=2), L.BatchNormalization(), L.ReLU(), L.GlobalMaxPooling1D(), L.Dense(5)]
+        [
+            keras.Input((400, 4)),
+            L.Conv1D(32, 9, strides=2),
+            L.BatchNormalization(),
+            L.ReLU(),
+            L.GlobalMaxPooling1D(),
+            L.Dense(5),
+        ]
     )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     return model
@@ -120,7 +127,9 @@ def test_the_check_corrects_the_replay_by_the_real_steps():
     slope = (plain.peak_bytes_at(32) - plain.peak_bytes_at(16)) / 16
     for n in (16, 32):
         doubt = abs(difference) + 0.5 * slope * (n - 8)
-        widened = (checked.upper_bytes_at(n) - checked.peak_bytes_at(n)) - (plain.upper_bytes_at(n) - plain.peak_bytes_at(n))
+        widened = (checked.upper_bytes_at(n) - checked.peak_bytes_at(n)) - (
+            plain.upper_bytes_at(n) - plain.peak_bytes_at(n)
+        )
         assert abs(widened - (spread + doubt)) <= 4096, (n, widened, spread, doubt)
     assert any("the upper bound allows" in note and "batch 8" in note for note in checked.notes)
     assert any(
@@ -166,7 +175,9 @@ def test_over_the_cap_no_child_runs(monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("child ran")))
     estimate = estimate_training(conv_model(), batch_size=8, probe_kernels=False)
     assert "step_check_offset_bytes" not in estimate.extra
-    assert any("over the" in note and "cap of the check" in note for note in estimate.warnings), "\n".join(estimate.notes)
+    assert any("over the" in note and "cap of the check" in note for note in estimate.warnings), "\n".join(
+        estimate.notes
+    )
 
 
 def test_the_users_model_is_untouched():
@@ -200,7 +211,10 @@ def test_runs_that_disagree_about_the_side_of_the_replay_are_measured_again(monk
     replay = estimate_training(model, batch_size=16).extra["step_check_replay_bytes"]
     # 100 kB over the replay at the median, runs 350 kB apart: the first 3 do not say which side it is on
     asked = _fake_measurements(
-        monkeypatch, lambda repeats: [replay - 50_000, replay + 100_000, replay + 300_000] if repeats == 3 else [replay + 200_000] * repeats
+        monkeypatch,
+        lambda repeats: (
+            [replay - 50_000, replay + 100_000, replay + 300_000] if repeats == 3 else [replay + 200_000] * repeats
+        ),
     )
     checked = estimate_training(model, batch_size=16)
     assert asked == [tf_step_check.DEFAULT_REPEATS, tf_step_check.EXTRA_REPEATS]
@@ -213,7 +227,9 @@ def test_runs_that_agree_about_the_side_of_the_replay_are_measured_once(monkeypa
     model = conv_model()
     _fake_measurements(monkeypatch, lambda repeats: [1] * repeats)
     replay = estimate_training(model, batch_size=16).extra["step_check_replay_bytes"]
-    asked = _fake_measurements(monkeypatch, lambda repeats: [replay + 500_000, replay + 510_000, replay + 520_000][:repeats])
+    asked = _fake_measurements(
+        monkeypatch, lambda repeats: [replay + 500_000, replay + 510_000, replay + 520_000][:repeats]
+    )
     checked = estimate_training(model, batch_size=16)
     assert asked == [tf_step_check.DEFAULT_REPEATS]
     assert checked.extra["step_check_offset_bytes"] == 500_000  # every run took at least 500 kB more
@@ -252,7 +268,9 @@ def _record_starts(monkeypatch):
     """Replaces the child process; returns the list of ``optimizer_built`` each check asked for."""
     seen = []
 
-    def fake(model, x_specs, y_specs, batch_size, *, repeats=tf_step_check.DEFAULT_REPEATS, optimizer_built=True, **kwargs):
+    def fake(
+        model, x_specs, y_specs, batch_size, *, repeats=tf_step_check.DEFAULT_REPEATS, optimizer_built=True, **kwargs
+    ):
         seen.append(optimizer_built)
         return StepMeasurement(batch_size, (1_000_000,) * repeats, 0.1, "bfc", optimizer_built=optimizer_built)
 
@@ -267,7 +285,7 @@ def test_the_copies_start_with_the_optimizer_as_the_users_model_did(monkeypatch)
     assert not fresh.optimizer.built
     unbuilt = estimate_training(fresh, batch_size=16)
     assert fresh.optimizer.built  # the estimate built it, as the first fit step would
-    again = estimate_training(fresh, batch_size=16)  # built by the estimate: still the run of a fresh fit
+    estimate_training(fresh, batch_size=16)  # built by the estimate: still the run of a fresh fit (seen[1])
     fresh.train_on_batch(np.ones((16, 400, 4), "float32"), np.ones((16,), "int32"))
     trained = estimate_training(fresh, batch_size=16)  # a step has run: the next fit finds the slots made
     assert seen == [False, False, True]
@@ -302,7 +320,14 @@ def test_the_callback_predicts_its_own_run_which_finds_the_optimizer_built(monke
     model = conv_model()
     assert not model.optimizer.built
     callback = MemoryBudgetCallback(batch_size=8, budget="8GiB")
-    model.fit(np.ones((16, 400, 4), "float32"), np.ones((16,), "int32"), batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    model.fit(
+        np.ones((16, 400, 4), "float32"),
+        np.ones((16,), "int32"),
+        batch_size=8,
+        epochs=1,
+        verbose=0,
+        callbacks=[callback],
+    )
     assert seen == [True]
     assert callback.estimate.extra["step_check_optimizer_built"] is True
 

@@ -18,8 +18,21 @@ from benchmarks.suites import largest_batch  # noqa: E402
 
 
 def test_dry_run_estimates_verifies_and_writes_the_table(tmp_path):
-    code = largest_batch.main(["--models", "mlp", "--batch-size", "512", "--cap-gib", "0.25", "--dry-run",
-                               "--out-dir", str(tmp_path), "--stem", "lb"])
+    code = largest_batch.main(
+        [
+            "--models",
+            "mlp",
+            "--batch-size",
+            "512",
+            "--cap-gib",
+            "0.25",
+            "--dry-run",
+            "--out-dir",
+            str(tmp_path),
+            "--stem",
+            "lb",
+        ]
+    )
     assert code == 0
     document = json.loads((tmp_path / "lb.json").read_text())
     (row,) = document["rows"]
@@ -47,19 +60,43 @@ def test_bad_arguments_are_named(capsys):
 
 
 def test_train_worker_runs_in_a_fresh_process_and_reports():
-    record = largest_batch._run_worker("train", {"case_name": "mlp", "batch_size": 4, "cap_bytes": None,
-                                                  "optimizer": "sgd_momentum", "precision": "32-true", "device": "cpu"})
+    record = largest_batch._run_worker(
+        "train",
+        {
+            "case_name": "mlp",
+            "batch_size": 4,
+            "cap_bytes": None,
+            "optimizer": "sgd_momentum",
+            "precision": "32-true",
+            "device": "cpu",
+        },
+    )
     assert record == {"batch": 4, "oom": False}
 
 
 def test_table_counts_safe_and_tight_runs():
     def row(name, run_oom, above_oom):
-        return {"model": name, "lines_batch": 100, "chosen": 90, "verified": True, "seconds": 2.0,
-                "run": {"oom": run_oom, "reserved_share_of_cap": 0.95}, "run_above": {"oom": above_oom},
-                "finder": {"chosen": 120, "seconds": 10.0, "run": {"oom": False, "reserved_share_of_cap": 0.997}}}
+        return {
+            "model": name,
+            "lines_batch": 100,
+            "chosen": 90,
+            "verified": True,
+            "seconds": 2.0,
+            "run": {"oom": run_oom, "reserved_share_of_cap": 0.95},
+            "run_above": {"oom": above_oom},
+            "finder": {"chosen": 120, "seconds": 10.0, "run": {"oom": False, "reserved_share_of_cap": 0.997}},
+        }
 
-    meta = {"device": "GPU", "cap_gib": 12, "batch_size": 256, "optimizer": "sgd_momentum", "precision": "32-true",
-            "torch": "x", "command": "c", "date": "d"}
+    meta = {
+        "device": "GPU",
+        "cap_gib": 12,
+        "batch_size": 256,
+        "optimizer": "sgd_momentum",
+        "precision": "32-true",
+        "torch": "x",
+        "command": "c",
+        "date": "d",
+    }
     table = largest_batch.to_markdown([row("a", False, True), row("b", False, False), row("c", True, True)], meta)
     assert "Safe: 2 of 3 models" in table and "ran out of memory for 2 of 3" in table
     assert "ok, 95.0% of cap" in table and "ok, 99.7% of cap" in table and "| OOM |" in table

@@ -203,8 +203,16 @@ def test_accumulate_grad_batches_reaches_the_estimator(tmp_path, monkeypatch):
 
     monkeypatch.setattr(estimation, "estimate_training", spy)
     callback = MemoryBudgetCallback(budget=HUGE)
-    fit(tmp_path, MLP(optimizer="sgd"), callback, DataModule(batch_size=16), limit_train_batches=1,
-        accumulate_grad_batches=3, gradient_clip_val=0.5, precision="bf16-mixed")
+    fit(
+        tmp_path,
+        MLP(optimizer="sgd"),
+        callback,
+        DataModule(batch_size=16),
+        limit_train_batches=1,
+        accumulate_grad_batches=3,
+        gradient_clip_val=0.5,
+        precision="bf16-mixed",
+    )
     assert calls[0]["accumulate_grad_batches"] == 3
     assert calls[0]["gradient_clip_val"] == 0.5
     assert calls[0]["precision"] == "bf16-mixed"
@@ -225,7 +233,9 @@ def test_resume_keeps_decisions(tmp_path):
     resumed = MemoryBudgetCallback(budget=HUGE, policy="accumulate")  # would not shrink on its own
     datamodule = DataModule(batch_size=64)
     recorder = BatchSizeRecorder()
-    trainer2 = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=2, limit_train_batches=4), callbacks=[resumed, recorder])
+    trainer2 = pl.Trainer(
+        **trainer_kwargs(tmp_path, max_epochs=2, limit_train_batches=4), callbacks=[resumed, recorder]
+    )
     trainer2.fit(MLP(), datamodule=datamodule, ckpt_path=ckpt)
     assert datamodule.batch_size == shrunk and set(recorder.sizes) == {shrunk}
     assert trainer2.accumulate_grad_batches == accumulate

@@ -62,16 +62,26 @@ class RecordingLogger:
 def fake_trainer(logger):
     strategy = types.SimpleNamespace(root_device=torch.device("cuda", 0), reduce=lambda t, reduce_op=None: t)
     return types.SimpleNamespace(
-        strategy=strategy, loggers=[logger], global_step=7, current_epoch=0, world_size=1, is_global_zero=True,
+        strategy=strategy,
+        loggers=[logger],
+        global_step=7,
+        current_epoch=0,
+        world_size=1,
+        is_global_zero=True,
         global_rank=0,
     )
 
 
 def cuda_estimate():
     return MemoryEstimate(
-        peak_bytes=400 * MiB, breakdown={"parameters": 100 * MiB, "activations": 300 * MiB}, batch_size=32,
-        phases=(PhaseLine("step1/backward", 100 * MiB, 300 * MiB // 32),), peak_phase="step1/backward",
-        reserved_bytes=480 * MiB, overhead_bytes=500 * MiB, device="cuda:0",
+        peak_bytes=400 * MiB,
+        breakdown={"parameters": 100 * MiB, "activations": 300 * MiB},
+        batch_size=32,
+        phases=(PhaseLine("step1/backward", 100 * MiB, 300 * MiB // 32),),
+        peak_phase="step1/backward",
+        reserved_bytes=480 * MiB,
+        overhead_bytes=500 * MiB,
+        device="cuda:0",
     )
 
 
@@ -110,7 +120,7 @@ def test_epoch_measurement_logs_cuda_series_and_warns_on_miss(monkeypatch):
         warnings.simplefilter("always")
         callback.on_train_epoch_end(trainer, None)
 
-    (metrics, step), = logger.calls
+    ((metrics, step),) = logger.calls
     assert step == 7
     assert metrics["memory/measured_peak_mib"] == 550
     assert metrics["memory/predicted_peak_mib"] == 400
@@ -160,7 +170,9 @@ def test_cuda_oom_diagnosis_from_fakes(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_real_cuda_prediction_is_close(tmp_path):
     callback = MemoryBudgetCallback(budget=0.9)
-    trainer = pl.Trainer(**trainer_kwargs(tmp_path, accelerator="cuda", max_epochs=2, limit_train_batches=8), callbacks=[callback])
+    trainer = pl.Trainer(
+        **trainer_kwargs(tmp_path, accelerator="cuda", max_epochs=2, limit_train_batches=8), callbacks=[callback]
+    )
     trainer.fit(MLP(hidden=1024), datamodule=DataModule(batch_size=256))
     row = callback.measurements[-1]
     assert row["kind"] == "cuda"

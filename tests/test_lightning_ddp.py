@@ -59,10 +59,16 @@ SCRIPT = textwrap.dedent(
 
 def test_ddp_ranks_agree_on_the_smallest_batch(tmp_path):
     script = tmp_path / "ddp_run.py"
-    script.write_text(SCRIPT.format(tests=os.path.dirname(__file__), root=str(tmp_path), budget=190 * 1024))  # above the per-rank fixed bytes (model states plus DDP buckets), below batch 64
+    script.write_text(
+        SCRIPT.format(tests=os.path.dirname(__file__), root=str(tmp_path), budget=190 * 1024)
+    )  # above the per-rank fixed bytes (model states plus DDP buckets), below batch 64
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's nnmem_callbacks
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        PYTHONWARNINGS="ignore",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    )
     result = subprocess.run(
         [sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600
     )

@@ -87,8 +87,12 @@ def test_fsdp_callback_acts_on_the_per_rank_estimate(tmp_path):
     script = tmp_path / "fsdp_run.py"
     script.write_text(SCRIPT.format(tests=os.path.dirname(__file__), root=str(tmp_path)))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's nnmem_callbacks
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        PYTHONWARNINGS="ignore",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    )
     result = subprocess.run(
         [sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600
     )

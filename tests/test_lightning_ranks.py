@@ -35,11 +35,23 @@ def agree(trainer, plan: Plan | None, policy: str) -> Plan | None:
 def shrunk_plan(batch_size: int) -> Plan:
     check = VerificationCheck(batch_size=batch_size, predicted_bytes=90, traced_bytes=95, fits=True, method="trace")
     verification = Verification(
-        budget_bytes=100, measure="peak", predicted_batch_size=batch_size, batch_size=batch_size, checks=(check,), verified=True
+        budget_bytes=100,
+        measure="peak",
+        predicted_batch_size=batch_size,
+        batch_size=batch_size,
+        checks=(check,),
+        verified=True,
     )
     return Plan(
-        policy="accumulate", budget_bytes=100, predicted_bytes=400, original_batch_size=64, batch_size=batch_size,
-        accumulate_grad_batches=64 // batch_size, max_fitting_batch_size=batch_size, fits=False, verification=verification,
+        policy="accumulate",
+        budget_bytes=100,
+        predicted_bytes=400,
+        original_batch_size=64,
+        batch_size=batch_size,
+        accumulate_grad_batches=64 // batch_size,
+        max_fitting_batch_size=batch_size,
+        fits=False,
+        verification=verification,
     )
 
 

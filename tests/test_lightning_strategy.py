@@ -16,8 +16,9 @@ def _read(class_name: str, world_size: int = 2, rank: int = 1, **attributes):
 
 
 def test_ddp_reads_its_kwargs():
-    reading = _read("DDPStrategy", _ddp_kwargs={"gradient_as_bucket_view": True, "bucket_cap_mb": 50},
-                    _process_group_backend="gloo")
+    reading = _read(
+        "DDPStrategy", _ddp_kwargs={"gradient_as_bucket_view": True, "bucket_cap_mb": 50}, _process_group_backend="gloo"
+    )
     strategy = reading.strategy
     assert (strategy.kind, strategy.world_size, strategy.rank) == ("ddp", 2, 1)
     assert strategy.gradient_as_bucket_view and strategy.bucket_cap_mb == 50 and strategy.backend == "gloo"
@@ -27,8 +28,10 @@ def test_fsdp_reads_sharding_offload_and_units():
     torch = pytest.importorskip("torch")
     policy = types.SimpleNamespace(_module_classes={torch.nn.Linear})
     reading = _read(
-        "FSDPStrategy", sharding_strategy=types.SimpleNamespace(name="SHARD_GRAD_OP"),
-        cpu_offload=types.SimpleNamespace(offload_params=True), kwargs={"auto_wrap_policy": policy},
+        "FSDPStrategy",
+        sharding_strategy=types.SimpleNamespace(name="SHARD_GRAD_OP"),
+        cpu_offload=types.SimpleNamespace(offload_params=True),
+        kwargs={"auto_wrap_policy": policy},
     )
     assert reading.strategy.kind == "fsdp" and reading.strategy.reshard_after_forward is False
     assert reading.strategy.offload_params

@@ -28,7 +28,9 @@ def test_tensorboard_series_layout_text_and_figure(tmp_path):
 
     logger = pl.loggers.TensorBoardLogger(str(tmp_path), name="tb")
     callback = MemoryBudgetCallback(budget="1TiB")
-    trainer = pl.Trainer(**trainer_kwargs(tmp_path, logger=logger, max_epochs=3, limit_train_batches=4), callbacks=[callback])
+    trainer = pl.Trainer(
+        **trainer_kwargs(tmp_path, logger=logger, max_epochs=3, limit_train_batches=4), callbacks=[callback]
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(MLP(), datamodule=DataModule(batch_size=32))

@@ -33,6 +33,7 @@ def test_callback_steps_down_when_the_direct_estimate_does_not_fit(tmp_path, mon
     estimate = probe.estimate
     assert isinstance(estimate.verifier, TraceVerifier)
     budget = int(estimate.peak_bytes_at(16) / 0.95) + 1
+
     # direct estimates grow by a quarter more per sample than the lines: the lines' answer cannot fit
     def extra(batch_size):
         return estimate.per_sample_bytes * batch_size // 4

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nnmem_callbacks.estimators import napkin
 from nnmem_callbacks.core.estimate import Category
+from nnmem_callbacks.estimators import napkin
 
 
 def test_korthikanti_published_formula_by_hand():
@@ -20,8 +20,9 @@ def test_korthikanti_published_formula_by_hand():
 @pytest.mark.parametrize("recompute", napkin.RECOMPUTE)
 def test_transformer_layers_match_the_paper_in_16_bits(recompute):
     L, h, a, s, b = 3, 64, 4, 32, 5
-    est = napkin.transformer_estimate(layers=L, hidden=h, heads=a, seq_len=s, batch_size=b,
-                                      precision="16-true", optimizer="sgd", recompute=recompute)
+    est = napkin.transformer_estimate(
+        layers=L, hidden=h, heads=a, seq_len=s, batch_size=b, precision="16-true", optimizer="sgd", recompute=recompute
+    )
     layers_bytes = est.extra["activation_terms"]["layers"] * b
     assert layers_bytes == L * napkin.korthikanti_layer_bytes(s, b, h, a, recompute)
 
@@ -46,27 +47,47 @@ def test_flash_attention_drops_the_quadratic_term():
 
 def test_transformer_params_match_transformers_models():
     transformers = pytest.importorskip("transformers")
-    gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500,
-                                                               n_positions=128))
+    gpt = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=128)
+    )
     assert napkin.transformer_params(layers=2, hidden=64, vocab=500, max_positions=128) == sum(
-        p.numel() for p in gpt.parameters())
-    bert = transformers.BertForMaskedLM(transformers.BertConfig(
-        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256, vocab_size=500,
-        max_position_embeddings=128))
+        p.numel() for p in gpt.parameters()
+    )
+    bert = transformers.BertForMaskedLM(
+        transformers.BertConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            intermediate_size=256,
+            vocab_size=500,
+            max_position_embeddings=128,
+        )
+    )
     assert napkin.transformer_params(layers=2, hidden=64, vocab=500, arch="bert", max_positions=128) == sum(
-        p.numel() for p in bert.parameters())
+        p.numel() for p in bert.parameters()
+    )
 
 
-@pytest.mark.parametrize("optimizer, multiple", [("sgd", 0), ("sgd_momentum", 1), ("momentum", 1), ("adam", 2),
-                                                 ("adamw", 2), ("adagrad", 1)])
+@pytest.mark.parametrize(
+    "optimizer, multiple", [("sgd", 0), ("sgd_momentum", 1), ("momentum", 1), ("adam", 2), ("adamw", 2), ("adagrad", 1)]
+)
 def test_optimizer_state_per_optimizer(optimizer, multiple):
     est = napkin.params_estimate(1_000, 10, 4, optimizer=optimizer)
     state = est.phase_breakdowns["step2/optimizer"][str(Category.OPTIMIZER_STATE)]
     assert state == multiple * 1_000 * 4  # fp32
 
 
-@pytest.mark.parametrize("precision, param_bytes, copies", [("32-true", 4, 0), ("16-mixed", 4, 2), ("bf16-mixed", 4, 2),
-                                                            ("16-true", 2, 0), ("bf16-true", 2, 0), ("64-true", 8, 0)])
+@pytest.mark.parametrize(
+    "precision, param_bytes, copies",
+    [
+        ("32-true", 4, 0),
+        ("16-mixed", 4, 2),
+        ("bf16-mixed", 4, 2),
+        ("16-true", 2, 0),
+        ("bf16-true", 2, 0),
+        ("64-true", 8, 0),
+    ],
+)
 def test_precision_sets_parameter_gradient_and_copy_bytes(precision, param_bytes, copies):
     n = 10_000
     est = napkin.params_estimate(n, 100, 2, optimizer="adam", precision=precision)
@@ -100,7 +121,10 @@ def test_counts_mode_by_hand_cnn_seed():
     adam = napkin.params_estimate(params, acts, b, optimizer="adam")
     assert adam.peak_bytes == 3 * params * 4 + acts * b * 4 + napkin.CUDA_WORKSPACE_BYTES
     # with a small batch the optimizer step (params + grads + 2 states + one foreach temp) is the peak
-    assert napkin.params_estimate(params, acts, 1, optimizer="adam").peak_bytes == 5 * params * 4 + napkin.CUDA_WORKSPACE_BYTES
+    assert (
+        napkin.params_estimate(params, acts, 1, optimizer="adam").peak_bytes
+        == 5 * params * 4 + napkin.CUDA_WORKSPACE_BYTES
+    )
     assert adam.overhead_bytes == napkin.CUDA_OVERHEAD_BYTES
 
 
@@ -116,12 +140,16 @@ def test_5_the_napkin_and_the_trace_take_the_same_cuda_context_and_workspaces():
     assert calc.breakdown["workspaces"] == traced.breakdown["workspaces"]
 
 
-@pytest.mark.parametrize("make", [
-    lambda b: napkin.params_estimate(5_000_000, 200_000, b, input_size=3 * 32 * 32, precision="bf16-mixed"),
-    lambda b: napkin.mlp_estimate([784, 512, 512, 10], b, optimizer="adamw", precision="16-mixed"),
-    lambda b: napkin.transformer_estimate(layers=4, hidden=128, heads=4, seq_len=64, vocab=1000, batch_size=b,
-                                          arch="bert", recompute="selective"),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda b: napkin.params_estimate(5_000_000, 200_000, b, input_size=3 * 32 * 32, precision="bf16-mixed"),
+        lambda b: napkin.mlp_estimate([784, 512, 512, 10], b, optimizer="adamw", precision="16-mixed"),
+        lambda b: napkin.transformer_estimate(
+            layers=4, hidden=128, heads=4, seq_len=64, vocab=1000, batch_size=b, arch="bert", recompute="selective"
+        ),
+    ],
+)
 def test_phase_lines_extrapolate_exactly(make):
     small, large = make(4), make(48)
     assert small.peak_bytes_at(48) == large.peak_bytes
@@ -130,8 +158,9 @@ def test_phase_lines_extrapolate_exactly(make):
 
 
 def test_bert_base_parameter_count():
-    est = napkin.transformer_estimate(layers=12, hidden=768, heads=12, vocab=30522, seq_len=128, batch_size=32,
-                                      arch="bert", optimizer="adamw")
+    est = napkin.transformer_estimate(
+        layers=12, hidden=768, heads=12, vocab=30522, seq_len=128, batch_size=32, arch="bert", optimizer="adamw"
+    )
     assert est.extra["params"] == 109_514_298  # BertForMaskedLM(BertConfig())
     assert est.breakdown["parameters"] == 109_514_298 * 4
     assert est.method == "napkin:transformer"

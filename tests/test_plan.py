@@ -26,7 +26,9 @@ def linear_estimate(batch_size=64, fixed=100 * KiB, per_sample=2 * KiB, activati
     breakdown = {"parameters": fixed // 4, "gradients": fixed // 4, "optimizer_state": fixed // 2}
     breakdown["activations" if activations_share else "temporaries"] = per_sample * batch_size
     return MemoryEstimate(
-        peak_bytes=peak, breakdown=breakdown, batch_size=batch_size,
+        peak_bytes=peak,
+        breakdown=breakdown,
+        batch_size=batch_size,
         phases=(PhaseLine("step1/backward", fixed, per_sample), PhaseLine("step2/optimizer", fixed + 10 * KiB, 0)),
         peak_phase="step1/backward",
     )
@@ -127,8 +129,12 @@ def test_no_budget_keeps_the_margin_once():
     from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
     from nnmem_callbacks.core.plan import make_plan, planning_margin, resolve_budget
 
-    estimate = MemoryEstimate(peak_bytes=1000 + 10 * 64, breakdown={"parameters": 1640}, batch_size=64,
-                              phases=(PhaseLine("step1/forward", 1000, 10),))
+    estimate = MemoryEstimate(
+        peak_bytes=1000 + 10 * 64,
+        breakdown={"parameters": 1640},
+        batch_size=64,
+        phases=(PhaseLine("step1/forward", 1000, 10),),
+    )
     budget = resolve_budget(None, capacity_bytes=2000, free_bytes=2000, margin=0.1)  # 1800: the margin is out
     plan = make_plan(estimate, budget, "shrink", planning_margin(None, 0.1))
     assert plan.max_fitting_batch_size == estimate.max_batch_size(budget) == 80

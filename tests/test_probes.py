@@ -10,10 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from nnmem_callbacks.probes.cache import ProbeCache
 from nnmem_callbacks.probes import ProbeSession, ProbeSettings, kernel_probes, probe_batch
+from nnmem_callbacks.probes.cache import ProbeCache, cache_dir
 from nnmem_callbacks.probes.fingerprint import fingerprint
-from nnmem_callbacks.probes.cache import cache_dir
 from nnmem_callbacks.probes.runner import kernel_peak
 from nnmem_callbacks.torch import UnsupportedKernelError, estimate_training
 
@@ -30,8 +29,14 @@ def _conv_call(batch: int, channels: int = 8, size: int = 12):
 def _small_cnn() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 10),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 10),
     )
 
 
@@ -190,7 +195,10 @@ def test_interpolation_between_probed_points_when_the_batch_cannot_be_probed(mon
 def test_probes_over_the_memory_cap_are_refused_and_noted(tmp_path):
     args, out = _conv_call(8)
     settings = ProbeSettings(memory_cap_bytes=1024)
-    with kernel_probes("cpu", settings=settings, cache=ProbeCache({"device_type": "cpu", "t": 3}, tmp_path)) as session, probe_batch(8):
+    with (
+        kernel_probes("cpu", settings=settings, cache=ProbeCache({"device_type": "cpu", "t": 3}, tmp_path)) as session,
+        probe_batch(8),
+    ):
         assert session.peak(CONV, args, {}, out) is None
     assert session.kernel_runs == 0
     assert any("not probed" in note and "probe cap" in note and "aten.convolution" in note for note in session.notes())
@@ -284,15 +292,15 @@ class _Lstm(nn.Module):
         return self.lstm(x)[0]
 
 
-@pytest.mark.skipif(
-    torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU runs oneDNN's bf16 LSTM"
-)
+@pytest.mark.skipif(torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU runs oneDNN's bf16 LSTM")
 def test_bf16_lstm_on_a_cpu_without_bf16_support_is_refused(cache_env):
     model, batch = _Lstm(), torch.zeros(4, 10, 16)
     with pytest.raises(RuntimeError, match="primitive"):  # the real step fails ...
         with torch.autocast("cpu", dtype=torch.bfloat16):
             model(batch).sum().backward()
-    with pytest.raises(UnsupportedKernelError, match=r"mkldnn_rnn_layer in bfloat16.*fp32"):  # ... and so does the estimate
+    with pytest.raises(
+        UnsupportedKernelError, match=r"mkldnn_rnn_layer in bfloat16.*fp32"
+    ):  # ... and so does the estimate
         estimate_training(model, batch, optimizer="adam", precision="bf16-mixed")
     # fp32 runs, and its oneDNN RNN probes are cached too
     cold = estimate_training(model, batch, optimizer="adam")

@@ -16,14 +16,36 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nnmem_callbacks"
 
 #: (module, names it must offer, the optional framework it needs)
 DOCUMENTED = [
-    ("nnmem_callbacks", ["estimate_training", "estimate_per_rank", "MemoryEstimate", "Category", "PhaseLine", "Plan",
-                         "MemoryBudgetExceeded", "Strategy", "format_bytes", "format_summary", "parse_bytes", "__version__"], "torch"),
-    ("nnmem_callbacks.torch", ["estimate_training", "estimate_per_rank", "EstimationInputError",
-                               "UnsupportedKernelError"], "torch"),
+    (
+        "nnmem_callbacks",
+        [
+            "estimate_training",
+            "estimate_per_rank",
+            "MemoryEstimate",
+            "Category",
+            "PhaseLine",
+            "Plan",
+            "MemoryBudgetExceeded",
+            "Strategy",
+            "format_bytes",
+            "format_summary",
+            "parse_bytes",
+            "__version__",
+        ],
+        "torch",
+    ),
+    (
+        "nnmem_callbacks.torch",
+        ["estimate_training", "estimate_per_rank", "EstimationInputError", "UnsupportedKernelError"],
+        "torch",
+    ),
     ("nnmem_callbacks.lightning", ["MemoryBudgetCallback", "MemoryBudgetExceeded"], "pytorch_lightning"),
     ("nnmem_callbacks.lightning_pytorch", ["MemoryBudgetCallback", "MemoryBudgetExceeded"], "lightning"),
-    ("nnmem_callbacks.keras", ["MemoryBudgetCallback", "estimate_training", "fit_plan", "FitPlan",
-                               "KerasEstimationError"], "keras"),
+    (
+        "nnmem_callbacks.keras",
+        ["MemoryBudgetCallback", "estimate_training", "fit_plan", "FitPlan", "KerasEstimationError"],
+        "keras",
+    ),
     ("nnmem_callbacks.cli", ["main"], None),
 ]
 
@@ -76,8 +98,11 @@ def test_no_module_imports_another_modules_private_names():
     for path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nnmem_callbacks"):
-                offenders += [f"{_module_name(path)}: {node.module}.{a.name}" for a in node.names
-                              if a.name.startswith("_") and a.name != "__version__"]
+                offenders += [
+                    f"{_module_name(path)}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and a.name != "__version__"
+                ]
     assert not offenders, offenders
 
 
@@ -93,8 +118,12 @@ def _imports(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nnmem_callbacks"):
             for alias in node.names:
                 candidate = f"{node.module}.{alias.name}"
-                found.add(candidate if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).exists()
-                          or (PACKAGE.parent / candidate.replace(".", "/")).is_dir() else node.module)
+                found.add(
+                    candidate
+                    if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).exists()
+                    or (PACKAGE.parent / candidate.replace(".", "/")).is_dir()
+                    else node.module
+                )
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("nnmem_callbacks")}
     return found

@@ -43,7 +43,9 @@ def test_model_states_shrink_with_the_stage():
     totals = [sum(s.values()) for s in per_stage]
     assert sum(ddp.values()) > totals[0] > totals[1] > totals[2]
     assert per_stage[2]["parameters"] == params * 4 // 8
-    offloaded = model_states_per_rank(params, Strategy("zero", world_size=8, zero_stage=3, offload_params=True, offload_optimizer=True))
+    offloaded = model_states_per_rank(
+        params, Strategy("zero", world_size=8, zero_stage=3, offload_params=True, offload_optimizer=True)
+    )
     assert offloaded["parameters"] == offloaded["optimizer_state"] == offloaded["gradients"] == 0
 
 
@@ -56,8 +58,15 @@ def test_zero3_states_agree_with_deepspeeds_estimator(gpus):
     layer (gathered); ours counts the 16 bytes of the states split over the GPUs.
     """
     params, largest = 10**9, 10**7
-    ours = sum(model_states_per_rank(params, Strategy("zero", world_size=gpus, zero_stage=3), param_bytes=2, grad_bytes=2,
-                                     optimizer_bytes_per_param=12).values())
+    ours = sum(
+        model_states_per_rank(
+            params,
+            Strategy("zero", world_size=gpus, zero_stage=3),
+            param_bytes=2,
+            grad_bytes=2,
+            optimizer_bytes_per_param=12,
+        ).values()
+    )
     theirs = zero_model_states(params, 3, num_gpus_per_node=gpus, largest_layer_params=largest)["gpu"]
     assert ours == -(-16 * params // gpus)
     assert 16 / 18 * (theirs - 4 * largest) <= ours <= theirs
@@ -65,8 +74,14 @@ def test_zero3_states_agree_with_deepspeeds_estimator(gpus):
 
 def test_zero_formulas_are_deepspeeds():
     # values of DeepSpeed's functions for these inputs (stage_1_and_2.py, stage3.py)
-    assert zero_model_states(1000, 2, num_gpus_per_node=4) == {"gpu": 4 * 1000 + 16 * 1000 // 4, "cpu": int(1000 * 4 * 4 * 1.5)}
-    assert zero_model_states(1000, 2, num_gpus_per_node=4, cpu_offload=True) == {"gpu": 2000, "cpu": int(1000 * 16 * 1.5)}
+    assert zero_model_states(1000, 2, num_gpus_per_node=4) == {
+        "gpu": 4 * 1000 + 16 * 1000 // 4,
+        "cpu": int(1000 * 4 * 4 * 1.5),
+    }
+    assert zero_model_states(1000, 2, num_gpus_per_node=4, cpu_offload=True) == {
+        "gpu": 2000,
+        "cpu": int(1000 * 16 * 1.5),
+    }
     assert zero_model_states(1000, 3, largest_layer_params=100, cpu_offload=True, cpu_offload_params=True)["gpu"] == 400
     with pytest.raises(ValueError, match="stage must be 1, 2 or 3"):
         zero_model_states(1000, 4)
@@ -76,9 +91,13 @@ def test_shard_estimate_keeps_batch_scaling_and_counts_gpus():
     from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
     from nnmem_callbacks.core.strategy import gpus_needed, shard_estimate
 
-    single = MemoryEstimate(peak_bytes=2_000, batch_size=10, breakdown={"parameters": 400, "gradients": 400,
-                            "optimizer_state": 800, "activations": 400},
-                            phases=(PhaseLine("step2/backward", 1_600, 40),), peak_phase="step2/backward")
+    single = MemoryEstimate(
+        peak_bytes=2_000,
+        batch_size=10,
+        breakdown={"parameters": 400, "gradients": 400, "optimizer_state": 800, "activations": 400},
+        phases=(PhaseLine("step2/backward", 1_600, 40),),
+        peak_phase="step2/backward",
+    )
     sharded = shard_estimate(single, Strategy("fsdp", world_size=4), parameters=100, gathered_bytes=50)
     assert sharded.peak_bytes == 2_000 - 1_600 + 400 + 50
     assert sharded.peak_bytes_at(20) - sharded.peak_bytes == single.peak_bytes_at(20) - single.peak_bytes
@@ -90,21 +109,50 @@ def test_shard_estimate_keeps_batch_scaling_and_counts_gpus():
 
 
 def test_cli_calc_per_rank_flags():
-    from nnmem_callbacks.cli import main
-
     import contextlib
     import io
     import json
 
+    from nnmem_callbacks.cli import main
+
     def run(*flags):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            main(["calc", "--layers", "12", "--hidden", "768", "--heads", "12", "--seq-len", "128", "--vocab", "30522",
-                  "--batch-size", "8", "--optimizer", "adamw", "--json", *flags])
+            main(
+                [
+                    "calc",
+                    "--layers",
+                    "12",
+                    "--hidden",
+                    "768",
+                    "--heads",
+                    "12",
+                    "--seq-len",
+                    "128",
+                    "--vocab",
+                    "30522",
+                    "--batch-size",
+                    "8",
+                    "--optimizer",
+                    "adamw",
+                    "--json",
+                    *flags,
+                ]
+            )
         return json.loads(out.getvalue())
 
-    single, fsdp, zero3, ddp = run(), run("--world-size", "8", "--fsdp"), run("--world-size", "8", "--zero-stage", "3"), run("--world-size", "8")
-    peak = lambda r: r["estimate"]["peak_bytes"] if "estimate" in r else r["peak_bytes"]
+    single, fsdp, zero3, ddp = (
+        run(),
+        run("--world-size", "8", "--fsdp"),
+        run("--world-size", "8", "--zero-stage", "3"),
+        run("--world-size", "8"),
+    )
+
+    def peak(r):
+        return r["estimate"]["peak_bytes"] if "estimate" in r else r["peak_bytes"]
+
     assert peak(fsdp) < peak(single) < peak(ddp)
     assert peak(zero3) < peak(single)
-    assert main(["calc", "--params", "1M", "--activations", "10", "--fsdp", "--zero-stage", "2", "--world-size", "2"]) != 0
+    assert (
+        main(["calc", "--params", "1M", "--activations", "10", "--fsdp", "--zero-stage", "2", "--world-size", "2"]) != 0
+    )

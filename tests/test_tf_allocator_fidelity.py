@@ -24,14 +24,21 @@ def test_feeding_events_charges_whole_chunks_and_frees_by_address():
     assert feed_events(simulator, events, live) == 2 * MIB
     assert simulator.in_use == MIB // 2 and list(live) == ["b"]
     # a second window starts from what the first left: its peak is measured above that
-    assert feed_events(simulator, [_event("MemoryDeallocation", "b"), _event("MemoryAllocation", "c", MIB)], live) == MIB // 2
+    assert (
+        feed_events(simulator, [_event("MemoryDeallocation", "b"), _event("MemoryAllocation", "c", MIB)], live)
+        == MIB // 2
+    )
 
 
 def test_the_report_gives_each_models_error_and_the_median():
     rows = [
         {
-            "case": "a", "batch_size": 8, "real_bytes": 100 * MIB, "full_history_bytes": 101 * MIB,
-            "live_only_bytes": 90 * MIB, "replay_start_bytes": 100 * MIB,
+            "case": "a",
+            "batch_size": 8,
+            "real_bytes": 100 * MIB,
+            "full_history_bytes": 101 * MIB,
+            "live_only_bytes": 90 * MIB,
+            "replay_start_bytes": 100 * MIB,
         },
         {"case": "b", "error_text": "timeout after 900s"},
     ]

@@ -8,8 +8,14 @@ MiB = 2**20
 
 
 def _alloc(addr: int, requested: int, charged: int, in_use: int, op: str) -> dict:
-    return {"kind": "MemoryAllocation", "addr": addr, "requested_bytes": requested, "allocation_bytes": charged,
-            "bytes_allocated": in_use, "tf_op": op}
+    return {
+        "kind": "MemoryAllocation",
+        "addr": addr,
+        "requested_bytes": requested,
+        "allocation_bytes": charged,
+        "bytes_allocated": in_use,
+        "tf_op": op,
+    }
 
 
 def _free(addr: int, in_use: int) -> dict:
@@ -49,8 +55,8 @@ def test_whole_chunk_regions_names_the_small_buffer_that_made_the_second_scratch
     # a 64 MiB region: free, the pair of 20 MiB scratch buffers splits it; with 4 MiB held at its front,
     # the second buffer finds 40 MiB, under twice its size, and is handed all of it
     events = [
-        _request(1, 2 * MiB, "variable"),       # a 2 MiB region
-        _request(2, 4 * MiB, "warm-up"),        # a 4 MiB region
+        _request(1, 2 * MiB, "variable"),  # a 2 MiB region
+        _request(2, 4 * MiB, "warm-up"),  # a 4 MiB region
         _request(3, 60 * MiB, "opens 64 MiB"),  # a 64 MiB region (4 left)
         _free(3, 0),
         _request(4, 20 * MiB, "first/Conv2DBackpropInput"),
@@ -58,8 +64,8 @@ def test_whole_chunk_regions_names_the_small_buffer_that_made_the_second_scratch
         _free(4, 0),
         _free(5, 0),
         _free(2, 0),
-        _request(6, 4 * MiB, "held/Mul"),       # the 4 MiB region is free again: best fit puts it there
-        _request(7, 5 * MiB, "held/Relu"),      # no fit but the 64 MiB region: at its front
+        _request(6, 4 * MiB, "held/Mul"),  # the 4 MiB region is free again: best fit puts it there
+        _request(7, 5 * MiB, "held/Relu"),  # no fit but the 64 MiB region: at its front
         _request(8, 20 * MiB, "second/Conv2DBackpropInput"),
         _request(9, 20 * MiB, "second/Conv2DBackpropFilter"),
     ]
@@ -68,7 +74,9 @@ def test_whole_chunk_regions_names_the_small_buffer_that_made_the_second_scratch
     row = rows[0]
     assert row["requested"] == 20 * MiB and row["charged"] == 64 * MiB - 5 * MiB - 20 * MiB
     assert [(size // MiB, op) for size, op, _ in row["region"]] == [
-        (5, "held/Relu"), (20, "second/Conv2DBackpropInput"), (39, "second/Conv2DBackpropFilter")
+        (5, "held/Relu"),
+        (20, "second/Conv2DBackpropInput"),
+        (39, "second/Conv2DBackpropFilter"),
     ]
     assert [at for _, _, at in row["region"]] == [10, 11, 12]
     # requests before the window, or under the size asked for, are not listed
@@ -78,8 +86,11 @@ def test_whole_chunk_regions_names_the_small_buffer_that_made_the_second_scratch
 
 def test_whole_chunk_regions_also_lists_a_request_the_real_allocator_charged_whole() -> None:
     # the simulator splits (it saw a 64 MiB chunk), the allocator's event says it handed out 40 MiB: listed, both shown
-    events = [_request(1, 60 * MiB, "opens 64 MiB"), _free(1, 0),
-              {**_request(2, 20 * MiB, "grad/Conv2DBackpropFilter"), "allocation_bytes": 40 * MiB}]
+    events = [
+        _request(1, 60 * MiB, "opens 64 MiB"),
+        _free(1, 0),
+        {**_request(2, 20 * MiB, "grad/Conv2DBackpropFilter"), "allocation_bytes": 40 * MiB},
+    ]
     rows = whole_chunk_regions(events, 8 * MiB)
     assert [(row["charged"] // MiB, row["real_charged"] // MiB) for row in rows] == [(20, 40)]
     assert whole_chunk_regions(events[:2] + [_request(2, 20 * MiB, "grad/Conv2DBackpropFilter")], 8 * MiB) == []

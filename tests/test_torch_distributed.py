@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -16,7 +14,9 @@ FAST = {"check_scaling": False, "probe_kernels": False}
 
 def _model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()) for _ in range(4)], torch.nn.Linear(64, 10))
+    return torch.nn.Sequential(
+        *[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()) for _ in range(4)], torch.nn.Linear(64, 10)
+    )
 
 
 def _estimate(strategy, model=None, **kwargs):
@@ -80,7 +80,9 @@ def test_zero3_is_below_zero1_and_says_it_is_not_traced():
 
 def test_a_wrapped_model_is_refused_with_a_clear_error():
     model = _model()
-    fake = type("FSDPLinear", (torch.nn.Linear, __import__("torch.distributed.fsdp", fromlist=["FSDPModule"]).FSDPModule), {})
+    fake = type(
+        "FSDPLinear", (torch.nn.Linear, __import__("torch.distributed.fsdp", fromlist=["FSDPModule"]).FSDPModule), {}
+    )
     model[4].__class__ = fake
     with pytest.raises(ValueError, match="already wrapped by fully_shard"):
         _estimate(Strategy("fsdp", world_size=2), model)
@@ -97,9 +99,9 @@ def test_fsdp_per_rank_estimate_matches_gloo_processes():
     dist = pytest.importorskip("torch.distributed")
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("gloo is not available")
-    from benchmarks.suites.distributed import measure, predict
-
     import tempfile
+
+    from benchmarks.suites.distributed import measure, predict
 
     # a free that gloo makes on its own thread is not recorded by the profiler and can only add to a run's
     # measured peak (benchmarks.suites.distributed repairs most, not all): each rank's truth is its smallest peak over
@@ -119,7 +121,9 @@ def test_fsdp_per_rank_estimate_matches_gloo_processes():
         assert abs(predicted[rank] - run["peak_bytes"]) / run["peak_bytes"] < 0.03, (predicted[rank], run)
 
 
-@pytest.mark.parametrize("strategy", [Strategy("fsdp", world_size=4, backend="nccl"), Strategy("ddp", world_size=2, backend="gloo")])
+@pytest.mark.parametrize(
+    "strategy", [Strategy("fsdp", world_size=4, backend="nccl"), Strategy("ddp", world_size=2, backend="gloo")]
+)
 def test_a_per_rank_plan_is_checked_by_a_per_rank_trace_not_a_single_device_one(strategy):
     from nnmem_callbacks.core.plan import make_plan
 

@@ -35,9 +35,16 @@ def seed_mlp():
 
 def bn_cnn():
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
     )
 
 
@@ -145,7 +152,10 @@ def test_checkpointing_reduces_activations():
     plain = estimate_training(Blocks(False), batch, optimizer="sgd")
     checkpointed = estimate_training(Blocks(True), batch, optimizer="sgd")
     assert checkpointed.method == "trace"
-    assert checkpointed.phase_breakdowns["step1/forward"]["activations"] < 0.5 * plain.phase_breakdowns["step1/forward"]["activations"]
+    assert (
+        checkpointed.phase_breakdowns["step1/forward"]["activations"]
+        < 0.5 * plain.phase_breakdowns["step1/forward"]["activations"]
+    )
 
 
 def test_custom_autograd_function_and_inplace_ops_are_traced():
@@ -180,7 +190,10 @@ def test_custom_autograd_function_and_inplace_ops_are_traced():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("factory,batch_fn", [(seed_mlp, lambda n: (torch.randn(n, 1000), torch.randint(0, 10, (n,)))), (bn_cnn, image_batch)])
+@pytest.mark.parametrize(
+    "factory,batch_fn",
+    [(seed_mlp, lambda n: (torch.randn(n, 1000), torch.randint(0, 10, (n,)))), (bn_cnn, image_batch)],
+)
 def test_scaling_lines_predict_independent_traces(factory, batch_fn):
     model = factory()
     est = estimate_training(model, batch_fn(16), optimizer="adam", loss_fn=xent)
@@ -224,7 +237,8 @@ def test_meta_batch_gives_the_same_estimate_as_a_real_one():
     meta = estimate_training(
         model,
         (torch.empty(16, 3, 32, 32, device="meta"), torch.empty(16, dtype=torch.long, device="meta")),
-        optimizer="adam", loss_fn=xent,
+        optimizer="adam",
+        loss_fn=xent,
     )
     assert meta.peak_bytes == real.peak_bytes
     assert meta.breakdown == real.breakdown
@@ -540,7 +554,10 @@ def test_cuda_target_traced_on_cpu_uses_cuda_like_dropout_and_attention():
     assert nn.functional.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
 
 
-@pytest.mark.parametrize("factory,batch_fn", [(bn_cnn, image_batch), (TinyTransformer, lambda: (torch.randint(0, 1000, (8, 32)), torch.randint(0, 10, (8,))))])
+@pytest.mark.parametrize(
+    "factory,batch_fn",
+    [(bn_cnn, image_batch), (TinyTransformer, lambda: (torch.randint(0, 1000, (8, 32)), torch.randint(0, 10, (8,))))],
+)
 def test_fast_dispatch_gives_the_same_peaks_as_fake_tensor_mode_alone(monkeypatch, factory, batch_fn):
     import nnmem_callbacks.estimators.torch.estimator as estimator
 
@@ -560,8 +577,10 @@ def test_foreach_and_fused_optimizers_are_simulated_as_they_run():
     foreach = estimate_training(model, batch, optimizer=lambda p: torch.optim.Adam(p, foreach=True))
     fused = estimate_training(model, batch, optimizer=lambda p: torch.optim.Adam(p, fused=True))
     step = "step2/optimizer"
-    temporaries = {name: est.phase_breakdowns[step]["temporaries"] for name, est in
-                   (("single", single), ("foreach", foreach), ("fused", fused))}
+    temporaries = {
+        name: est.phase_breakdowns[step]["temporaries"]
+        for name, est in (("single", single), ("foreach", foreach), ("fused", fused))
+    }
     # single-tensor Adam holds one parameter's temporaries at a time, foreach holds them for all parameters
     weight = 128 * 128 * 4
     assert temporaries["single"] == pytest.approx(2 * weight, rel=0.05)
@@ -656,8 +675,8 @@ def test_batch_first_bidirectional_gru_matches_the_profiler():
 def test_cuda_allocator_rounding_keeps_the_batch_ranges_of_piecewise_lines(monkeypatch):
     """The CUDA adjustment shifts every phase line by the allocator rounding;
     it must keep each line's batch range (the piecewise fit of non-linear growth)."""
-    from nnmem_callbacks.core.estimate import PhaseLine
     from nnmem_callbacks.allocators import cuda_caching as allocator
+    from nnmem_callbacks.core.estimate import PhaseLine
     from nnmem_callbacks.estimators.torch import estimator
 
     below = PhaseLine("step2/backward", 1_000, 500, 1, 16)  # steep, valid up to the batch only

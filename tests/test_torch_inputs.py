@@ -43,8 +43,12 @@ def test_user_mapping_estimates_like_the_same_dict():
         seen.append(type(batch))
         return module(**batch)
 
-    as_mapping = estimate_training(model, Encoding(x=torch.empty(8, 6), y=torch.empty(8, 3)), loss_fn=loss, optimizer="adam", probe_kernels=False)
-    as_dict = estimate_training(model, {"x": torch.empty(8, 6), "y": torch.empty(8, 3)}, loss_fn=loss, optimizer="adam", probe_kernels=False)
+    as_mapping = estimate_training(
+        model, Encoding(x=torch.empty(8, 6), y=torch.empty(8, 3)), loss_fn=loss, optimizer="adam", probe_kernels=False
+    )
+    as_dict = estimate_training(
+        model, {"x": torch.empty(8, 6), "y": torch.empty(8, 3)}, loss_fn=loss, optimizer="adam", probe_kernels=False
+    )
     assert as_mapping.method == as_dict.method == "trace"
     assert as_mapping.peak_bytes == as_dict.peak_bytes
     assert Encoding in seen

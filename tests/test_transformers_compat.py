@@ -20,8 +20,14 @@ BATCH, LENGTH = 4, 96
 def bert():
     torch.manual_seed(0)
     config = transformers.BertConfig(
-        vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=128, num_labels=3, attn_implementation="eager",
+        vocab_size=500,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        num_labels=3,
+        attn_implementation="eager",
     )
     return transformers.BertForSequenceClassification(config)
 
@@ -40,7 +46,7 @@ def make_batch(mask):
 
 def padded_mask():
     mask = torch.ones(BATCH, LENGTH, dtype=torch.long)
-    mask[1:, LENGTH // 2:] = 0
+    mask[1:, LENGTH // 2 :] = 0
     return mask
 
 
@@ -72,8 +78,13 @@ def test_mask_modules_are_restored_after_the_estimate(bert):
 
     bert.forward = forward
     try:
-        estimate_training(bert, make_batch(torch.ones(BATCH, LENGTH, dtype=torch.long)), optimizer="sgd",
-                          loss_fn=loss_of, check_scaling=False)
+        estimate_training(
+            bert,
+            make_batch(torch.ones(BATCH, LENGTH, dtype=torch.long)),
+            optimizer="sgd",
+            loss_fn=loss_of,
+            check_scaling=False,
+        )
     finally:
         del bert.forward
     assert seen and all(f is not original for f in seen)  # patched during the trace

@@ -18,9 +18,13 @@ def line_estimate(batch_size, fixed=100 * KiB, per_sample=2 * KiB, reserve_extra
     """An estimate whose peak is ``fixed + per_sample * n``; ``reserve_extra(n)`` adds an allocator reserve."""
     peak = fixed + per_sample * batch_size
     return MemoryEstimate(
-        peak_bytes=peak, breakdown={"parameters": fixed, "activations": per_sample * batch_size}, batch_size=batch_size,
-        phases=(PhaseLine("step1/backward", fixed, per_sample),), peak_phase="step1/backward",
-        reserved_bytes=None if reserve_extra is None else peak + reserve_extra(batch_size), verifier=verifier,
+        peak_bytes=peak,
+        breakdown={"parameters": fixed, "activations": per_sample * batch_size},
+        batch_size=batch_size,
+        phases=(PhaseLine("step1/backward", fixed, per_sample),),
+        peak_phase="step1/backward",
+        reserved_bytes=None if reserve_extra is None else peak + reserve_extra(batch_size),
+        verifier=verifier,
     )
 
 
@@ -74,8 +78,9 @@ def test_an_answer_that_fits_is_checked_once_and_kept():
 def test_step_down_is_bounded_and_says_when_nothing_was_verified():
     tracer = FakeTracer()
     est = line_estimate(64, verifier=tracer)
-    check = verify_batch_size(est, 1000 * KiB, verifier=tracer, candidate=est.max_batch_size(1000 * KiB, verify=False),
-                              max_steps=1)
+    check = verify_batch_size(
+        est, 1000 * KiB, verifier=tracer, candidate=est.max_batch_size(1000 * KiB, verify=False), max_steps=1
+    )
     assert len(tracer.calls) == 1 and not check.verified
     assert 1 <= check.batch_size < check.predicted_batch_size  # stepped down once, not checked again
     assert check.text.startswith(f"batch {check.batch_size} not verified")
@@ -187,8 +192,9 @@ def test_a_flat_phase_below_does_not_end_the_search_at_zero():
     def estimate(n, per_sample, verifier=None):
         phases = (PhaseLine("step1/backward", 100 * KiB, per_sample), PhaseLine("step2/optimizer", 180 * KiB, 0))
         peak = max(line.at(n) for line in phases)
-        return MemoryEstimate(peak_bytes=peak, breakdown={"parameters": peak}, batch_size=n, phases=phases,
-                              verifier=verifier)
+        return MemoryEstimate(
+            peak_bytes=peak, breakdown={"parameters": peak}, batch_size=n, phases=phases, verifier=verifier
+        )
 
     truth = []
     est = estimate(64, 2 * KiB, verifier=lambda n: truth.append(n) or estimate(n, 2 * KiB + KiB // 2))

@@ -29,8 +29,9 @@ __all__ = ["rule_of_thumb_bytes", "activation_elements_per_sample", "memtracker_
 # ---------------------------------------------------------------------------
 # Rule of thumb
 # ---------------------------------------------------------------------------
-def activation_elements_per_sample(model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor],
-                                   batch_size: int | None = None) -> float:
+def activation_elements_per_sample(
+    model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor], batch_size: int | None = None
+) -> float:
     """Summed numel of every leaf module's output, per sample.
 
     Runs one real forward (``loss_fn``) on a deep copy in eval mode without
@@ -157,5 +158,9 @@ def memtracker_peak(
         return {"peak_bytes": peak, "seconds": time.perf_counter() - t0, "error": None, "snapshot": flat}
     except Exception as exc:  # noqa: BLE001 - the crash is the measurement
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-        return {"peak_bytes": None, "seconds": time.perf_counter() - t0, "error": msg,
-                "traceback": traceback.format_exc(limit=6)}
+        return {
+            "peak_bytes": None,
+            "seconds": time.perf_counter() - t0,
+            "error": msg,
+            "traceback": traceback.format_exc(limit=6),
+        }

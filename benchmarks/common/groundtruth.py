@@ -143,9 +143,16 @@ def to_device(batch: Any, device: Any) -> Any:
     return batch
 
 
-def _steps(model: nn.Module, batch: Any, optimizer: torch.optim.Optimizer,
-           loss_fn: Callable[[nn.Module, Any], torch.Tensor], precision: str, device_type: str,
-           phase: Callable[[str], contextlib.AbstractContextManager], n_steps: int = 2) -> list[float]:
+def _steps(
+    model: nn.Module,
+    batch: Any,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+    precision: str,
+    device_type: str,
+    phase: Callable[[str], contextlib.AbstractContextManager],
+    n_steps: int = 2,
+) -> list[float]:
     losses = []
     for step in range(1, n_steps + 1):
         with phase(f"step{step}/forward"):
@@ -190,7 +197,7 @@ def _phase_intervals(prof: Any) -> list[tuple[int, int, str]]:
     while stack:
         node = stack.pop()
         if node.tag == _EventType.TorchOp and node.name.startswith(_MARK):
-            intervals.append((node.start_time_ns, node.end_time_ns, node.name[len(_MARK):]))
+            intervals.append((node.start_time_ns, node.end_time_ns, node.name[len(_MARK) :]))
             continue  # phases do not nest
         stack.extend(node.children)
     intervals.sort()
@@ -244,7 +251,7 @@ def measure_cpu_peak(
     events = allocation_events(prof, "cpu")
     intervals = _phase_intervals(prof)
     phase_peaks: dict[str, int] = {name: 0 for _, _, name in intervals}
-    running, peak, peak_time = 0, 0, None
+    running, peak = 0, 0
     peak_phase_name = "setup"
     idx = 0
     current_phase = "setup"
@@ -278,8 +285,9 @@ def measure_cpu_peak(
     }
 
 
-def _fill_quiet_phases(events: list[Any], intervals: list[tuple[int, int, str]],
-                       phase_peaks: dict[str, int], baseline: int) -> None:
+def _fill_quiet_phases(
+    events: list[Any], intervals: list[tuple[int, int, str]], phase_peaks: dict[str, int], baseline: int
+) -> None:
     """A phase's peak is at least the live bytes when it starts."""
     running, i = 0, 0
     for start, _end, name in intervals:
@@ -323,7 +331,9 @@ def measure_cuda_peak(
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"measure_cuda_peak needs a cuda device, got {device}")
-    if device.index is None:  # torch >= 2.11: set_device needs an index ("Expected a torch.device with a specified index")
+    if (
+        device.index is None
+    ):  # torch >= 2.11: set_device needs an index ("Expected a torch.device with a specified index")
         device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
     torch.cuda.synchronize(device)

@@ -13,8 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "ZOO_CASES", "OUTSIDE_CASES", "CASES", "FIRST_MEASURED_2026_11_24", "FIRST_MEASURED_2026_11_25",
-    "FIRST_MEASURED_2026_11_25_LATER", "build_case", "rule_of_thumb",
+    "ZOO_CASES",
+    "OUTSIDE_CASES",
+    "CASES",
+    "FIRST_MEASURED_2026_11_24",
+    "FIRST_MEASURED_2026_11_25",
+    "FIRST_MEASURED_2026_11_25_LATER",
+    "build_case",
+    "rule_of_thumb",
 ]
 
 #: name -> (batch size, description). Small inputs keep each backend under ~10 minutes on 2 CPU cores.
@@ -35,17 +41,26 @@ OUTSIDE_CASES: dict[str, tuple[int, str]] = {
     "vgg16": (8, "keras.applications.VGG16, 48x48, weights=None"),
     "xception": (4, "keras.applications.Xception, 80x80, weights=None"),
     "gru_text": (32, "Embedding + Bidirectional(GRU(64)) + Dense, 80 steps"),
-    "transformer": (8, "2 encoder blocks (MHA 4x32, LayerNorm, Dropout 0.1, FFN 512), 96 tokens x 128, token + position embedding"),
+    "transformer": (
+        8,
+        "2 encoder blocks (MHA 4x32, LayerNorm, Dropout 0.1, FFN 512), 96 tokens x 128, token + position embedding",
+    ),
     "audio_cnn": (16, "Conv1D/BatchNorm/Dropout audio net, 4000 samples"),
     "efficientnetv2b0": (8, "keras.applications.EfficientNetV2B0, 64x64, weights=None"),
     "convnext_tiny": (4, "keras.applications.ConvNeXtTiny, 32x32, weights=None"),
-    "unet_small": (8, "U-Net: 3 Conv2D/BatchNorm/MaxPool levels, Conv2DTranspose + Concatenate back up, per-pixel classes, 64x64"),
+    "unet_small": (
+        8,
+        "U-Net: 3 Conv2D/BatchNorm/MaxPool levels, Conv2DTranspose + Concatenate back up, per-pixel classes, 64x64",
+    ),
     "stacked_lstm": (32, "LSTM(96, return_sequences) + LSTM(64) + Dense over 60 steps x 32 features"),
     "mobilenet_v1": (8, "keras.applications.MobileNet (v1), alpha 0.5, 96x96, weights=None"),
     "cnn_bilstm_text": (32, "Embedding + Conv1D/MaxPool + Bidirectional(LSTM(48)) + Dense/Dropout, 120 steps"),
     "nasnetmobile": (4, "keras.applications.NASNetMobile, 64x64, weights=None"),
     "inceptionv3": (4, "keras.applications.InceptionV3, 80x80, weights=None"),
-    "vit_tiny": (16, "ViT: Conv2D patches 4x4 of 32x32 images + position embedding, 3 pre-norm blocks (MHA 4x16, MLP 128 gelu)"),
+    "vit_tiny": (
+        16,
+        "ViT: Conv2D patches 4x4 of 32x32 images + position embedding, 3 pre-norm blocks (MHA 4x16, MLP 128 gelu)",
+    ),
 }
 
 #: Outside models added on 2026-11-24 whose first committed measurement came before any estimator change
@@ -75,20 +90,26 @@ def build_case(name: str) -> tuple[Any, Any, Any, int]:
     classes = 10
     y = None  # class labels per sample unless the case sets its own
     if name == "mlp":
-        model = keras.Sequential([keras.Input((1000,))] + [layers.Dense(100, activation="relu") for _ in range(4)] + [layers.Dense(classes)])
+        model = keras.Sequential(
+            [keras.Input((1000,))] + [layers.Dense(100, activation="relu") for _ in range(4)] + [layers.Dense(classes)]
+        )
         x = rng.random((batch, 1000), dtype=np.float32)
     elif name == "conv1d":
-        model = keras.Sequential([
-            keras.Input((200, 64)),
-            layers.Conv1D(128, 5, activation="relu"),
-            layers.MaxPooling1D(2),
-            layers.Conv1D(128, 5, activation="relu"),
-            layers.GlobalAveragePooling1D(),
-            layers.Dense(classes),
-        ])
+        model = keras.Sequential(
+            [
+                keras.Input((200, 64)),
+                layers.Conv1D(128, 5, activation="relu"),
+                layers.MaxPooling1D(2),
+                layers.Conv1D(128, 5, activation="relu"),
+                layers.GlobalAveragePooling1D(),
+                layers.Dense(classes),
+            ]
+        )
         x = rng.random((batch, 200, 64), dtype=np.float32)
     elif name == "lstm":
-        model = keras.Sequential([keras.Input((50,), dtype="int32"), layers.Embedding(5000, 64), layers.LSTM(128), layers.Dense(classes)])
+        model = keras.Sequential(
+            [keras.Input((50,), dtype="int32"), layers.Embedding(5000, 64), layers.LSTM(128), layers.Dense(classes)]
+        )
         x = rng.integers(0, 5000, (batch, 50)).astype("int32")
     elif name == "mha":
         inputs = keras.Input((64, 128))
@@ -100,13 +121,15 @@ def build_case(name: str) -> tuple[Any, Any, Any, int]:
         model = keras.Model(inputs, outputs)
         x = rng.random((batch, 64, 128), dtype=np.float32)
     elif name == "gru_text":
-        model = keras.Sequential([
-            keras.Input((80,), dtype="int32"),
-            layers.Embedding(8000, 96),
-            layers.Bidirectional(layers.GRU(64)),
-            layers.Dense(64, activation="relu"),
-            layers.Dense(classes),
-        ])
+        model = keras.Sequential(
+            [
+                keras.Input((80,), dtype="int32"),
+                layers.Embedding(8000, 96),
+                layers.Bidirectional(layers.GRU(64)),
+                layers.Dense(64, activation="relu"),
+                layers.Dense(classes),
+            ]
+        )
         x = rng.integers(0, 8000, (batch, 80)).astype("int32")
     elif name == "transformer":
         tokens, width = 96, 128
@@ -147,16 +170,18 @@ def build_case(name: str) -> tuple[Any, Any, Any, int]:
         x = rng.random((batch, 64, 64, 3), dtype=np.float32)
         y = rng.integers(0, classes, (batch, 64, 64)).astype("int32")
     elif name == "cnn_bilstm_text":
-        model = keras.Sequential([
-            keras.Input((120,), dtype="int32"),
-            layers.Embedding(6000, 64),
-            layers.Conv1D(64, 5, activation="relu"),
-            layers.MaxPooling1D(2),
-            layers.Bidirectional(layers.LSTM(48)),
-            layers.Dense(32, activation="relu"),
-            layers.Dropout(0.2),
-            layers.Dense(classes),
-        ])
+        model = keras.Sequential(
+            [
+                keras.Input((120,), dtype="int32"),
+                layers.Embedding(6000, 64),
+                layers.Conv1D(64, 5, activation="relu"),
+                layers.MaxPooling1D(2),
+                layers.Bidirectional(layers.LSTM(48)),
+                layers.Dense(32, activation="relu"),
+                layers.Dropout(0.2),
+                layers.Dense(classes),
+            ]
+        )
         x = rng.integers(0, 6000, (batch, 120)).astype("int32")
     elif name == "mobilenet_v1":
         model = keras.applications.MobileNet(
@@ -177,16 +202,23 @@ def build_case(name: str) -> tuple[Any, Any, Any, int]:
         model = keras.Model(images, outputs)
         x = rng.random((batch, 32, 32, 3), dtype=np.float32)
     elif name == "stacked_lstm":
-        model = keras.Sequential([
-            keras.Input((60, 32)),
-            layers.LSTM(96, return_sequences=True),
-            layers.LSTM(64),
-            layers.Dense(classes),
-        ])
+        model = keras.Sequential(
+            [
+                keras.Input((60, 32)),
+                layers.LSTM(96, return_sequences=True),
+                layers.LSTM(64),
+                layers.Dense(classes),
+            ]
+        )
         x = rng.random((batch, 60, 32), dtype=np.float32)
     else:
         size = {
-            "mobilenetv2": 96, "mobilenetv3small": 96, "vgg16": 48, "xception": 80, "convnext_tiny": 32, "inceptionv3": 80,
+            "mobilenetv2": 96,
+            "mobilenetv3small": 96,
+            "vgg16": 48,
+            "xception": 80,
+            "convnext_tiny": 32,
+            "inceptionv3": 80,
         }.get(name, 64)
         constructor = {
             "mobilenetv2": keras.applications.MobileNetV2,
@@ -205,7 +237,9 @@ def build_case(name: str) -> tuple[Any, Any, Any, int]:
         x = rng.random((batch, size, size, 3), dtype=np.float32)
     if y is None:
         y = rng.integers(0, classes, (batch,)).astype("int32")
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     return model, x, y, batch
 
 

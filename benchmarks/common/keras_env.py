@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = ["mode_environment", "host_fingerprint", "gpu_environment"]
 
+
 def mode_environment(onednn: str | None) -> dict[str, str]:
     """The environment of a TensorFlow mode: oneDNN on or off, with allocator statistics either way."""
     if onednn is None:

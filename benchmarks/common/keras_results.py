@@ -23,6 +23,7 @@ from benchmarks.common.keras_cases import (
 
 __all__ = ["summarize_rows", "summarize", "to_markdown"]
 
+
 def summarize_rows(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """Median and worst absolute value of ``key`` over ``rows``."""
     values = [abs(r[key]) for r in rows if r.get(key) is not None]
@@ -117,7 +118,15 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
         runs = r.get("measured_runs") or [r["measured_bytes"]]
         spread = f"{_mib(min(runs))}-{_mib(max(runs))}" if len(runs) > 1 else "-"
         case = r["case"] + (" (outside zoo)" if r["case"] in OUTSIDE_CASES else "")
-        cells = [case, str(r["batch_size"]), r["method"], _mib(r["predicted_bytes"]), _mib(r["measured_bytes"]), spread, _pct(r["error"])]
+        cells = [
+            case,
+            str(r["batch_size"]),
+            r["method"],
+            _mib(r["predicted_bytes"]),
+            _mib(r["measured_bytes"]),
+            spread,
+            _pct(r["error"]),
+        ]
         if upper:
             cells += [_mib(r.get("predicted_upper_bytes")), "yes" if r.get("upper_covers_runs") else "NO"]
         if steady:
@@ -129,7 +138,12 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
             cells += [_mib(replay), check]
         if exact:
             cells += ["yes" if r.get("exact_peak") else "NO (a floor)"]
-        cells += [_mib(r["rule_of_thumb_bytes"]), _pct(r["rule_error"]), f"{r['estimate_s']:.2f}", _mib(r["predicted_peak_bytes"])]
+        cells += [
+            _mib(r["rule_of_thumb_bytes"]),
+            _pct(r["rule_error"]),
+            f"{r['estimate_s']:.2f}",
+            _mib(r["predicted_peak_bytes"]),
+        ]
         if merged:
             cells.append(r.get("run", "-"))
         lines.append("| " + " | ".join(cells) + " |")
@@ -139,7 +153,10 @@ def to_markdown(backend: str, rows: list[dict[str, Any]], summary: dict[str, Any
             lines.append(f"| {key} | {value['n']} | {value['median_abs']:.1%} | {value['worst_abs']:.1%} |")
     covered = summary.get("upper_bound_covers_every_run")
     if covered:
-        lines += ["", f"The upper bound is at or above every measured run for {covered['covered']} of {covered['n']} models."]
+        lines += [
+            "",
+            f"The upper bound is at or above every measured run for {covered['covered']} of {covered['n']} models.",
+        ]
         if "median_margin_over_largest_run" in covered:
             lines.append(
                 f"It lies {covered['median_margin_over_largest_run']:+.1%} above the largest run at the median, "

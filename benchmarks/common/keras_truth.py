@@ -11,9 +11,17 @@ from typing import Any
 from benchmarks.common.keras_cases import build_case
 
 __all__ = [
-    "state_bytes", "measure_tensorflow", "measure_jax", "measure_jax_device", "measure_torch_cuda",
-    "largest_live_at_peak", "device_name", "measure_torch", "measure_worker",
+    "state_bytes",
+    "measure_tensorflow",
+    "measure_jax",
+    "measure_jax_device",
+    "measure_torch_cuda",
+    "largest_live_at_peak",
+    "device_name",
+    "measure_torch",
+    "measure_worker",
 ]
+
 
 def state_bytes(model: Any, arrays: list[Any], counted: bool = False) -> int:
     from nnmem_callbacks.allocators.tensorflow_cpu import tf_allocator_bytes
@@ -170,7 +178,9 @@ def largest_live_at_peak(snapshot: dict[str, Any], top: int = 6) -> list[dict[st
         native = [
             str(frame.get("name", ""))[:90]
             for frame in frames
-            if any(word in str(frame.get("name", "")) for word in ("cudnn", "cublas", "at::native", "autograd", "Cudnn"))
+            if any(
+                word in str(frame.get("name", "")) for word in ("cudnn", "cublas", "at::native", "autograd", "Cudnn")
+            )
         ][:4]
         found = " | ".join(part for part in (python, " < ".join(native)) if part)
         return found or (frames[0].get("name", "?") if frames else "?")

@@ -26,8 +26,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["ZooCase", "ZOO", "OUTSIDE_CASES", "DEFAULT_CASES", "OPTIMIZERS", "PRECISIONS", "get_case",
-           "case_names", "image_batch", "xent_loss", "make_resnet50"]
+__all__ = [
+    "ZooCase",
+    "ZOO",
+    "OUTSIDE_CASES",
+    "DEFAULT_CASES",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "get_case",
+    "case_names",
+    "image_batch",
+    "xent_loss",
+    "make_resnet50",
+]
 
 
 @dataclasses.dataclass
@@ -103,14 +114,22 @@ def mlp_batch(batch_size: int, device: Any = "cpu") -> tuple[torch.Tensor, torch
 def make_bn_cnn() -> nn.Module:
     def block(cin: int, cout: int) -> nn.Sequential:
         return nn.Sequential(
-            nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-            nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+            nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(cout, cout, 3, padding=1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
         )
 
     return nn.Sequential(
-        block(3, 32), block(32, 64), block(64, 128),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
+        block(3, 32),
+        block(32, 64),
+        block(64, 128),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(128, 10),
     )
 
 
@@ -237,13 +256,13 @@ def _token_batch(vocab: int, seq: int, classes: int) -> Callable[[int, Any], Any
 # transformer_encoder: nn.TransformerEncoder (batch_first) + head
 # ---------------------------------------------------------------------------
 class EncoderClassifier(nn.Module):
-    def __init__(self, vocab: int = 8000, d_model: int = 256, nhead: int = 4, layers: int = 4,
-                 seq: int = 128, classes: int = 10):
+    def __init__(
+        self, vocab: int = 8000, d_model: int = 256, nhead: int = 4, layers: int = 4, seq: int = 128, classes: int = 10
+    ):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(torch.zeros(1, seq, d_model))
-        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward=4 * d_model, dropout=0.1,
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward=4 * d_model, dropout=0.1, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d_model, classes)
 
@@ -261,8 +280,9 @@ GPT2_ATTN_IMPLEMENTATION = "sdpa"  # the transformers default; "eager" attention
 def make_gpt2() -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=8000, n_positions=128, n_embd=256, n_layer=4, n_head=4,
-                        attn_implementation=GPT2_ATTN_IMPLEMENTATION)
+    config = GPT2Config(
+        vocab_size=8000, n_positions=128, n_embd=256, n_layer=4, n_head=4, attn_implementation=GPT2_ATTN_IMPLEMENTATION
+    )
     config._attn_implementation = GPT2_ATTN_IMPLEMENTATION
     model = GPT2LMHeadModel(config)
     model.config.use_cache = False
@@ -313,8 +333,9 @@ class ViTBlock(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, image: int = 64, patch: int = 8, dim: int = 192, depth: int = 6, heads: int = 3,
-                 classes: int = 100):
+    def __init__(
+        self, image: int = 64, patch: int = 8, dim: int = 192, depth: int = 6, heads: int = 3, classes: int = 100
+    ):
         super().__init__()
         self.patch_embed = nn.Conv2d(3, dim, patch, patch)
         n = (image // patch) ** 2
@@ -336,8 +357,12 @@ class ViT(nn.Module):
 # ---------------------------------------------------------------------------
 def _double_conv(cin: int, cout: int) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-        nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+        nn.Conv2d(cin, cout, 3, padding=1),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(cout, cout, 3, padding=1),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
     )
 
 
@@ -429,15 +454,15 @@ class MaskedRouting(nn.Module):
         self.head = nn.Linear(dim, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.inp(x))                      # (B, T, dim)
+        h = torch.relu(self.inp(x))  # (B, T, dim)
         flat = h.reshape(-1, h.shape[-1])
         score = self.gate(flat).squeeze(-1)
-        idx = torch.nonzero(score > 0).squeeze(-1)       # data-dependent count
+        idx = torch.nonzero(score > 0).squeeze(-1)  # data-dependent count
         out = self.cheap(flat)
         routed = self.expert(flat[idx]) * torch.sigmoid(score[idx]).unsqueeze(-1)
         out = out.index_add(0, idx, routed)
         out = out.reshape(h.shape)
-        kept = out[out.abs().sum(-1) > 0]                # boolean-mask indexing, data-dependent
+        kept = out[out.abs().sum(-1) > 0]  # boolean-mask indexing, data-dependent
         return self.head(out.mean(dim=1)) + 0.0 * kept.sum()
 
 
@@ -470,8 +495,15 @@ HF_VOCAB, HF_SEQ = 8000, 128
 def make_hf_bert() -> nn.Module:
     from transformers import BertConfig, BertForSequenceClassification
 
-    config = BertConfig(vocab_size=HF_VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                        intermediate_size=1024, max_position_embeddings=HF_SEQ, num_labels=5)
+    config = BertConfig(
+        vocab_size=HF_VOCAB,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=HF_SEQ,
+        num_labels=5,
+    )
     return BertForSequenceClassification(config)
 
 
@@ -483,15 +515,21 @@ def hf_bert_batch(batch_size: int, device: Any = "cpu") -> dict[str, torch.Tenso
     mask = (torch.arange(HF_SEQ)[None, :] < lengths[:, None]).long()
     ids = ids * mask  # pad id 0
     labels = torch.randint(0, 5, (batch_size,), generator=g)
-    return {k: v.to(device) for k, v in
-            {"input_ids": ids, "attention_mask": mask, "labels": labels}.items()}
+    return {k: v.to(device) for k, v in {"input_ids": ids, "attention_mask": mask, "labels": labels}.items()}
 
 
 def make_hf_llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=HF_VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256)
+    config = LlamaConfig(
+        vocab_size=HF_VOCAB,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+    )
     return _no_cache(LlamaForCausalLM(config))
 
 
@@ -504,8 +542,18 @@ def hf_llama_batch(batch_size: int, device: Any = "cpu") -> dict[str, torch.Tens
 def make_hf_t5() -> nn.Module:
     from transformers import T5Config, T5ForConditionalGeneration
 
-    config = T5Config(vocab_size=HF_VOCAB, d_model=256, d_kv=32, d_ff=1024, num_layers=4, num_decoder_layers=4,
-                      num_heads=8, relative_attention_num_buckets=32, decoder_start_token_id=0, pad_token_id=0)
+    config = T5Config(
+        vocab_size=HF_VOCAB,
+        d_model=256,
+        d_kv=32,
+        d_ff=1024,
+        num_layers=4,
+        num_decoder_layers=4,
+        num_heads=8,
+        relative_attention_num_buckets=32,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
     return _no_cache(T5ForConditionalGeneration(config))
 
 
@@ -520,8 +568,15 @@ def hf_t5_batch(batch_size: int, device: Any = "cpu") -> dict[str, torch.Tensor]
 def make_hf_vit() -> nn.Module:
     from transformers import ViTConfig, ViTForImageClassification
 
-    config = ViTConfig(image_size=64, patch_size=8, hidden_size=192, num_hidden_layers=6, num_attention_heads=3,
-                       intermediate_size=768, num_labels=100)
+    config = ViTConfig(
+        image_size=64,
+        patch_size=8,
+        hidden_size=192,
+        num_hidden_layers=6,
+        num_attention_heads=3,
+        intermediate_size=768,
+        num_labels=100,
+    )
     return ViTForImageClassification(config)
 
 

@@ -72,14 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         model.fit(xs, ys, batch_size=b, epochs=2, verbose=0, callbacks=[Spy()])
         stop.set()
         after = live()
-        print(f"== {name}: after 2 train_on_batch in use {base_used/2**20:.2f} MiB; fit sampled max {mx[0]/2**20:.2f} MiB; "
-              f"peak_bytes_in_use {dev.memory_stats()['peak_bytes_in_use']/2**20:.2f}")
+        print(
+            f"== {name}: after 2 train_on_batch in use {base_used / 2**20:.2f} MiB; fit sampled max {mx[0] / 2**20:.2f} MiB; "
+            f"peak_bytes_in_use {dev.memory_stats()['peak_bytes_in_use'] / 2**20:.2f}"
+        )
         for k, (c, u) in sorted(seen.items()):
             extra = c - base
             missing = base - c
-            print(f"  batch {k}: in use {u/2**20:.2f} MiB; extra arrays {mib(extra):.2f} MiB "
-                  f"{sorted(extra.items(), key=lambda kv: -np.prod(kv[0][0]))[:6]}; missing {mib(missing):.2f} MiB "
-                  f"{sorted(missing.items(), key=lambda kv: -np.prod(kv[0][0]))[:4]}")
+            print(
+                f"  batch {k}: in use {u / 2**20:.2f} MiB; extra arrays {mib(extra):.2f} MiB "
+                f"{sorted(extra.items(), key=lambda kv: -np.prod(kv[0][0]))[:6]}; missing {mib(missing):.2f} MiB "
+                f"{sorted(missing.items(), key=lambda kv: -np.prod(kv[0][0]))[:4]}"
+            )
         print(f"  after fit: extra {sorted((after - base).items())[:6]}")
     return 0
 

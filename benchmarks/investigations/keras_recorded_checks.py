@@ -62,7 +62,9 @@ def worker(case: str, batch: int, runs: list[int]) -> dict[str, Any]:
     answers = [tuple(runs[:FIRST_RUNS]), tuple(runs[FIRST_RUNS:])]
     asked: list[int] = []
 
-    def recorded(model: Any, x_specs: Any, y_specs: Any, batch_size: int, optimizer_built: bool = True, **_: Any) -> StepMeasurement:
+    def recorded(
+        model: Any, x_specs: Any, y_specs: Any, batch_size: int, optimizer_built: bool = True, **_: Any
+    ) -> StepMeasurement:
         if batch_size != batch:
             raise StepCheckError(f"the check would run at batch {batch_size}, recorded at {batch}")
         # the recorded runs (before 2026-11-27) had their copies' optimizer built before the first step
@@ -206,9 +208,18 @@ def main(argv: list[str] | None = None) -> int:
             continue
         result = run_worker(
             "benchmarks.investigations.keras_recorded_checks",
-            ["--recorded", args.recorded, "--worker", row["case"], "--batch", str(row["step_check_batch_size"]),
-             "--runs", json.dumps(row["step_check_runs"])],
-            env=env, timeout=1200,
+            [
+                "--recorded",
+                args.recorded,
+                "--worker",
+                row["case"],
+                "--batch",
+                str(row["step_check_batch_size"]),
+                "--runs",
+                json.dumps(row["step_check_runs"]),
+            ],
+            env=env,
+            timeout=1200,
         )
         result.setdefault("case", row["case"])
         rows.append(compare(result, row))
@@ -217,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "recorded": f"{args.recorded} as committed at {file_commit(args.recorded)} (estimator {meta_recorded.get('commit')}, "
-                    f"{meta_recorded.get('date')})",
+        f"{meta_recorded.get('date')})",
         "commit": commit_stamp(),
         "TF_ENABLE_ONEDNN_OPTS": onednn,
         **host_fingerprint(),

@@ -61,8 +61,14 @@ def estimates(layers: int, batch: int, seq: int) -> list[tuple[str, int, int]]:
     rows = []
     for label, parts in VARIANTS.items():
         with emulation_parts(*parts):
-            est = estimate_training(make_gpt2(layers), {"input_ids": ids, "labels": ids}, optimizer="adamw",
-                                    precision="bf16-mixed", device="cuda", check_scaling=False)
+            est = estimate_training(
+                make_gpt2(layers),
+                {"input_ids": ids, "labels": ids},
+                optimizer="adamw",
+                precision="bf16-mixed",
+                device="cuda",
+                check_scaling=False,
+            )
         rows.append((label, est.breakdown["activations"], est.peak_bytes))
     return rows
 
@@ -108,8 +114,15 @@ def saved_by_op(layers: int, batch: int, seq: int, cuda_autocast: bool) -> dict[
         return tensor
 
     autocast = cuda_autocast_on_cpu() if cuda_autocast else contextlib.nullcontext()
-    with mode, emulation_parts("dropout", "sdpa"), cuda_kernel_emulation(), autocast, producers, \
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+    with (
+        mode,
+        emulation_parts("dropout", "sdpa"),
+        cuda_kernel_emulation(),
+        autocast,
+        producers,
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
         loss = model(input_ids=ids, labels=ids).loss
     del loss
     return dict(saved)
@@ -122,7 +135,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq", type=int, default=1024)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
-    print(f"GPT-2 ({args.layers} layers), batch {args.batch} x {args.seq}, bf16-mixed, AdamW, target cuda (sm90), no GPU\n")
+    print(
+        f"GPT-2 ({args.layers} layers), batch {args.batch} x {args.seq}, bf16-mixed, AdamW, target cuda (sm90), no GPU\n"
+    )
     print("| emulation | saved activations | tensor peak |\n|---|---|---|")
     for label, activations, peak in estimates(args.layers, args.batch, args.seq):
         print(f"| {label} | {format_bytes(activations)} | {format_bytes(peak)} |")
@@ -135,8 +150,10 @@ def main(argv: list[str] | None = None) -> None:
         a, b = cpu.get(op, 0), cuda.get(op, 0)
         if a != b:
             print(f"| {op} | {format_bytes(a)} | {format_bytes(b)} | {format_bytes(b - a)} |")
-    print(f"| **total** | {format_bytes(sum(cpu.values()))} | {format_bytes(sum(cuda.values()))} | "
-          f"{format_bytes(sum(cuda.values()) - sum(cpu.values()))} |")
+    print(
+        f"| **total** | {format_bytes(sum(cpu.values()))} | {format_bytes(sum(cuda.values()))} | "
+        f"{format_bytes(sum(cuda.values()) - sum(cpu.values()))} |"
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,12 @@ NOISE_RANGES_MIB = ((0.3, 0.6), (0.3, 1.2), (0.3, 1.6))
 
 
 def lines_at(batch_size: int, fixed: int = FIXED) -> MemoryEstimate:
-    return MemoryEstimate(peak_bytes=fixed + PER_SAMPLE * batch_size, breakdown={"parameters": fixed},
-                          batch_size=batch_size, phases=(PhaseLine("step/backward", fixed, PER_SAMPLE),))
+    return MemoryEstimate(
+        peak_bytes=fixed + PER_SAMPLE * batch_size,
+        breakdown={"parameters": fixed},
+        batch_size=batch_size,
+        phases=(PhaseLine("step/backward", fixed, PER_SAMPLE),),
+    )
 
 
 def simulate(low_mib: float, high_mib: float, trials: int) -> dict:
@@ -60,15 +64,24 @@ def simulate(low_mib: float, high_mib: float, trials: int) -> dict:
     for trial in range(trials):
         rng = random.Random(trial)
         verification = verify_batch_size(
-            lines, USABLE, candidate=candidate, choose=choose,
+            lines,
+            USABLE,
+            candidate=candidate,
+            choose=choose,
             verifier=lambda n: lines_at(n, FIXED + int(rng.uniform(low_mib, high_mib) * MiB)),
         )
         ends.append(verification.batch_size)
         unverified += not verification.verified
     # the largest batch that fits even the worst miss: what a step-down should reach
     safe = max((n for n in range(1, REQUESTED) if FIXED + PER_SAMPLE * n + high_mib * MiB <= USABLE), default=0)
-    return {"miss_mib": [low_mib, high_mib], "trials": trials, "ended_at_zero": ends.count(0),
-            "unverified": unverified, "median_batch": statistics.median(ends), "largest_safe_batch": safe}
+    return {
+        "miss_mib": [low_mib, high_mib],
+        "trials": trials,
+        "ended_at_zero": ends.count(0),
+        "unverified": unverified,
+        "median_batch": statistics.median(ends),
+        "largest_safe_batch": safe,
+    }
 
 
 def main() -> None:
@@ -79,11 +92,17 @@ def main() -> None:
     args = parser.parse_args()
     commit = commit_stamp()
     rows = [simulate(low, high, args.trials) for low, high in NOISE_RANGES_MIB]
-    lines = [f"# Verified step-down with noisy direct estimates (simulation, commit {commit})", "",
-             "| miss range MiB | plans | ended at 0 | unverified | median batch | largest batch safe for any miss |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['miss_mib'][0]}-{r['miss_mib'][1]} | {r['trials']} | {r['ended_at_zero']} | {r['unverified']} | "
-              f"{r['median_batch']:g} | {r['largest_safe_batch']} |" for r in rows]
+    lines = [
+        f"# Verified step-down with noisy direct estimates (simulation, commit {commit})",
+        "",
+        "| miss range MiB | plans | ended at 0 | unverified | median batch | largest batch safe for any miss |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['miss_mib'][0]}-{r['miss_mib'][1]} | {r['trials']} | {r['ended_at_zero']} | {r['unverified']} | "
+        f"{r['median_batch']:g} | {r['largest_safe_batch']} |"
+        for r in rows
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -58,8 +58,14 @@ from typing import Any
 from benchmarks.common.tf_profiler import MARKER_ELEMENTS, memory_events
 
 __all__ = [
-    "live_at_peak", "main", "kernel_intervals", "large_allocations", "WHOLE_CHUNK_RATIO", "whole_chunk_regions",
-    "UPDATE_OPS", "update_copies",
+    "live_at_peak",
+    "main",
+    "kernel_intervals",
+    "large_allocations",
+    "WHOLE_CHUNK_RATIO",
+    "whole_chunk_regions",
+    "UPDATE_OPS",
+    "update_copies",
 ]
 
 
@@ -86,10 +92,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="profile the first two steps (no warm-up step)")
     parser.add_argument("--grep", default=None, help="also list every event whose op contains this text")
     parser.add_argument("--batch", type=int, default=None, help="the batch size instead of the case's own")
-    parser.add_argument("--per-step", type=int, default=0, metavar="N", help="profile N warm steps one by one, no estimate")
-    parser.add_argument("--large", type=float, default=4.0, help="with --per-step or --regions: allocations of this many MiB or more")
-    parser.add_argument("--regions", action="store_true", help="the regions where large requests were charged a whole free chunk")
-    parser.add_argument("--timeline", action="store_true", help="when each probed kind of kernel ran in a warm step, and on which thread")
+    parser.add_argument(
+        "--per-step", type=int, default=0, metavar="N", help="profile N warm steps one by one, no estimate"
+    )
+    parser.add_argument(
+        "--large", type=float, default=4.0, help="with --per-step or --regions: allocations of this many MiB or more"
+    )
+    parser.add_argument(
+        "--regions", action="store_true", help="the regions where large requests were charged a whole free chunk"
+    )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="when each probed kind of kernel ran in a warm step, and on which thread",
+    )
     args = parser.parse_args(argv)
     import tensorflow as tf
 
@@ -110,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     original = tf_graph.GraphReplayer.replay
 
     def traced(self: Any, graph: Any, **kwargs: Any) -> Any:
-        if kwargs.get("track_phases", True) and self.n == batch and not (self.unlucky or self.newest_first or not self.forwarding):
+        if (
+            kwargs.get("track_phases", True)
+            and self.n == batch
+            and not (self.unlucky or self.newest_first or not self.forwarding)
+        ):
             self.trace = []
             traces.append(self.trace)
         return original(self, graph, **kwargs)
@@ -118,9 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     tf_graph.GraphReplayer.replay = traced  # type: ignore[method-assign]
     estimate = estimate_training(model, batch, x=x, y=y, probe_kernels=True)
     tf_graph.GraphReplayer.replay = original  # type: ignore[method-assign]
-    print(f"predicted allocator peak {estimate.extra['tf_allocator_peak_bytes'] / 2**20:.2f} MiB "
-          f"(static {estimate.extra['tf_allocator_static_bytes'] / 2**20:.2f}), upper "
-          f"{estimate.extra['tf_allocator_peak_upper_bytes'] / 2**20:.2f}")
+    print(
+        f"predicted allocator peak {estimate.extra['tf_allocator_peak_bytes'] / 2**20:.2f} MiB "
+        f"(static {estimate.extra['tf_allocator_static_bytes'] / 2**20:.2f}), upper "
+        f"{estimate.extra['tf_allocator_peak_upper_bytes'] / 2**20:.2f}"
+    )
     x_t, y_t = tf.constant(x), tf.constant(y)
     if not args.fresh:
         model.train_on_batch(x_t, y_t)  # warm: trace and build outside the profile
@@ -136,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.grep is not None:
         for row in events:
             if args.grep in str(row.get("tf_op", "")):
-                print(f"  {row['kind'][6:]:>12} {int(row.get('allocation_bytes', 0) or 0) / 2**20:7.2f} MiB "
-                      f"in use {int(row.get('bytes_allocated', 0) or 0) / 2**20:7.2f}  {row.get('tf_op')} "
-                      f"{row.get('tensor_shape', '')} {row.get('region_type', '')}")
+                print(
+                    f"  {row['kind'][6:]:>12} {int(row.get('allocation_bytes', 0) or 0) / 2**20:7.2f} MiB "
+                    f"in use {int(row.get('bytes_allocated', 0) or 0) / 2**20:7.2f}  {row.get('tf_op')} "
+                    f"{row.get('tensor_shape', '')} {row.get('region_type', '')}"
+                )
     by_op: Counter = Counter()
     for row in live:
         by_op[(row.get("tf_op", "?"), row.get("shape", ""))] += int(row.get("allocation_bytes", 0) or 0)
@@ -214,7 +238,9 @@ def _timeline(model: Any, x: Any, y: Any) -> int:
     threads = {thread: index for index, thread in enumerate(dict.fromkeys(row[2] for row in rows))}
     print("start ms    end ms   ms  thread  op")
     for start, end, thread, name in rows:
-        print(f"{(start - first) / 1e9:8.2f} {(end - first) / 1e9:8.2f} {(end - start) / 1e9:5.2f}  {threads[thread]:>6}  {name}")
+        print(
+            f"{(start - first) / 1e9:8.2f} {(end - first) / 1e9:8.2f} {(end - start) / 1e9:5.2f}  {threads[thread]:>6}  {name}"
+        )
     return 0
 
 
@@ -233,9 +259,16 @@ def large_allocations(events: list[dict[str, Any]], min_bytes: int) -> list[dict
         if event["kind"] != "MemoryAllocation" or requested < min_bytes:
             continue
         charged = int(event.get("allocation_bytes", 0) or 0)
-        rows.append({"op": event.get("tf_op", "?"), "shape": event.get("shape", ""), "requested": requested,
-                     "charged": charged, "charged_over_requested": charged / requested,
-                     "in_use_after": int(event.get("bytes_allocated", 0) or 0)})
+        rows.append(
+            {
+                "op": event.get("tf_op", "?"),
+                "shape": event.get("shape", ""),
+                "requested": requested,
+                "charged": charged,
+                "charged_over_requested": charged / requested,
+                "in_use_after": int(event.get("bytes_allocated", 0) or 0),
+            }
+        )
     return rows
 
 
@@ -292,8 +325,16 @@ def whole_chunk_regions(events: list[dict[str, Any]], min_bytes: int, first: int
             op, at = made.get(head, ("?", -1)) if in_use else (None, -1)
             region.append((size, op, at))
             head = following
-        rows.append({"op": made[chunk][0], "index": index, "requested": requested, "charged": charged,
-                     "real_charged": real, "region": region})
+        rows.append(
+            {
+                "op": made[chunk][0],
+                "index": index,
+                "requested": requested,
+                "charged": charged,
+                "real_charged": real,
+                "region": region,
+            }
+        )
     return rows
 
 
@@ -330,13 +371,18 @@ def _regions(case: str, large_mib: float) -> int:
     from nnmem_callbacks.allocators.tensorflow_cpu import tf_cpu_allocator
 
     if tf_cpu_allocator() != "bfc":
-        print("--regions needs every request in the events: run with TF_ENABLE_ONEDNN_OPTS=0 and "
-              "TF_CPU_ALLOCATOR_USE_BFC=true (oneDNN's allocator sends requests under 256 KiB to another pool, "
-              "and the events do not say which)", file=sys.stderr)
+        print(
+            "--regions needs every request in the events: run with TF_ENABLE_ONEDNN_OPTS=0 and "
+            "TF_CPU_ALLOCATOR_USE_BFC=true (oneDNN's allocator sends requests under 256 KiB to another pool, "
+            "and the events do not say which)",
+            file=sys.stderr,
+        )
         return 2
     host = ", ".join(f"{k} {v}" for k, v in host_fingerprint().items())
-    print(f"# {host}; tensorflow {tf.__version__}; TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}, "
-          f"TF_CPU_ALLOCATOR_USE_BFC={os.environ.get('TF_CPU_ALLOCATOR_USE_BFC', 'unset')}; commit {commit_stamp()}")
+    print(
+        f"# {host}; tensorflow {tf.__version__}; TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}, "
+        f"TF_CPU_ALLOCATOR_USE_BFC={os.environ.get('TF_CPU_ALLOCATOR_USE_BFC', 'unset')}; commit {commit_stamp()}"
+    )
     logdir = tempfile.mkdtemp(prefix="tfmem-")
     tf.profiler.experimental.start(logdir)
     model, x, y, _ = build_case(case)
@@ -347,16 +393,26 @@ def _regions(case: str, large_mib: float) -> int:
         model.train_on_batch(x_t, y_t)
     tf.profiler.experimental.stop()
     events = memory_events(logdir)
-    starts = [next((i for i, e in enumerate(events) if int(e.get("requested_bytes", 0) or 0) == 4 * (MARKER_ELEMENTS + step)), 0)
-              for step in range(2)]
+    starts = [
+        next(
+            (i for i, e in enumerate(events) if int(e.get("requested_bytes", 0) or 0) == 4 * (MARKER_ELEMENTS + step)),
+            0,
+        )
+        for step in range(2)
+    ]
     first = starts[0]
 
     def step_of(index: int) -> int:
         return 2 if index >= starts[1] else 1
-    peaks = [max((int(e.get("bytes_allocated", 0) or 0) for e in window), default=0)
-             for window in (events[starts[0]:starts[1]], events[starts[1]:])]
-    print(f"first two steps: {len(events) - first} events, peak bytes_allocated {max(peaks) / 2**20:.2f} MiB "
-          f"(step 1 {peaks[0] / 2**20:.2f}, step 2 {peaks[1] / 2**20:.2f})")
+
+    peaks = [
+        max((int(e.get("bytes_allocated", 0) or 0) for e in window), default=0)
+        for window in (events[starts[0] : starts[1]], events[starts[1] :])
+    ]
+    print(
+        f"first two steps: {len(events) - first} events, peak bytes_allocated {max(peaks) / 2**20:.2f} MiB "
+        f"(step 1 {peaks[0] / 2**20:.2f}, step 2 {peaks[1] / 2**20:.2f})"
+    )
     copies = update_copies(events, 2**20, first)
     print(f"variable updates that copied a variable of 1 MiB or more (a read still alive): {len(copies)}")
     for row in copies:
@@ -365,9 +421,11 @@ def _regions(case: str, large_mib: float) -> int:
     if not rows:
         print(f"no request of {large_mib} MiB or more was charged a whole free chunk")
     for row in rows:
-        print(f"{row['requested'] / 2**20:.2f} MiB requested, {row['charged'] / 2**20:.2f} charged by the simulator, "
-              f"{row['real_charged'] / 2**20:.2f} by the allocator (step {step_of(row['index'])}): "
-              f"{row['op']}; its region:")
+        print(
+            f"{row['requested'] / 2**20:.2f} MiB requested, {row['charged'] / 2**20:.2f} charged by the simulator, "
+            f"{row['real_charged'] / 2**20:.2f} by the allocator (step {step_of(row['index'])}): "
+            f"{row['op']}; its region:"
+        )
         for size, op, at in row["region"]:
             holder = "free" if op is None else f"{op} (allocated {row['index'] - at} events before)"
             print(f"    {size / 2**20:8.2f} MiB  {holder}")
@@ -382,8 +440,10 @@ def _per_step(model: Any, x: Any, y: Any, steps: int, large_mib: float) -> int:
     from benchmarks.tools.provenance import commit_stamp
 
     host = ", ".join(f"{k} {v}" for k, v in host_fingerprint().items())
-    print(f"# {host}; tensorflow {tf.__version__}; TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}, "
-          f"TF_CPU_ALLOCATOR_USE_BFC={os.environ.get('TF_CPU_ALLOCATOR_USE_BFC', 'unset')}; commit {commit_stamp()}")
+    print(
+        f"# {host}; tensorflow {tf.__version__}; TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')}, "
+        f"TF_CPU_ALLOCATOR_USE_BFC={os.environ.get('TF_CPU_ALLOCATOR_USE_BFC', 'unset')}; commit {commit_stamp()}"
+    )
     x_t, y_t = tf.constant(x), tf.constant(y)
     model.train_on_batch(x_t, y_t)  # warm: trace and build outside the profiles
     for step in range(steps):
@@ -396,8 +456,10 @@ def _per_step(model: Any, x: Any, y: Any, steps: int, large_mib: float) -> int:
         print(f"step {step}: peak bytes_allocated {peak / 2**20:.2f} MiB")
         for row in large_allocations(events, int(large_mib * 2**20)):
             marker = "  <- charged a whole free chunk" if row["charged_over_requested"] > 1.25 else ""
-            print(f"  {row['requested'] / 2**20:7.2f} MiB requested {row['charged'] / 2**20:7.2f} charged, in use after "
-                  f"{row['in_use_after'] / 2**20:7.2f}  {row['op']} {row['shape']}{marker}")
+            print(
+                f"  {row['requested'] / 2**20:7.2f} MiB requested {row['charged'] / 2**20:7.2f} charged, in use after "
+                f"{row['in_use_after'] / 2**20:7.2f}  {row['op']} {row['shape']}{marker}"
+            )
     return 0
 
 

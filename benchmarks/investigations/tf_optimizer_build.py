@@ -67,8 +67,12 @@ def worker(case: str, batch: int, path: str, inter_op: int) -> dict[str, Any]:
         model.train_on_batch(xt, yt)
         step_peaks.append(int(info("CPU:0")["peak"] - base))
     return {
-        "case": case, "batch_size": batch, "path": path, "inter_op": inter_op or "default",
-        "first_two_steps_bytes": int(state + max(step_peaks[:2])), "step_peaks_above_start": step_peaks,
+        "case": case,
+        "batch_size": batch,
+        "path": path,
+        "inter_op": inter_op or "default",
+        "first_two_steps_bytes": int(state + max(step_peaks[:2])),
+        "step_peaks_above_start": step_peaks,
     }
 
 
@@ -77,15 +81,22 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     mib = lambda b: f"{b / 2**20:.2f}"  # noqa: E731
     out = ["# When the optimizer's slots are made: a model's first two TensorFlow steps", ""]
     out += [f"- {key}: {value}" for key, value in meta.items()]
-    out += ["", "| batch | optimizer | inter-op threads | first two steps MiB (per process) | median | each of 4 steps above the start MiB (per process) |",
-            "|---|---|---|---|---|---|"]
+    out += [
+        "",
+        "| batch | optimizer | inter-op threads | first two steps MiB (per process) | median | each of 4 steps above the start MiB (per process) |",
+        "|---|---|---|---|---|---|",
+    ]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault((row["batch_size"], row["inter_op"] != "default", row["path"], str(row["inter_op"])), []).append(row)
+        groups.setdefault(
+            (row["batch_size"], row["inter_op"] != "default", row["path"], str(row["inter_op"])), []
+        ).append(row)
     for (batch, _, path, inter_op), group in sorted(groups.items()):
         firsts = [r["first_two_steps_bytes"] for r in group]
         steps = "; ".join(" ".join(mib(p) for p in r["step_peaks_above_start"]) for r in group)
-        out.append(f"| {batch} | {path} | {inter_op} | {', '.join(mib(f) for f in firsts)} | {mib(statistics.median(firsts))} | {steps} |")
+        out.append(
+            f"| {batch} | {path} | {inter_op} | {', '.join(mib(f) for f in firsts)} | {mib(statistics.median(firsts))} | {steps} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -103,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inter-op", type=int, default=0, help="also run with this many inter-op threads (0: no)")
     parser.add_argument("--host-tag", default="", help="a name for the host in the output file")
     parser.add_argument("--out", default=str(result_dir("investigations") / "tf_optimizer_build"))
-    parser.add_argument("--after-estimate", action="store_true",
-                        help="also run processes that estimate first (estimate_training, as the Keras callback does)")
+    parser.add_argument(
+        "--after-estimate",
+        action="store_true",
+        help="also run processes that estimate first (estimate_training, as the Keras callback does)",
+    )
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -132,20 +146,33 @@ def main(argv: list[str] | None = None) -> int:
         for path in range(3 if args.after_estimate else 2):
             for inter_op in (0, args.inter_op) if args.inter_op and path < 2 else (0,):
                 for _ in range(args.repeats):
-                    row = run_worker("benchmarks.investigations.tf_optimizer_build", ["--worker", args.case, str(batch), str(path), str(inter_op)], env=env)
+                    row = run_worker(
+                        "benchmarks.investigations.tf_optimizer_build",
+                        ["--worker", args.case, str(batch), str(path), str(inter_op)],
+                        env=env,
+                    )
                     print(json.dumps(row), flush=True)
                     if "error_text" not in row:
                         rows.append(row)
     meta = {
-        **host_fingerprint(), "tensorflow": tf.__version__, "TF_ENABLE_ONEDNN_OPTS": onednn,
-        "allocator": "bfc (TF_CPU_ALLOCATOR_USE_BFC=true)" if onednn == "0" else "oneDNN's (counts allocations of 256 KiB and more)",
-        "repeats": args.repeats, "python": sys.version.split()[0], "commit": commit_stamp("benchmarks", "nnmem_callbacks"),
+        **host_fingerprint(),
+        "tensorflow": tf.__version__,
+        "TF_ENABLE_ONEDNN_OPTS": onednn,
+        "allocator": "bfc (TF_CPU_ALLOCATOR_USE_BFC=true)"
+        if onednn == "0"
+        else "oneDNN's (counts allocations of 256 KiB and more)",
+        "repeats": args.repeats,
+        "python": sys.version.split()[0],
+        "commit": commit_stamp("benchmarks", "nnmem_callbacks"),
         "command": f"TF_ENABLE_ONEDNN_OPTS={onednn} python -m benchmarks.investigations.tf_optimizer_build {args.case} --batches "
-                   f"{','.join(map(str, batches))} --repeats {args.repeats}" + (f" --inter-op {args.inter_op}" if args.inter_op else "")
-                   + (" --after-estimate" if args.after_estimate else ""),
+        f"{','.join(map(str, batches))} --repeats {args.repeats}"
+        + (f" --inter-op {args.inter_op}" if args.inter_op else "")
+        + (" --after-estimate" if args.after_estimate else ""),
     }
     tag = f"_{args.host_tag}" if args.host_tag else ""
-    stem = write_result(args.out, f"{args.case}{tag}_onednn{onednn}", {"meta": meta, "rows": rows}, to_markdown(rows, meta))
+    stem = write_result(
+        args.out, f"{args.case}{tag}_onednn{onednn}", {"meta": meta, "rows": rows}, to_markdown(rows, meta)
+    )
     print(stem)
     return 0
 

@@ -63,7 +63,11 @@ def _snapshot_estimate(estimate: Any) -> dict[str, Any]:
         "breakdown": {str(k): int(v) for k, v in estimate.breakdown.items()},
         "phases": [[p.phase, p.fixed_bytes, p.per_sample_bytes, p.min_batch, p.max_batch] for p in estimate.phases],
         "phase_breakdowns": {k: {str(a): int(b) for a, b in v.items()} for k, v in estimate.phase_breakdowns.items()},
-        "variability": [estimate.variability.phase, estimate.variability.fixed_bytes, estimate.variability.per_sample_bytes]
+        "variability": [
+            estimate.variability.phase,
+            estimate.variability.fixed_bytes,
+            estimate.variability.per_sample_bytes,
+        ]
         if estimate.variability is not None
         else None,
         "notes": [n for n in estimate.notes if "kernel scratch" not in n],
@@ -104,7 +108,12 @@ def run_cases(cases: list[str]) -> dict[str, Any]:
             row[label] = _snapshot_estimate(estimate)
             row[label]["orders_sha1"] = [_hashlib.sha1("\n".join(o).encode()).hexdigest() for o in orders]
         snapshot[name] = row
-        print(name, row["rules"]["extra"]["tf_allocator_peak_bytes"], row["fixed_scratch"]["extra"]["tf_allocator_peak_bytes"], flush=True)
+        print(
+            name,
+            row["rules"]["extra"]["tf_allocator_peak_bytes"],
+            row["fixed_scratch"]["extra"]["tf_allocator_peak_bytes"],
+            flush=True,
+        )
     return snapshot
 
 
@@ -117,8 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.worker:
-        env = {**os.environ, **mode_environment(args.onednn), "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow"}
-        command = [sys.executable, "-m", "benchmarks.investigations.tf_replay_snapshot", "--worker", *(sys.argv[1:] if argv is None else argv)]
+        env = {
+            **os.environ,
+            **mode_environment(args.onednn),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "KERAS_BACKEND": "tensorflow",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.investigations.tf_replay_snapshot",
+            "--worker",
+            *(sys.argv[1:] if argv is None else argv),
+        ]
         return subprocess.run(command, env=env, check=False).returncode
     snapshot = {"onednn": args.onednn, "cases": run_cases([c for c in args.cases.split(",") if c])}
     with open(args.out, "w", encoding="utf-8") as handle:
@@ -127,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.compare, encoding="utf-8") as handle:
             before = json.load(handle)
         differing = [
-            name for name in snapshot["cases"] if before["cases"].get(name) != json.loads(json.dumps(snapshot["cases"][name]))
+            name
+            for name in snapshot["cases"]
+            if before["cases"].get(name) != json.loads(json.dumps(snapshot["cases"][name]))
         ]
         missing = [name for name in before["cases"] if name not in snapshot["cases"]]
         if differing or missing:

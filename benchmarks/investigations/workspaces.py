@@ -132,8 +132,12 @@ def analyse_profile(prof: Any) -> tuple[list[OpCall], dict[str, int]]:
         if node.tag == _EventType.TorchOp:
             if visible is None and _is_visible(node.name):
                 visible = id(node)
-                calls[visible] = OpCall(node.name, node.start_time_ns, node.end_time_ns,
-                                        _tensor_bytes(list(getattr(node.extra_fields, "inputs", []) or [])))
+                calls[visible] = OpCall(
+                    node.name,
+                    node.start_time_ns,
+                    node.end_time_ns,
+                    _tensor_bytes(list(getattr(node.extra_fields, "inputs", []) or [])),
+                )
             inner = node.name
         stack.extend((child, visible, inner) for child in node.children)
 
@@ -222,18 +226,42 @@ class _SDPA(nn.Module):
 def micro_cases() -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Any]]]:
     g = torch.Generator().manual_seed(0)
     return {
-        "conv3x3 64->64 @32x32 b8": (lambda: nn.Conv2d(64, 64, 3, padding=1), lambda: torch.randn(8, 64, 32, 32, generator=g)),
+        "conv3x3 64->64 @32x32 b8": (
+            lambda: nn.Conv2d(64, 64, 3, padding=1),
+            lambda: torch.randn(8, 64, 32, 32, generator=g),
+        ),
         "conv1x1 256->64 @16x16 b8": (lambda: nn.Conv2d(256, 64, 1), lambda: torch.randn(8, 256, 16, 16, generator=g)),
-        "conv7x7/2 3->64 @64x64 b8": (lambda: nn.Conv2d(3, 64, 7, 2, 3), lambda: torch.randn(8, 3, 64, 64, generator=g)),
-        "conv_transpose 64->32 k2s2 @16 b8": (lambda: nn.ConvTranspose2d(64, 32, 2, 2), lambda: torch.randn(8, 64, 16, 16, generator=g)),
+        "conv7x7/2 3->64 @64x64 b8": (
+            lambda: nn.Conv2d(3, 64, 7, 2, 3),
+            lambda: torch.randn(8, 3, 64, 64, generator=g),
+        ),
+        "conv_transpose 64->32 k2s2 @16 b8": (
+            lambda: nn.ConvTranspose2d(64, 32, 2, 2),
+            lambda: torch.randn(8, 64, 16, 16, generator=g),
+        ),
         "batchnorm2d 64 @32x32 b8": (lambda: nn.BatchNorm2d(64), lambda: torch.randn(8, 64, 32, 32, generator=g)),
-        "maxpool 3/2 64 @32 b8": (lambda: nn.Sequential(nn.Conv2d(64, 64, 1), nn.MaxPool2d(3, 2, 1)), lambda: torch.randn(8, 64, 32, 32, generator=g)),
+        "maxpool 3/2 64 @32 b8": (
+            lambda: nn.Sequential(nn.Conv2d(64, 64, 1), nn.MaxPool2d(3, 2, 1)),
+            lambda: torch.randn(8, 64, 32, 32, generator=g),
+        ),
         "linear 2D 1024->1024 b256": (lambda: nn.Linear(1024, 1024), lambda: torch.randn(256, 1024, generator=g)),
         "linear 3D 256->1024 b16x128": (lambda: nn.Linear(256, 1024), lambda: torch.randn(16, 128, 256, generator=g)),
-        "layer_norm 256 b16x128": (lambda: nn.Sequential(nn.Linear(256, 256), nn.LayerNorm(256)), lambda: torch.randn(16, 128, 256, generator=g)),
-        "lstm 2x(128->256) b32x64": (lambda: nn.LSTM(128, 256, 2, batch_first=True), lambda: torch.randn(32, 64, 128, generator=g)),
-        "embedding 50k x 128 b32x64": (lambda: nn.Embedding(50_000, 128), lambda: torch.randint(0, 50_000, (32, 64), generator=g)),
-        "embedding_bag 200k x 64 b256x32": (lambda: nn.EmbeddingBag(200_000, 64, mode="mean"), lambda: torch.randint(0, 200_000, (256, 32), generator=g)),
+        "layer_norm 256 b16x128": (
+            lambda: nn.Sequential(nn.Linear(256, 256), nn.LayerNorm(256)),
+            lambda: torch.randn(16, 128, 256, generator=g),
+        ),
+        "lstm 2x(128->256) b32x64": (
+            lambda: nn.LSTM(128, 256, 2, batch_first=True),
+            lambda: torch.randn(32, 64, 128, generator=g),
+        ),
+        "embedding 50k x 128 b32x64": (
+            lambda: nn.Embedding(50_000, 128),
+            lambda: torch.randint(0, 50_000, (32, 64), generator=g),
+        ),
+        "embedding_bag 200k x 64 b256x32": (
+            lambda: nn.EmbeddingBag(200_000, 64, mode="mean"),
+            lambda: torch.randint(0, 200_000, (256, 32), generator=g),
+        ),
         "sdpa causal 4h x 16d b16x128": (_SDPA, lambda: torch.randn(16, 128, 64, generator=g)),
     }
 
@@ -254,16 +282,24 @@ def _rows(calls: Iterable[OpCall], source: str, precision: str) -> list[dict[str
             inner.update(it[3])
         ratios_out = [it[0] / it[2] for it in with_ws if it[2]]
         ratios_in = [it[0] / it[1] for it in with_ws if it[1]]
-        rows.append({
-            "source": source, "precision": precision, "op": name, "calls": len(items), "calls_with_ws": len(with_ws),
-            "max_ws_bytes": biggest[0], "ws_total_bytes": sum(it[0] for it in with_ws),
-            "in_bytes_at_max": biggest[1], "out_bytes_at_max": biggest[2],
-            "ws_over_out_median": statistics.median(ratios_out) if ratios_out else None,
-            "ws_over_out_max": max(ratios_out) if ratios_out else None,
-            "ws_over_in_median": statistics.median(ratios_in) if ratios_in else None,
-            "ws_over_in_max": max(ratios_in) if ratios_in else None,
-            "allocated_in": ", ".join(f"{k}" for k, _v in inner.most_common(3)),
-        })
+        rows.append(
+            {
+                "source": source,
+                "precision": precision,
+                "op": name,
+                "calls": len(items),
+                "calls_with_ws": len(with_ws),
+                "max_ws_bytes": biggest[0],
+                "ws_total_bytes": sum(it[0] for it in with_ws),
+                "in_bytes_at_max": biggest[1],
+                "out_bytes_at_max": biggest[2],
+                "ws_over_out_median": statistics.median(ratios_out) if ratios_out else None,
+                "ws_over_out_max": max(ratios_out) if ratios_out else None,
+                "ws_over_in_median": statistics.median(ratios_in) if ratios_in else None,
+                "ws_over_in_max": max(ratios_in) if ratios_in else None,
+                "allocated_in": ", ".join(f"{k}" for k, _v in inner.most_common(3)),
+            }
+        )
     rows.sort(key=lambda r: -r["max_ws_bytes"])
     return rows
 
@@ -274,21 +310,31 @@ def _fmt_ratio(v: float | None) -> str:
 
 def print_op_table(rows: list[dict[str, Any]], title: str) -> None:
     print(f"\n## {title}\n")
-    print("| source | prec | op (visible to tracer) | calls | w/ ws | max ws KiB | in KiB | out KiB | ws/out med | ws/out max | ws/in med | allocated in |")
+    print(
+        "| source | prec | op (visible to tracer) | calls | w/ ws | max ws KiB | in KiB | out KiB | ws/out med | ws/out max | ws/in med | allocated in |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['source']} | {r['precision']} | {r['op']} | {r['calls']} | {r['calls_with_ws']} | "
-              f"{r['max_ws_bytes'] / 1024:.0f} | {r['in_bytes_at_max'] / 1024:.0f} | {r['out_bytes_at_max'] / 1024:.0f} | "
-              f"{_fmt_ratio(r['ws_over_out_median'])} | {_fmt_ratio(r['ws_over_out_max'])} | "
-              f"{_fmt_ratio(r['ws_over_in_median'])} | {r['allocated_in']} |", flush=True)
+        print(
+            f"| {r['source']} | {r['precision']} | {r['op']} | {r['calls']} | {r['calls_with_ws']} | "
+            f"{r['max_ws_bytes'] / 1024:.0f} | {r['in_bytes_at_max'] / 1024:.0f} | {r['out_bytes_at_max'] / 1024:.0f} | "
+            f"{_fmt_ratio(r['ws_over_out_median'])} | {_fmt_ratio(r['ws_over_out_max'])} | "
+            f"{_fmt_ratio(r['ws_over_in_median'])} | {r['allocated_in']} |",
+            flush=True,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.investigations.workspaces", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.investigations.workspaces",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--only", choices=("micro", "zoo"), default=None)
-    parser.add_argument("--cases", default="mlp,bn_cnn,resnet18,resnet50,lstm,transformer_encoder,gpt2,vit,unet,"
-                                            "embedding_heavy,checkpointed")
+    parser.add_argument(
+        "--cases",
+        default="mlp,bn_cnn,resnet18,resnet50,lstm,transformer_encoder,gpt2,vit,unet,embedding_heavy,checkpointed",
+    )
     parser.add_argument("--precisions", default=",".join(zoo.PRECISIONS))
     parser.add_argument("--json", default=None, help="also write all rows to this JSON file")
     parser.add_argument("--md", default=None, help="also write the printed tables to this Markdown file")
@@ -296,10 +342,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.md:
         with open(args.md, "w") as fh, contextlib.redirect_stdout(_Tee(sys.stdout, fh)):
             print("# CPU kernel workspaces invisible to a fake-tensor trace\n")
-            print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; generated by "
-                  "`python -m benchmarks.investigations.workspaces`. A workspace is an allocation made inside the outermost "
-                  "dispatcher-visible op and freed before that op returns (ops with < 4 KiB omitted). "
-                  "in/out = the op's input tensors / the bytes it leaves allocated.")
+            print(
+                f"torch {torch.__version__}, {torch.get_num_threads()} threads; generated by "
+                "`python -m benchmarks.investigations.workspaces`. A workspace is an allocation made inside the outermost "
+                "dispatcher-visible op and freed before that op returns (ops with < 4 KiB omitted). "
+                "in/out = the op's input tensors / the bytes it leaves allocated."
+            )
             return _run(args)
     return _run(args)
 
@@ -350,8 +398,16 @@ def _run(args: argparse.Namespace) -> int:
                     print(f"{name} {precision}: {type(exc).__name__}: {exc}", file=sys.stderr)
                     continue
                 all_rows += _rows(calls, name, precision)
-                peaks.append({"case": name, "precision": precision, **pk,
-                              "workspace_share_pct": 100.0 * (pk["peak"] - pk["peak_without_workspaces"]) / max(pk["peak"], 1)})
+                peaks.append(
+                    {
+                        "case": name,
+                        "precision": precision,
+                        **pk,
+                        "workspace_share_pct": 100.0
+                        * (pk["peak"] - pk["peak_without_workspaces"])
+                        / max(pk["peak"], 1),
+                    }
+                )
             del model, batch
         out["zoo_ops"], out["zoo_peaks"] = all_rows, peaks
         # aggregate per op across the zoo
@@ -374,8 +430,11 @@ def _run(args: argparse.Namespace) -> int:
         print("| case | prec | measured peak MiB | without workspaces MiB | workspace share of peak |")
         print("|---|---|---|---|---|")
         for p in peaks:
-            print(f"| {p['case']} | {p['precision']} | {p['peak'] / MiB:.2f} | {p['peak_without_workspaces'] / MiB:.2f} | "
-                  f"{p['workspace_share_pct']:.1f}% |", flush=True)
+            print(
+                f"| {p['case']} | {p['precision']} | {p['peak'] / MiB:.2f} | {p['peak_without_workspaces'] / MiB:.2f} | "
+                f"{p['workspace_share_pct']:.1f}% |",
+                flush=True,
+            )
 
     if args.json:
         with open(args.json, "w") as fh:

@@ -56,8 +56,18 @@ from benchmarks.common.groundtruth import measure_cpu_peak, measure_cuda_peak, t
 from benchmarks.common.paths import ROOT, result_dir
 
 __all__ = [
-    "RESULTS_DIR", "QUICK_CASES", "QUICK_OPTIMIZERS", "STAGES", "run_combo", "run_case", "run_case_isolated",
-    "HEADER", "summarize", "to_markdown", "build_parser", "main",
+    "RESULTS_DIR",
+    "QUICK_CASES",
+    "QUICK_OPTIMIZERS",
+    "STAGES",
+    "run_combo",
+    "run_case",
+    "run_case_isolated",
+    "HEADER",
+    "summarize",
+    "to_markdown",
+    "build_parser",
+    "main",
 ]
 
 RESULTS_DIR = result_dir("accuracy")
@@ -77,8 +87,9 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:300]
 
 
-def _estimate(model: torch.nn.Module, batch: Any, make_optimizer: Any, loss_fn: Any, precision: str,
-              device: str) -> tuple[Any, float]:
+def _estimate(
+    model: torch.nn.Module, batch: Any, make_optimizer: Any, loss_fn: Any, precision: str, device: str
+) -> tuple[Any, float]:
     from nnmem_callbacks import estimate_training
 
     kwargs: dict[str, Any] = dict(optimizer=make_optimizer, loss_fn=loss_fn, precision=precision)
@@ -99,9 +110,18 @@ def _no_progress(stage: str) -> None:
 STAGES = ("estimate", "groundtruth", "memtracker")
 
 
-def run_combo(case: zoo.ZooCase, model: torch.nn.Module, batch: Any, opt_name: str, precision: str,
-              device: str, rot: dict[str, Any], with_memtracker: bool = True,
-              progress: Any = _no_progress, skip: Sequence[str] = ()) -> dict[str, Any]:
+def run_combo(
+    case: zoo.ZooCase,
+    model: torch.nn.Module,
+    batch: Any,
+    opt_name: str,
+    precision: str,
+    device: str,
+    rot: dict[str, Any],
+    with_memtracker: bool = True,
+    progress: Any = _no_progress,
+    skip: Sequence[str] = (),
+) -> dict[str, Any]:
     """One case x optimizer x precision; every stage caught separately.
 
     ``progress(stage)`` is called before each stage (``estimate``,
@@ -111,10 +131,15 @@ def run_combo(case: zoo.ZooCase, model: torch.nn.Module, batch: Any, opt_name: s
     """
     make_opt = zoo.OPTIMIZERS[opt_name]
     row: dict[str, Any] = {
-        "case": case.name, "optimizer": opt_name, "precision": precision,
-        "batch_size": case.batch_size, "data_dependent": case.data_dependent, "outside": case.outside,
+        "case": case.name,
+        "optimizer": opt_name,
+        "precision": precision,
+        "batch_size": case.batch_size,
+        "data_dependent": case.data_dependent,
+        "outside": case.outside,
         "errors": [],
     }
+
     def ours() -> None:
         _estimate_stage(row, model, batch, make_opt, case, precision, device, progress, skip)
 
@@ -124,15 +149,24 @@ def run_combo(case: zoo.ZooCase, model: torch.nn.Module, batch: Any, opt_name: s
     # On CUDA the truth runs first in its fresh process: the estimate's bounded
     # device probe creates the cuBLAS handles and workspaces a real run pays
     # for (see benchmarks.common.groundtruth), and would hide them from the truth.
-    for stage in ((truth, ours) if device == "cuda" else (ours, truth)):
+    for stage in (truth, ours) if device == "cuda" else (ours, truth):
         stage()
     _baselines(row, model, batch, make_opt, case, precision, device, rot, with_memtracker, progress, skip)
     gc.collect()
     return row
 
 
-def _estimate_stage(row: dict[str, Any], model: torch.nn.Module, batch: Any, make_opt: Any, case: zoo.ZooCase,
-                    precision: str, device: str, progress: Any, skip: Sequence[str]) -> None:
+def _estimate_stage(
+    row: dict[str, Any],
+    model: torch.nn.Module,
+    batch: Any,
+    make_opt: Any,
+    case: zoo.ZooCase,
+    precision: str,
+    device: str,
+    progress: Any,
+    skip: Sequence[str],
+) -> None:
     if "estimate" in skip:
         row.update(predicted=None, method="crash", estimate_error="skipped: crashed a worker before")
     else:
@@ -144,21 +178,41 @@ def _estimate_stage(row: dict[str, Any], model: torch.nn.Module, batch: Any, mak
                 dev_model, dev_batch = dev_model.to("cuda"), to_device(batch, "cuda")
             est, secs = _estimate(dev_model, dev_batch, make_opt, case.loss_fn, precision, device)
             del dev_model, dev_batch
-            row.update(predicted=int(est.peak_bytes), estimate_s=secs, method=est.method,
-                       predicted_phase=est.peak_phase, predicted_reserved=est.reserved_bytes,
-                       predicted_overhead=est.overhead_bytes, predicted_device=est.device_bytes,
-                       predicted_breakdown=dict(est.breakdown), notes=list(est.notes),
-                       kernel_probes=dict(est.extra.get("kernel_probes") or {}))
+            row.update(
+                predicted=int(est.peak_bytes),
+                estimate_s=secs,
+                method=est.method,
+                predicted_phase=est.peak_phase,
+                predicted_reserved=est.reserved_bytes,
+                predicted_overhead=est.overhead_bytes,
+                predicted_device=est.device_bytes,
+                predicted_breakdown=dict(est.breakdown),
+                notes=list(est.notes),
+                kernel_probes=dict(est.extra.get("kernel_probes") or {}),
+            )
         except Exception as exc:  # noqa: BLE001
             # a kernel the device cannot run is a deliberate refusal, not a crash (see summarize)
             method = "unsupported" if type(exc).__name__ == "UnsupportedKernelError" else "crash"
-            row.update(predicted=None, method=method, estimate_error=_short(exc),
-                       estimate_traceback=traceback.format_exc(limit=8))
+            row.update(
+                predicted=None,
+                method=method,
+                estimate_error=_short(exc),
+                estimate_traceback=traceback.format_exc(limit=8),
+            )
         gc.collect()
 
 
-def _truth_stage(row: dict[str, Any], model: torch.nn.Module, batch: Any, make_opt: Any, case: zoo.ZooCase,
-                 precision: str, device: str, progress: Any, skip: Sequence[str]) -> None:
+def _truth_stage(
+    row: dict[str, Any],
+    model: torch.nn.Module,
+    batch: Any,
+    make_opt: Any,
+    case: zoo.ZooCase,
+    precision: str,
+    device: str,
+    progress: Any,
+    skip: Sequence[str],
+) -> None:
     if "groundtruth" in skip:
         row.update(measured=None)
     else:
@@ -166,13 +220,20 @@ def _truth_stage(row: dict[str, Any], model: torch.nn.Module, batch: Any, make_o
         try:
             if device == "cuda":
                 gt = measure_cuda_peak(model, batch, make_opt, case.loss_fn, precision)
-                row.update(measured_reserved=gt["reserved_bytes"], measured_overhead=gt["overhead_bytes"],
-                           measured_device=gt["device_peak_bytes"])
+                row.update(
+                    measured_reserved=gt["reserved_bytes"],
+                    measured_overhead=gt["overhead_bytes"],
+                    measured_device=gt["device_peak_bytes"],
+                )
             else:
                 gt = measure_cpu_peak(model, batch, make_opt, case.loss_fn, precision)
-            row.update(measured=int(gt["peak_bytes"]), measured_phase=gt["peak_phase"],
-                       measured_baseline=gt["baseline_bytes"], phase_peaks=gt["phase_peaks"],
-                       groundtruth_s=gt["wall_s"])
+            row.update(
+                measured=int(gt["peak_bytes"]),
+                measured_phase=gt["peak_phase"],
+                measured_baseline=gt["baseline_bytes"],
+                phase_peaks=gt["phase_peaks"],
+                groundtruth_s=gt["wall_s"],
+            )
         except Exception as exc:  # noqa: BLE001
             row.update(measured=None)
             row["errors"].append("groundtruth: " + _short(exc))
@@ -181,9 +242,19 @@ def _truth_stage(row: dict[str, Any], model: torch.nn.Module, batch: Any, make_o
             torch.cuda.empty_cache()
 
 
-def _baselines(row: dict[str, Any], model: torch.nn.Module, batch: Any, make_opt: Any, case: zoo.ZooCase,
-               precision: str, device: str, rot: dict[str, Any], with_memtracker: bool, progress: Any,
-               skip: Sequence[str]) -> None:
+def _baselines(
+    row: dict[str, Any],
+    model: torch.nn.Module,
+    batch: Any,
+    make_opt: Any,
+    case: zoo.ZooCase,
+    precision: str,
+    device: str,
+    rot: dict[str, Any],
+    with_memtracker: bool,
+    progress: Any,
+    skip: Sequence[str],
+) -> None:
     row["error_pct"] = _err(row.get("predicted"), row.get("measured"))
     row["rule_of_thumb"] = rot.get("bytes")
     row["rule_of_thumb_error_pct"] = _err(rot.get("bytes"), row.get("measured"))
@@ -198,8 +269,12 @@ def _baselines(row: dict[str, Any], model: torch.nn.Module, batch: Any, make_opt
         mt = memtracker_peak(mt_model, mt_batch, make_opt, case.loss_fn, precision)
         if device == "cuda":
             model.to("cpu")
-        row.update(memtracker=mt["peak_bytes"], memtracker_s=mt["seconds"], memtracker_error=mt["error"],
-                   memtracker_error_pct=_err(mt["peak_bytes"], row.get("measured")))
+        row.update(
+            memtracker=mt["peak_bytes"],
+            memtracker_s=mt["seconds"],
+            memtracker_error=mt["error"],
+            memtracker_error_pct=_err(mt["peak_bytes"], row.get("measured")),
+        )
     if device == "cuda" and row.get("predicted_reserved") is not None and row.get("measured_reserved"):
         row["reserved_error_pct"] = _err(row["predicted_reserved"], row["measured_reserved"])
         row["device_error_pct"] = _err(row.get("predicted_device"), row.get("measured_device"))
@@ -208,9 +283,16 @@ def _baselines(row: dict[str, Any], model: torch.nn.Module, batch: Any, make_opt
 Combo = tuple  # (optimizer, precision, tuple of stages to skip)
 
 
-def run_case(name: str, optimizers: Sequence[str], precisions: Sequence[str], device: str,
-             with_memtracker: bool = True, log: Any = print, sink: Any = None,
-             combos: Sequence[Combo] | None = None) -> list[dict[str, Any]]:
+def run_case(
+    name: str,
+    optimizers: Sequence[str],
+    precisions: Sequence[str],
+    device: str,
+    with_memtracker: bool = True,
+    log: Any = print,
+    sink: Any = None,
+    combos: Sequence[Combo] | None = None,
+) -> list[dict[str, Any]]:
     """All optimizer x precision combinations of one case (or ``combos``), in this process.
 
     ``sink(record)`` (optional) receives progress markers and finished rows as
@@ -226,8 +308,18 @@ def run_case(name: str, optimizers: Sequence[str], precisions: Sequence[str], de
         model = case.make_model()
         batch = case.make_batch(case.batch_size, "cpu")
     except Exception as exc:  # noqa: BLE001
-        return [{"case": name, "optimizer": "-", "precision": "-", "predicted": None, "measured": None,
-                 "method": "crash", "errors": ["build: " + _short(exc)], "data_dependent": False}]
+        return [
+            {
+                "case": name,
+                "optimizer": "-",
+                "precision": "-",
+                "predicted": None,
+                "measured": None,
+                "method": "crash",
+                "errors": ["build: " + _short(exc)],
+                "data_dependent": False,
+            }
+        ]
     rot: dict[str, Any] = {}
     try:
         acts = activation_elements_per_sample(model, case.make_batch(2, "cpu"), case.loss_fn, 2)
@@ -235,15 +327,23 @@ def run_case(name: str, optimizers: Sequence[str], precisions: Sequence[str], de
     except Exception as exc:  # noqa: BLE001
         rot = {"bytes": None, "error": _short(exc)}
     for opt_name, precision, skip in combos:
+
         def progress(stage: str, _o: str = opt_name, _p: str = precision) -> None:
             sink({"_stage": stage, "optimizer": _o, "precision": _p})
 
         try:
             row = run_combo(case, model, batch, opt_name, precision, device, rot, with_memtracker, progress, skip)
         except Exception as exc:  # noqa: BLE001
-            row = {"case": name, "optimizer": opt_name, "precision": precision, "predicted": None,
-                   "measured": None, "method": "crash", "errors": ["runner: " + _short(exc)],
-                   "data_dependent": case.data_dependent}
+            row = {
+                "case": name,
+                "optimizer": opt_name,
+                "precision": precision,
+                "predicted": None,
+                "measured": None,
+                "method": "crash",
+                "errors": ["runner: " + _short(exc)],
+                "data_dependent": case.data_dependent,
+            }
         rows.append(row)
         sink({"_row": row})
         log(_format_row(row))
@@ -252,8 +352,14 @@ def run_case(name: str, optimizers: Sequence[str], precisions: Sequence[str], de
     return rows
 
 
-def run_case_isolated(name: str, optimizers: Sequence[str], precisions: Sequence[str], device: str,
-                      with_memtracker: bool = True, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+def run_case_isolated(
+    name: str,
+    optimizers: Sequence[str],
+    precisions: Sequence[str],
+    device: str,
+    with_memtracker: bool = True,
+    timeout_s: float = 600.0,
+) -> list[dict[str, Any]]:
     """Runs :func:`run_case` in child processes, so that a native crash (abort,
     segfault) or a hang of one stage becomes an error in its row instead of
     ending the benchmark.
@@ -269,8 +375,12 @@ def run_case_isolated(name: str, optimizers: Sequence[str], precisions: Sequence
 
     if device == "cuda" and len(optimizers) * len(precisions) > 1:
         # the fair CUDA truth: every combination in a fresh process (benchmarks.common.groundtruth)
-        return [row for o in optimizers for p in precisions
-                for row in run_case_isolated(name, [o], [p], device, with_memtracker, timeout_s)]
+        return [
+            row
+            for o in optimizers
+            for p in precisions
+            for row in run_case_isolated(name, [o], [p], device, with_memtracker, timeout_s)
+        ]
 
     data_dependent = zoo.ZOO[name].data_dependent if name in zoo.ZOO else False
     pending: list[list[Any]] = [[o, p, []] for o in optimizers for p in precisions]
@@ -286,14 +396,26 @@ def run_case_isolated(name: str, optimizers: Sequence[str], precisions: Sequence
             records_path = Path(tmp) / "records.jsonl"
             stderr_path = Path(tmp) / "stderr.txt"
             spec = ",".join(f"{o}:{p}:{'+'.join(skip)}" for o, p, skip in pending)
-            cmd = [sys.executable, "-m", "benchmarks.suites.accuracy", "--worker", name, "--records", str(records_path),
-                   "--device", device, "--combos", spec]
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.suites.accuracy",
+                "--worker",
+                name,
+                "--records",
+                str(records_path),
+                "--device",
+                device,
+                "--combos",
+                spec,
+            ]
             if not with_memtracker:
                 cmd.append("--no-memtracker")
             with open(stderr_path, "w") as err:
                 try:
-                    rc: Any = subprocess.run(cmd, stdout=None, stderr=err, env=env, cwd=root,
-                                             timeout=timeout_s).returncode
+                    rc: Any = subprocess.run(
+                        cmd, stdout=None, stderr=err, env=env, cwd=root, timeout=timeout_s
+                    ).returncode
                 except subprocess.TimeoutExpired:
                     rc = f"timeout after {timeout_s:.0f} s"
             last_stage: tuple[str, str, str] | None = None
@@ -309,16 +431,26 @@ def run_case_isolated(name: str, optimizers: Sequence[str], precisions: Sequence
                         last_stage = None
                     elif "_stage" in rec:
                         last_stage = (rec["optimizer"], rec["precision"], rec["_stage"])
-            err_lines = [ln for ln in stderr_path.read_text(errors="replace").splitlines()
-                         if ln.strip() and "USDT" not in ln]
+            err_lines = [
+                ln for ln in stderr_path.read_text(errors="replace").splitlines() if ln.strip() and "USDT" not in ln
+            ]
         pending = [c for c in pending if (c[0], c[1]) not in rows]
         if rc == 0 or last_stage is None:
             if pending:  # died outside any stage (e.g. while building the model): give up on the rest
                 for o, p, _skip in pending:
-                    rows[(o, p)] = {"case": name, "optimizer": o, "precision": p, "predicted": None,
-                                    "measured": None, "method": "crash", "data_dependent": data_dependent,
-                                    "errors": [f"worker ended (exit {rc}) before this combination: "
-                                               f"{err_lines[-1][:200] if err_lines else ''}"]}
+                    rows[(o, p)] = {
+                        "case": name,
+                        "optimizer": o,
+                        "precision": p,
+                        "predicted": None,
+                        "measured": None,
+                        "method": "crash",
+                        "data_dependent": data_dependent,
+                        "errors": [
+                            f"worker ended (exit {rc}) before this combination: "
+                            f"{err_lines[-1][:200] if err_lines else ''}"
+                        ],
+                    }
                 pending = []
             break
         signal_name = f" {signal.Signals(-rc).name}" if isinstance(rc, int) and rc < 0 else ""
@@ -357,8 +489,23 @@ def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-HEADER = ("case", "optimizer", "precision", "pred MiB", "meas MiB", "error", "est s", "method",
-          "pred phase", "meas phase", "rule MiB", "rule err", "memtracker MiB", "mt err", "mt s")
+HEADER = (
+    "case",
+    "optimizer",
+    "precision",
+    "pred MiB",
+    "meas MiB",
+    "error",
+    "est s",
+    "method",
+    "pred phase",
+    "meas phase",
+    "rule MiB",
+    "rule err",
+    "memtracker MiB",
+    "mt err",
+    "mt s",
+)
 
 
 def _format_cells(row: dict[str, Any]) -> list[str]:
@@ -369,12 +516,20 @@ def _format_cells(row: dict[str, Any]) -> list[str]:
         method = method + ": " + (row.get("estimate_error") or "")[:80]
     return [
         row["case"] + (" (dd)" if row.get("data_dependent") else "") + (" (outside)" if row.get("outside") else ""),
-        row["optimizer"], row["precision"],
-        _mib(row.get("predicted")), _mib(row.get("measured")), _pct(row.get("error_pct")),
-        _secs(row.get("estimate_s")), method, row.get("predicted_phase", "-") or "-",
+        row["optimizer"],
+        row["precision"],
+        _mib(row.get("predicted")),
+        _mib(row.get("measured")),
+        _pct(row.get("error_pct")),
+        _secs(row.get("estimate_s")),
+        method,
+        row.get("predicted_phase", "-") or "-",
         row.get("measured_phase", "-") or "-",
-        _mib(row.get("rule_of_thumb")), _pct(row.get("rule_of_thumb_error_pct")),
-        mt_cell, _pct(row.get("memtracker_error_pct")), _secs(row.get("memtracker_s")),
+        _mib(row.get("rule_of_thumb")),
+        _pct(row.get("rule_of_thumb_error_pct")),
+        mt_cell,
+        _pct(row.get("memtracker_error_pct")),
+        _secs(row.get("memtracker_s")),
     ]
 
 
@@ -396,8 +551,11 @@ def _stats(errors: list[float | None], total: int) -> dict[str, Any]:
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     measured = [r for r in rows if r.get("measured") is not None]
     out: dict[str, Any] = {}
-    for label, pred in (("ours", "error_pct"), ("rule_of_thumb", "rule_of_thumb_error_pct"),
-                        ("memtracker", "memtracker_error_pct")):
+    for label, pred in (
+        ("ours", "error_pct"),
+        ("rule_of_thumb", "rule_of_thumb_error_pct"),
+        ("memtracker", "memtracker_error_pct"),
+    ):
         out[label] = {}
         for group, sel in (("static_shapes", False), ("data_dependent", True)):
             sub = [r for r in measured if bool(r.get("data_dependent")) == sel]
@@ -407,14 +565,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     refused = [r for r in rows if r.get("method") == "unsupported"]
     out["ours"]["unsupported_agreed"] = sum(1 for r in refused if r.get("measured") is None)
     out["ours"]["crashes"] = sum(1 for r in rows if r.get("method") == "crash") + sum(
-        1 for r in refused if r.get("measured") is not None)
+        1 for r in refused if r.get("measured") is not None
+    )
     out["memtracker"]["crashes"] = sum(1 for r in rows if r.get("memtracker_error"))
     out["ours"]["median_estimate_s"] = (
         statistics.median([r["estimate_s"] for r in rows if r.get("estimate_s") is not None])
-        if any(r.get("estimate_s") is not None for r in rows) else None)
+        if any(r.get("estimate_s") is not None for r in rows)
+        else None
+    )
     out["memtracker"]["median_s"] = (
         statistics.median([r["memtracker_s"] for r in rows if r.get("memtracker_s") is not None])
-        if any(r.get("memtracker_s") is not None for r in rows) else None)
+        if any(r.get("memtracker_s") is not None for r in rows)
+        else None
+    )
     out["groundtruth_failures"] = len(rows) - len(measured)
     if any("reserved_error_pct" in r for r in rows):
         out["cuda_reserved"] = _stats([r.get("reserved_error_pct") for r in measured], len(measured))
@@ -425,10 +588,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def to_markdown(rows: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [f"# Accuracy benchmark ({meta['device']})", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
-    lines += ["", "Error = (predicted - measured) / measured. Measured = peak of live tensor bytes "
-              "over two real training steps (CPU: profiler allocation events + bytes live before; "
-              "CUDA: max_memory_allocated). (dd) = data-dependent case; (outside) = built from a "
-              "transformers config, not tuned on.", ""]
+    lines += [
+        "",
+        "Error = (predicted - measured) / measured. Measured = peak of live tensor bytes "
+        "over two real training steps (CPU: profiler allocation events + bytes live before; "
+        "CUDA: max_memory_allocated). (dd) = data-dependent case; (outside) = built from a "
+        "transformers config, not tuned on.",
+        "",
+    ]
     lines.append("| " + " | ".join(HEADER) + " |")
     lines.append("|" + "---|" * len(HEADER))
     for r in rows:
@@ -442,29 +609,44 @@ def to_markdown(rows: list[dict[str, Any]], summary: dict[str, Any], meta: dict[
         lines += ["", "## Estimator crashes", ""]
         lines += [f"- {r['case']}/{r['optimizer']}/{r['precision']}: {r.get('estimate_error', '')}" for r in crashes]
     if any("reserved_error_pct" in r for r in rows):
-        lines += ["", "## CUDA reserve and device use", "",
-                  "| case | optimizer | precision | pred reserved | max_memory_reserved | err | "
-                  "pred device | measured device | err |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## CUDA reserve and device use",
+            "",
+            "| case | optimizer | precision | pred reserved | max_memory_reserved | err | "
+            "pred device | measured device | err |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
-            lines.append(f"| {r['case']} | {r['optimizer']} | {r['precision']} | "
-                         f"{_mib(r.get('predicted_reserved'))} | {_mib(r.get('measured_reserved'))} | "
-                         f"{_pct(r.get('reserved_error_pct'))} | {_mib(r.get('predicted_device'))} | "
-                         f"{_mib(r.get('measured_device'))} | {_pct(r.get('device_error_pct'))} |")
-    lines += ["", "## Summary", "", "| estimator | group | n | ok | crashes/missing | median abs error | worst abs error |",
-              "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {r['case']} | {r['optimizer']} | {r['precision']} | "
+                f"{_mib(r.get('predicted_reserved'))} | {_mib(r.get('measured_reserved'))} | "
+                f"{_pct(r.get('reserved_error_pct'))} | {_mib(r.get('predicted_device'))} | "
+                f"{_mib(r.get('measured_device'))} | {_pct(r.get('device_error_pct'))} |"
+            )
+    lines += [
+        "",
+        "## Summary",
+        "",
+        "| estimator | group | n | ok | crashes/missing | median abs error | worst abs error |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label in ("ours", "rule_of_thumb", "memtracker"):
         for group in ("static_shapes", "data_dependent"):
             s = summary[label][group]
             med = "-" if s["median_abs_error_pct"] is None else f"{s['median_abs_error_pct']:.1f}%"
             worst = "-" if s["worst_abs_error_pct"] is None else f"{s['worst_abs_error_pct']:.1f}%"
             lines.append(f"| {label} | {group} | {s['n']} | {s['ok']} | {s['crashes_or_missing']} | {med} | {worst} |")
-    lines += ["", f"- estimator crashes: {summary['ours']['crashes']}; "
-              f"refused with UnsupportedKernelError where the real step fails too: "
-              f"{summary['ours'].get('unsupported_agreed', 0)}; "
-              f"median estimate time: {_secs(summary['ours']['median_estimate_s'])} s",
-              f"- MemTracker crashes: {summary['memtracker']['crashes']}; "
-              f"median time: {_secs(summary['memtracker']['median_s'])} s",
-              f"- ground-truth failures: {summary['groundtruth_failures']}"]
+    lines += [
+        "",
+        f"- estimator crashes: {summary['ours']['crashes']}; "
+        f"refused with UnsupportedKernelError where the real step fails too: "
+        f"{summary['ours'].get('unsupported_agreed', 0)}; "
+        f"median estimate time: {_secs(summary['ours']['median_estimate_s'])} s",
+        f"- MemTracker crashes: {summary['memtracker']['crashes']}; "
+        f"median time: {_secs(summary['memtracker']['median_s'])} s",
+        f"- ground-truth failures: {summary['groundtruth_failures']}",
+    ]
     for key in ("cuda_reserved", "cuda_device"):
         if key in summary:
             s = summary[key]
@@ -508,22 +690,36 @@ def _meta(device: str, args: argparse.Namespace, elapsed: float) -> dict[str, An
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="python -m benchmarks.suites.accuracy", description=__doc__,
-                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser or argparse.ArgumentParser(
+        prog="python -m benchmarks.suites.accuracy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--cases", default=None,
-                        help=f"comma-separated subset of: {','.join(zoo.ZOO)} (default: all but the outside "
-                             f"cases {','.join(zoo.OUTSIDE_CASES)})")
+    parser.add_argument(
+        "--cases",
+        default=None,
+        help=f"comma-separated subset of: {','.join(zoo.ZOO)} (default: all but the outside "
+        f"cases {','.join(zoo.OUTSIDE_CASES)})",
+    )
     parser.add_argument("--optimizers", default=None, help=f"comma-separated subset of: {','.join(zoo.OPTIMIZERS)}")
     parser.add_argument("--precisions", default=None, help=f"comma-separated subset of: {','.join(zoo.PRECISIONS)}")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"cases {','.join(QUICK_CASES)} x {','.join(QUICK_OPTIMIZERS)} x both precisions")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"cases {','.join(QUICK_CASES)} x {','.join(QUICK_OPTIMIZERS)} x both precisions",
+    )
     parser.add_argument("--no-memtracker", action="store_true", help="skip the MemTracker baseline")
-    parser.add_argument("--stem", default=None, help="the result's file name under benchmarks/results/accuracy/: the host "
-                                                     "(zen4-avx512, zen4-avx512_outside, ...)")
+    parser.add_argument(
+        "--stem",
+        default=None,
+        help="the result's file name under benchmarks/results/accuracy/: the host "
+        "(zen4-avx512, zen4-avx512_outside, ...)",
+    )
     parser.add_argument("--note", default=None, help="a line for the results header (e.g. what the run is a subset of)")
-    parser.add_argument("--in-process", action="store_true",
-                        help="run every case in this process (faster; a native crash ends the run)")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run every case in this process (faster; a native crash ends the run)"
+    )
     parser.add_argument("--case-timeout", type=float, default=600.0, help="seconds per case in its child process")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--records", default=None, help=argparse.SUPPRESS)
@@ -547,8 +743,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device available")
     cases = _split(args.cases, QUICK_CASES if args.quick else list(zoo.DEFAULT_CASES), list(zoo.ZOO), "cases")
-    args.optimizers = _split(args.optimizers, QUICK_OPTIMIZERS if args.quick else list(zoo.OPTIMIZERS),
-                             list(zoo.OPTIMIZERS), "optimizers")
+    args.optimizers = _split(
+        args.optimizers, QUICK_OPTIMIZERS if args.quick else list(zoo.OPTIMIZERS), list(zoo.OPTIMIZERS), "optimizers"
+    )
     args.precisions = _split(args.precisions, zoo.PRECISIONS, zoo.PRECISIONS, "precisions")
     args.cases = ",".join(cases)
     stem = args.stem or (f"{args.device}_quick" if args.quick else args.device)
@@ -557,15 +754,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
     if args.in_process and args.device == "cuda":
-        print("note: --in-process on cuda measures only the first combination in a fresh process; the later ones "
-              "find the cuBLAS workspaces already allocated (see benchmarks.common.groundtruth)", flush=True)
+        print(
+            "note: --in-process on cuda measures only the first combination in a fresh process; the later ones "
+            "find the cuBLAS workspaces already allocated (see benchmarks.common.groundtruth)",
+            flush=True,
+        )
     for name in cases:
         if args.in_process:
-            rows += run_case(name, args.optimizers, args.precisions, args.device,
-                             with_memtracker=not args.no_memtracker, log=lambda s: print(s, flush=True))
+            rows += run_case(
+                name,
+                args.optimizers,
+                args.precisions,
+                args.device,
+                with_memtracker=not args.no_memtracker,
+                log=lambda s: print(s, flush=True),
+            )
         else:
-            rows += run_case_isolated(name, args.optimizers, args.precisions, args.device,
-                                      with_memtracker=not args.no_memtracker, timeout_s=args.case_timeout)
+            rows += run_case_isolated(
+                name,
+                args.optimizers,
+                args.precisions,
+                args.device,
+                with_memtracker=not args.no_memtracker,
+                timeout_s=args.case_timeout,
+            )
         gc.collect()
     summary = summarize(rows)
     meta = _meta(args.device, args, time.perf_counter() - t0)
@@ -573,9 +785,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"{stem}.md").write_text(md)
     (RESULTS_DIR / f"{stem}.json").write_text(
-        json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1, default=str))
+        json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1, default=str)
+    )
     print()
-    print(md[md.index("## Summary"):])
+    print(md[md.index("## Summary") :])
     print(f"wrote {RESULTS_DIR / (stem + '.md')} and .json", flush=True)
     return 0
 
@@ -586,12 +799,21 @@ def _worker(args: argparse.Namespace) -> int:
         opt_name, precision, skip = item.split(":")
         combos.append((opt_name, precision, tuple(x for x in skip.split("+") if x)))
     with open(args.records, "a") as fh:
+
         def sink(record: dict[str, Any]) -> None:
             fh.write(json.dumps(record, default=str) + "\n")
             fh.flush()
 
-        run_case(args.worker, [], [], args.device, with_memtracker=not args.no_memtracker,
-                 log=lambda s: print(s, flush=True), sink=sink, combos=combos)
+        run_case(
+            args.worker,
+            [],
+            [],
+            args.device,
+            with_memtracker=not args.no_memtracker,
+            log=lambda s: print(s, flush=True),
+            sink=sink,
+            combos=combos,
+        )
     return 0
 
 

@@ -48,8 +48,22 @@ from benchmarks.common.paths import result_dir
 from benchmarks.tools.provenance import commit_stamp
 
 __all__ = [
-    "RESULTS", "Block", "ResMLP", "TinyTransformer", "CASES", "STRATEGIES", "DEFAULT_MATRIX", "build", "loss_fn",
-    "units_of", "rank_peak", "measure", "predict", "host_meta", "to_markdown", "main",
+    "RESULTS",
+    "Block",
+    "ResMLP",
+    "TinyTransformer",
+    "CASES",
+    "STRATEGIES",
+    "DEFAULT_MATRIX",
+    "build",
+    "loss_fn",
+    "units_of",
+    "rank_peak",
+    "measure",
+    "predict",
+    "host_meta",
+    "to_markdown",
+    "main",
 ]
 
 RESULTS = result_dir("distributed")
@@ -135,7 +149,10 @@ STRATEGIES: dict[str, dict[str, Any]] = {
 #: The (case, strategy) pairs run by default: every strategy on one case, FSDP on uneven
 #: (padded) shards, DDP and FSDP on a transformer.
 DEFAULT_MATRIX = [("resmlp", name) for name in STRATEGIES] + [
-    ("resmlp_odd", "ddp"), ("resmlp_odd", "fsdp"), ("transformer", "ddp_bucket_view"), ("transformer", "fsdp"),
+    ("resmlp_odd", "ddp"),
+    ("resmlp_odd", "fsdp"),
+    ("transformer", "ddp_bucket_view"),
+    ("transformer", "fsdp"),
     ("transformer", "fsdp_no_reshard"),
 ]
 
@@ -150,7 +167,7 @@ def loss_fn(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
 
 
 def units_of(model: nn.Module) -> list[nn.Module]:
-    blocks = getattr(model, "blocks", None) or getattr(model, "layers")
+    blocks = getattr(model, "blocks", None) or model.layers
     return list(blocks)
 
 
@@ -178,7 +195,7 @@ def rank_peak(prof: Any, baseline: int) -> dict[str, Any]:
         if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
             allocations.append(node)
         elif node.tag == _EventType.TorchOp and node.name.startswith(_MARK):
-            marks.append((node.start_time_ns, node.end_time_ns, node.name[len(_MARK):]))
+            marks.append((node.start_time_ns, node.end_time_ns, node.name[len(_MARK) :]))
         stack.extend(node.children)
     allocations.sort(key=lambda n: n.start_time_ns)
     open_blocks: dict[int, Any] = {}
@@ -223,8 +240,13 @@ def rank_peak(prof: Any, baseline: int) -> dict[str, Any]:
         phase_peaks[phase] = max(phase_peaks.get(phase, 0), baseline + running)
         if running > peak:
             peak, peak_phase = running, phase
-    return {"peak_bytes": baseline + peak, "peak_phase": peak_phase, "phase_peaks": phase_peaks,
-            "repaired_frees": repaired, "baseline_bytes": baseline}
+    return {
+        "peak_bytes": baseline + peak,
+        "peak_phase": peak_phase,
+        "phase_peaks": phase_peaks,
+        "repaired_frees": repaired,
+        "baseline_bytes": baseline,
+    }
 
 
 def _worker(rank: int, world_size: int, port: int, case: str, strategy: str, out_dir: str) -> None:
@@ -288,7 +310,9 @@ def measure(case: str, strategy: str, world_size: int, out_dir: str, timeout: fl
 
     context = mp.get_context("spawn")
     port = _free_port()
-    processes = [context.Process(target=_worker, args=(r, world_size, port, case, strategy, out_dir)) for r in range(world_size)]
+    processes = [
+        context.Process(target=_worker, args=(r, world_size, port, case, strategy, out_dir)) for r in range(world_size)
+    ]
     for process in processes:
         process.start()
     deadline = time.monotonic() + timeout
@@ -317,9 +341,15 @@ def predict(case: str, strategy: str, world_size: int, rank: int) -> dict[str, A
     options = dict(STRATEGIES[strategy])
     spec = Strategy(options.pop("kind"), world_size=world_size, rank=rank, backend="gloo", **options)
     started = time.perf_counter()
-    estimate = estimate_per_rank(model, batch, "adam", loss_fn, strategy=spec, units=units_of(model) if spec.kind == "fsdp" else None)
-    return {"predicted_bytes": estimate.peak_bytes, "predicted_phase": estimate.peak_phase,
-            "single_device_bytes": estimate.extra["single_device_peak_bytes"], "estimate_s": time.perf_counter() - started}
+    estimate = estimate_per_rank(
+        model, batch, "adam", loss_fn, strategy=spec, units=units_of(model) if spec.kind == "fsdp" else None
+    )
+    return {
+        "predicted_bytes": estimate.peak_bytes,
+        "predicted_phase": estimate.peak_phase,
+        "single_device_bytes": estimate.extra["single_device_peak_bytes"],
+        "estimate_s": time.perf_counter() - started,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -351,29 +381,47 @@ def host_meta(elapsed: float) -> dict[str, Any]:
 def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = ["# Distributed per-rank benchmark (CPU, gloo)", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
-    lines += ["", "Measured: each rank's peak of live CPU tensor bytes over two real steps (profiler allocation events "
-              "plus bytes live before; gloo frees recorded on no thread repaired, see benchmarks/suites/distributed.py). "
-              "Predicted: `estimate_per_rank` for that rank. Error = (predicted - measured) / measured.", "",
-              "| case | strategy | world size | rank | single device | predicted | measured | error | repaired frees |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Measured: each rank's peak of live CPU tensor bytes over two real steps (profiler allocation events "
+        "plus bytes live before; gloo frees recorded on no thread repaired, see benchmarks/suites/distributed.py). "
+        "Predicted: `estimate_per_rank` for that rank. Error = (predicted - measured) / measured.",
+        "",
+        "| case | strategy | world size | rank | single device | predicted | measured | error | repaired frees |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['case']} | {r['strategy']} | {r['world_size']} | {r['rank']} | {r['single_device_bytes'] / 2**20:.3f} MiB | "
-                     f"{r['predicted_bytes'] / 2**20:.3f} MiB | {r['peak_bytes'] / 2**20:.3f} MiB | {r['error_pct']:+.2f}% | {r['repaired_frees']} |")
+        lines.append(
+            f"| {r['case']} | {r['strategy']} | {r['world_size']} | {r['rank']} | {r['single_device_bytes'] / 2**20:.3f} MiB | "
+            f"{r['predicted_bytes'] / 2**20:.3f} MiB | {r['peak_bytes'] / 2**20:.3f} MiB | {r['error_pct']:+.2f}% | {r['repaired_frees']} |"
+        )
     errors = [abs(r["error_pct"]) for r in rows]
     if errors:
-        lines += ["", f"- per-rank median abs error: {statistics.median(errors):.2f}%, worst: {max(errors):.2f}% over {len(errors)} rank runs"]
+        lines += [
+            "",
+            f"- per-rank median abs error: {statistics.median(errors):.2f}%, worst: {max(errors):.2f}% over {len(errors)} rank runs",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.suites.distributed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default=None, help="comma-separated: " + ", ".join(CASES) + " (default: DEFAULT_MATRIX)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.suites.distributed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--cases", default=None, help="comma-separated: " + ", ".join(CASES) + " (default: DEFAULT_MATRIX)"
+    )
     parser.add_argument("--strategies", default=None, help="comma-separated: " + ", ".join(STRATEGIES))
     parser.add_argument("--world-sizes", default="2,4")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="runs per configuration; each rank's smallest peak is kept (a free gloo's thread makes "
-                             "late can only add to a run's peak)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="runs per configuration; each rank's smallest peak is kept (a free gloo's thread makes "
+        "late can only add to a run's peak)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "cpu"), help="output stem (.md and .json): the host's name")
     args = parser.parse_args(argv)
     import tempfile
@@ -381,24 +429,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     rows = []
     if args.cases or args.strategies:
-        matrix = [(c, s) for c in (args.cases or ",".join(CASES)).split(",") for s in (args.strategies or ",".join(STRATEGIES)).split(",")]
+        matrix = [
+            (c, s)
+            for c in (args.cases or ",".join(CASES)).split(",")
+            for s in (args.strategies or ",".join(STRATEGIES)).split(",")
+        ]
     else:
         matrix = DEFAULT_MATRIX
     for case, strategy in matrix:
-            for world_size in (int(w) for w in args.world_sizes.split(",")):
-                measured = []
-                for _ in range(args.repeats):
-                    with tempfile.TemporaryDirectory() as tmp:
-                        runs = measure(case, strategy, world_size, tmp)
-                    measured = [min(pair, key=lambda m: m["peak_bytes"]) for pair in zip(measured, runs)] if measured else runs
-                for m in measured:
-                    p = predict(case, strategy, world_size, m["rank"])
-                    row = {"case": case, "strategy": strategy, "world_size": world_size, **m, **p}
-                    row["error_pct"] = 100.0 * (p["predicted_bytes"] - m["peak_bytes"]) / m["peak_bytes"]
-                    rows.append(row)
-                    print(f"{case:12s} {strategy:16s} x{world_size} rank {m['rank']}: predicted {p['predicted_bytes']} "
-                          f"measured {m['peak_bytes']} ({row['error_pct']:+.2f}%) [{p['predicted_phase']} / {m['peak_phase']}]",
-                          file=sys.stderr)
+        for world_size in (int(w) for w in args.world_sizes.split(",")):
+            measured = []
+            for _ in range(args.repeats):
+                with tempfile.TemporaryDirectory() as tmp:
+                    runs = measure(case, strategy, world_size, tmp)
+                measured = (
+                    [min(pair, key=lambda m: m["peak_bytes"]) for pair in zip(measured, runs)] if measured else runs
+                )
+            for m in measured:
+                p = predict(case, strategy, world_size, m["rank"])
+                row = {"case": case, "strategy": strategy, "world_size": world_size, **m, **p}
+                row["error_pct"] = 100.0 * (p["predicted_bytes"] - m["peak_bytes"]) / m["peak_bytes"]
+                rows.append(row)
+                print(
+                    f"{case:12s} {strategy:16s} x{world_size} rank {m['rank']}: predicted {p['predicted_bytes']} "
+                    f"measured {m['peak_bytes']} ({row['error_pct']:+.2f}%) [{p['predicted_phase']} / {m['peak_phase']}]",
+                    file=sys.stderr,
+                )
     meta = host_meta(time.perf_counter() - started)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

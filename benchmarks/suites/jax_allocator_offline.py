@@ -67,7 +67,9 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     for key, label in (("error_buffers", "XLA buffers alone"), ("error_allocator", "allocator replay")):
         values = [abs(r[key]) for r in rows]
         lines.append("")
-        lines.append(f"{label}: median {statistics.median(values):.1%}, worst {max(values):.1%} over {len(values)} models.")
+        lines.append(
+            f"{label}: median {statistics.median(values):.1%}, worst {max(values):.1%} over {len(values)} models."
+        )
     return "\n".join(lines) + "\n"
 
 

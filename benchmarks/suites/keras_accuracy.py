@@ -119,9 +119,13 @@ def worker(name: str, part: str = "both") -> dict[str, Any]:
 
         row["allocator"] = tf_cpu_allocator()
         for key in (
-            "step_check_batch_size", "step_check_runs", "step_check_runs_missing", "step_check_offset_bytes",
+            "step_check_batch_size",
+            "step_check_runs",
+            "step_check_runs_missing",
+            "step_check_offset_bytes",
             "step_check_difference_bytes",
-            "step_check_optimizer_built", "replay_peak_bytes",
+            "step_check_optimizer_built",
+            "replay_peak_bytes",
         ):
             if key in estimate.extra:
                 row[key] = estimate.extra[key]
@@ -147,9 +151,10 @@ def worker(name: str, part: str = "both") -> dict[str, Any]:
     row["rule_error"] = (row["rule_of_thumb_bytes"] - measured) / measured
     if "measured_steady_bytes" in row:
         row["error_steady"] = (row["predicted_bytes"] - row["measured_steady_bytes"]) / row["measured_steady_bytes"]
-        row["rule_error_steady"] = (row["rule_of_thumb_bytes"] - row["measured_steady_bytes"]) / row["measured_steady_bytes"]
+        row["rule_error_steady"] = (row["rule_of_thumb_bytes"] - row["measured_steady_bytes"]) / row[
+            "measured_steady_bytes"
+        ]
     return row
-
 
 
 def run_isolated(
@@ -238,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=BACKENDS, default="tensorflow")
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--out", default=str(RESULTS), help="the results folder (the run goes to OUT/keras_<backend>_<device>/)")
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="the results folder (the run goes to OUT/keras_<backend>_<device>/)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--part", default="both", choices=("both", "estimate", "measure"), help=argparse.SUPPRESS)
     parser.add_argument("--render", action="store_true", help="rewrite the Markdown from the committed JSON")
@@ -247,18 +254,23 @@ def main(argv: list[str] | None = None) -> int:
         "--onednn", choices=("0", "1"), help="TensorFlow: run every worker with TF_ENABLE_ONEDNN_OPTS=0 or 1"
     )
     parser.add_argument(
-        "--device", choices=("cpu", "gpu"), default="cpu",
+        "--device",
+        choices=("cpu", "gpu"),
+        default="cpu",
         help="gpu: JAX and torch train on the GPU; the truth is the device allocator's peak, measured in processes "
         "that never ran the estimator (results keras_<backend>_gpu/...)",
     )
     parser.add_argument(
-        "--jobs", type=int, default=1,
+        "--jobs",
+        type=int,
+        default=1,
         help="cases run at once (GPU only: each process has its own allocator statistics; on a CPU, concurrent "
         "cases would disturb each other's measurements)",
     )
     parser.add_argument("--note", help="a line for the results header (the run's conditions)")
     parser.add_argument(
-        "--host-tag", default="",
+        "--host-tag",
+        default="",
         help="the result's file name: the host (zen4-avx512, h100_growth, ...; default: the device), so that results "
         "of another host sit beside the committed ones instead of replacing them",
     )
@@ -276,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
             saved = json.load(handle)
         with open(stem + ".md", "w", encoding="utf-8") as handle:
             rows = saved["rows"]
-            handle.write(to_markdown(args.backend, rows, summarize([r for r in rows if "error_text" not in r]), saved["meta"]))
+            handle.write(
+                to_markdown(args.backend, rows, summarize([r for r in rows if "error_text" not in r]), saved["meta"])
+            )
         return 0
     if args.worker:
         print(json.dumps(worker(args.worker, args.part)), flush=True)
@@ -327,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         meta["TF_ENABLE_ONEDNN_OPTS"] = args.onednn if args.onednn is not None else "host default"
         meta["truth"] = "median of the fresh processes' allocator peaks; range and every run in the JSON"
     write_result(
-        out_dir, name, {"meta": meta, "summary": summary, "rows": rows},
+        out_dir,
+        name,
+        {"meta": meta, "summary": summary, "rows": rows},
         to_markdown(args.backend, rows, summary, meta),
     )
     print(json.dumps(summary))

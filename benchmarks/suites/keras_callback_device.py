@@ -52,20 +52,22 @@ def fit_case(name: str, epochs: int, steps: int) -> list[dict[str, Any]]:
     rows = []
     for epoch, row in enumerate(callback.measurements):
         keys = [names.measured, names.predicted, names.relative_error] if names else []
-        rows.append({
-            "case": name,
-            "batch_size": batch,
-            "epoch": epoch,
-            "kind": row.get("kind"),
-            "measured_bytes": row.get("measured_bytes"),
-            "predicted_bytes": row.get("predicted_bytes"),
-            "relative_error": row.get("relative_error"),
-            "exact": row.get("exact"),
-            "logs_keys_present": all(k in history.history and len(history.history[k]) == epochs for k in keys),
-            "failure": callback.failure,
-            "meter_samples": getattr(callback._meter, "samples", None),  # noqa: SLF001 - the JAX sampler's count
-            "fit_s": round(seconds, 1),
-        })
+        rows.append(
+            {
+                "case": name,
+                "batch_size": batch,
+                "epoch": epoch,
+                "kind": row.get("kind"),
+                "measured_bytes": row.get("measured_bytes"),
+                "predicted_bytes": row.get("predicted_bytes"),
+                "relative_error": row.get("relative_error"),
+                "exact": row.get("exact"),
+                "logs_keys_present": all(k in history.history and len(history.history[k]) == epochs for k in keys),
+                "failure": callback.failure,
+                "meter_samples": getattr(callback._meter, "samples", None),  # noqa: SLF001 - the JAX sampler's count
+                "fit_s": round(seconds, 1),
+            }
+        )
     return rows
 
 
@@ -100,7 +102,10 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         cells = [
-            r["case"], r["batch_size"], r["epoch"], r["kind"],
+            r["case"],
+            r["batch_size"],
+            r["epoch"],
+            r["kind"],
             "-" if r["measured_bytes"] is None else f"{r['measured_bytes'] / 2**20:.1f}",
             "-" if r["predicted_bytes"] is None else f"{r['predicted_bytes'] / 2**20:.1f}",
             "-" if r["relative_error"] is None else f"{r['relative_error'] * 100:+.1f}%",
@@ -111,7 +116,9 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             cells += [
                 "-" if r.get("meter_samples") is None else r["meter_samples"],
                 "-" if true is None else f"{true / 2**20:.1f}",
-                "-" if true is None or r["measured_bytes"] is None else f"{(r['measured_bytes'] - true) / true * 100:+.1f}%",
+                "-"
+                if true is None or r["measured_bytes"] is None
+                else f"{(r['measured_bytes'] - true) / true * 100:+.1f}%",
             ]
         cells.append("yes" if r["logs_keys_present"] else "NO")
         lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
@@ -123,11 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="conv1d,unet_small,transformer")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4, help="batches per epoch")
-    parser.add_argument("--out", default=str(RESULTS), help="the results folder (the run goes to OUT/keras_callback_<backend>_<device>/)")
+    parser.add_argument(
+        "--out",
+        default=str(RESULTS),
+        help="the results folder (the run goes to OUT/keras_callback_<backend>_<device>/)",
+    )
     parser.add_argument("--host-tag", default="", help="the result's file name: the host and mode (h200_growth, ...)")
     parser.add_argument("--render", metavar="JSON", help="rewrite the Markdown beside a committed JSON result")
     parser.add_argument(
-        "--truth", metavar="JSON", help="with --render: a keras_accuracy result on the same device, to compare readings with"
+        "--truth",
+        metavar="JSON",
+        help="with --render: a keras_accuracy result on the same device, to compare readings with",
     )
     args = parser.parse_args(argv)
     if args.render:

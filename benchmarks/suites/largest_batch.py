@@ -54,8 +54,20 @@ from benchmarks.common import zoo
 from benchmarks.common.paths import result_dir
 
 __all__ = [
-    "RESULTS_DIR", "CASES", "DEFAULT_MODELS", "TIGHT_FACTOR", "NoGPUError", "get_case", "case_names",
-    "estimate_largest", "train_steps", "batch_size_finder", "run_model", "to_markdown", "build_parser", "main",
+    "RESULTS_DIR",
+    "CASES",
+    "DEFAULT_MODELS",
+    "TIGHT_FACTOR",
+    "NoGPUError",
+    "get_case",
+    "case_names",
+    "estimate_largest",
+    "train_steps",
+    "batch_size_finder",
+    "run_model",
+    "to_markdown",
+    "build_parser",
+    "main",
 ]
 
 RESULTS_DIR = result_dir("largest_batch")
@@ -89,15 +101,18 @@ def case_names() -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def estimate_largest(case: zoo.ZooCase, batch_size: int, cap_bytes: int, optimizer: str, precision: str) -> dict[str, Any]:
+def estimate_largest(
+    case: zoo.ZooCase, batch_size: int, cap_bytes: int, optimizer: str, precision: str
+) -> dict[str, Any]:
     """nnmem's largest batch under ``cap_bytes`` of allocator reserve, verified by a direct estimate, timed."""
     from nnmem_callbacks import estimate_training
 
     model = case.make_model()
     batch = case.make_batch(batch_size, "cpu")
     started = time.perf_counter()
-    estimate = estimate_training(model, batch, optimizer=zoo.OPTIMIZERS[optimizer], loss_fn=case.loss_fn,
-                                 precision=precision, device="cuda")
+    estimate = estimate_training(
+        model, batch, optimizer=zoo.OPTIMIZERS[optimizer], loss_fn=case.loss_fn, precision=precision, device="cuda"
+    )
     estimated = time.perf_counter() - started
     # the cap limits what the allocator reserves; the estimate's overhead (CUDA context and libraries) is outside
     # it, the cuBLAS/cuDNN workspaces are inside (allocations of the trace, in the replayed reserve)
@@ -137,8 +152,15 @@ def _cap(cap_bytes: int) -> int:
     return total
 
 
-def train_steps(case_name: str, batch_size: int, cap_bytes: int | None, optimizer: str, precision: str,
-                steps: int = 2, device: str = "cuda") -> dict[str, Any]:
+def train_steps(
+    case_name: str,
+    batch_size: int,
+    cap_bytes: int | None,
+    optimizer: str,
+    precision: str,
+    steps: int = 2,
+    device: str = "cuda",
+) -> dict[str, Any]:
     """``steps`` real training steps at ``batch_size`` (under the cap on CUDA): OOM or the allocator's peaks."""
     case = get_case(case_name)
     if device == "cuda" and cap_bytes is not None:
@@ -167,8 +189,9 @@ def train_steps(case_name: str, batch_size: int, cap_bytes: int | None, optimize
     return record
 
 
-def batch_size_finder(case_name: str, cap_bytes: int | None, optimizer: str, precision: str, device: str = "cuda",
-                      max_val: int = 8192) -> dict[str, Any]:
+def batch_size_finder(
+    case_name: str, cap_bytes: int | None, optimizer: str, precision: str, device: str = "cuda", max_val: int = 8192
+) -> dict[str, Any]:
     """Lightning's BatchSizeFinder (``Tuner.scale_batch_size``, binsearch) on the capped card, timed.
 
     ``device="cpu"`` (no cap, nothing runs out of memory: the search ends at
@@ -211,9 +234,17 @@ def batch_size_finder(case_name: str, cap_bytes: int | None, optimizer: str, pre
     torch.manual_seed(0)
     module = Module()
     with tempfile.TemporaryDirectory() as root:  # the finder saves and restores a checkpoint there
-        trainer = pl.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, max_epochs=1, precision=precision, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             default_root_dir=root)
+        trainer = pl.Trainer(
+            accelerator="gpu" if device == "cuda" else "cpu",
+            devices=1,
+            max_epochs=1,
+            precision=precision,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=root,
+        )
         started = time.perf_counter()
         # Lightning's defaults otherwise: steps_per_trial=3, init_val=2, margin=0.05 (binsearch), max_val=8192
         chosen = Tuner(trainer).scale_batch_size(module, mode="binsearch", max_val=max_val)
@@ -225,7 +256,9 @@ def _run_worker(kind: str, payload: dict[str, Any], timeout: int = 900) -> dict[
     """Runs ``kind`` in a fresh Python process and returns its JSON record."""
     from benchmarks.common.isolated import run_worker
 
-    record = run_worker("benchmarks.suites.largest_batch", ["--worker", kind, "--payload", json.dumps(payload)], timeout=timeout)
+    record = run_worker(
+        "benchmarks.suites.largest_batch", ["--worker", kind, "--payload", json.dumps(payload)], timeout=timeout
+    )
     if "error_text" in record:
         return {"failed": True, "error": record["error_text"]}
     return record
@@ -312,13 +345,20 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if runs:
         safe = sum(1 for row in runs if not row["run"].get("oom") and not row["run"].get("failed"))
         tight = sum(1 for row in runs if row.get("run_above", {}).get("oom"))
-        lines += ["", f"Safe: {safe} of {len(runs)} models trained at nnmem's batch without OOM; tight: "
-                      f"{TIGHT_FACTOR:.2f}x that batch ran out of memory for {tight} of {len(runs)}."]
+        lines += [
+            "",
+            f"Safe: {safe} of {len(runs)} models trained at nnmem's batch without OOM; tight: "
+            f"{TIGHT_FACTOR:.2f}x that batch ran out of memory for {tight} of {len(runs)}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def _meta(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"no GPU ({platform.processor() or platform.machine()})"
+    device = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"no GPU ({platform.processor() or platform.machine()})"
+    )
     return {
         "device": device,
         "cap_gib": args.cap_gib,
@@ -333,16 +373,22 @@ def _meta(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.suites.largest_batch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.suites.largest_batch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo cases")
     parser.add_argument("--batch-size", type=int, default=256, help="the requested batch (default 256)")
     parser.add_argument("--cap-gib", type=float, default=12.0, help="the emulated card's memory in GiB (default 12)")
     parser.add_argument("--optimizer", default="sgd_momentum", choices=sorted(zoo.OPTIMIZERS))
     parser.add_argument("--precision", default="32-true", choices=zoo.PRECISIONS)
     parser.add_argument("--no-finder", action="store_true", help="skip Lightning's BatchSizeFinder")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="no GPU part: estimation (CPU kernels, CUDA target), verification and the table only")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU part: estimation (CPU kernels, CUDA target), verification and the table only",
+    )
     parser.add_argument("--stem", default="gpu", help="the result's file name: the GPU (h200, ...)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -364,15 +410,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("--batch-size must be a positive integer and --cap-gib a positive number", file=sys.stderr)
         return 2
     if not args.dry_run and not torch.cuda.is_available():
-        print("benchmarks.suites.largest_batch needs a CUDA GPU for its training runs and the BatchSizeFinder comparison; "
-              "none is available here. Pass --dry-run to run the estimation, the verification and the table without one.",
-              file=sys.stderr)
+        print(
+            "benchmarks.suites.largest_batch needs a CUDA GPU for its training runs and the BatchSizeFinder comparison; "
+            "none is available here. Pass --dry-run to run the estimation, the verification and the table without one.",
+            file=sys.stderr,
+        )
         return 2
     cap_bytes = int(args.cap_gib * GiB)
     rows = []
     for name in names:
         rows.append(run_model(name, args, cap_bytes))
-        print(f"{name}: lines {rows[-1]['lines_batch']}, chosen {rows[-1]['chosen']} in {rows[-1]['seconds']} s", file=sys.stderr)
+        print(
+            f"{name}: lines {rows[-1]['lines_batch']}, chosen {rows[-1]['chosen']} in {rows[-1]['seconds']} s",
+            file=sys.stderr,
+        )
     meta = _meta(args, argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{args.stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")

@@ -32,7 +32,15 @@ from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.estimators import napkin
 
 __all__ = [
-    "RESULTS", "CATEGORIES", "Case", "transformer_case", "mlp_case", "CASES", "run_case", "to_markdown", "main",
+    "RESULTS",
+    "CATEGORIES",
+    "Case",
+    "transformer_case",
+    "mlp_case",
+    "CASES",
+    "run_case",
+    "to_markdown",
+    "main",
 ]
 
 RESULTS = result_dir("napkin_vs_trace")
@@ -54,8 +62,9 @@ def _gpt2(layers: int, hidden: int, heads: int, vocab: int, positions: int, attn
     def make() -> torch.nn.Module:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        config = GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=positions,
-                            use_cache=False)
+        config = GPT2Config(
+            n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=positions, use_cache=False
+        )
         config._attn_implementation = attn
         return GPT2LMHeadModel(config)
 
@@ -66,8 +75,13 @@ def _bert(layers: int, hidden: int, heads: int, vocab: int, attn: str) -> Callab
     def make() -> torch.nn.Module:
         from transformers import BertConfig, BertForMaskedLM
 
-        config = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                            intermediate_size=4 * hidden, vocab_size=vocab)
+        config = BertConfig(
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            intermediate_size=4 * hidden,
+            vocab_size=vocab,
+        )
         config._attn_implementation = attn
         return BertForMaskedLM(config)
 
@@ -103,20 +117,46 @@ def _mlp_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
-def transformer_case(name: str, arch: str, layers: int, hidden: int, heads: int, vocab: int, seq: int, batch: int,
-                     optimizer: str, precision: str, attn: str = "eager") -> Case:
+def transformer_case(
+    name: str,
+    arch: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    vocab: int,
+    seq: int,
+    batch: int,
+    optimizer: str,
+    precision: str,
+    attn: str = "eager",
+) -> Case:
     positions = 1024 if arch == "gpt" else 512
-    make_model = _gpt2(layers, hidden, heads, vocab, positions, attn) if arch == "gpt" else _bert(layers, hidden, heads, vocab, attn)
+    make_model = (
+        _gpt2(layers, hidden, heads, vocab, positions, attn)
+        if arch == "gpt"
+        else _bert(layers, hidden, heads, vocab, attn)
+    )
     attention = "eager" if attn == "eager" else "flash"
     return Case(
         name,
         f"{arch} L={layers} h={hidden} a={heads} V={vocab} s={seq} b={batch}, {optimizer}, {precision}, {attn} attention",
         make_model,
         _tokens(batch, seq),
-        lambda device: napkin.transformer_estimate(device=device, layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq_len=seq,
-                                            batch_size=batch, arch=arch, optimizer=optimizer, precision=precision,
-                                            attention=attention, max_positions=positions,
-                                            activation="gelu_new" if arch == "gpt" else "gelu"),
+        lambda device: napkin.transformer_estimate(
+            device=device,
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            vocab=vocab,
+            seq_len=seq,
+            batch_size=batch,
+            arch=arch,
+            optimizer=optimizer,
+            precision=precision,
+            attention=attention,
+            max_positions=positions,
+            activation="gelu_new" if arch == "gpt" else "gelu",
+        ),
         optimizer,
         precision,
     )
@@ -153,8 +193,9 @@ def run_case(case: Case, device: str) -> dict[str, Any]:
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = estimate_training(model, batch, optimizer=case.optimizer, loss_fn=loss_fn,
-                                   precision=case.precision, device=device)
+        traced = estimate_training(
+            model, batch, optimizer=case.optimizer, loss_fn=loss_fn, precision=case.precision, device=device
+        )
     trace_seconds = time.perf_counter() - started
     started = time.perf_counter()
     napkin_est = case.napkin(device)
@@ -220,11 +261,17 @@ def to_markdown(rows: list[dict[str, Any]], environment: dict[str, str]) -> str:
         "|---|---|" + "---:|" * len(CATEGORIES),
     ]
     for row in rows:
-        cells = [f"{format_bytes(row['trace_breakdown'][c])} / {format_bytes(row['napkin_breakdown'][c])}"
-                 for c in CATEGORIES]
+        cells = [
+            f"{format_bytes(row['trace_breakdown'][c])} / {format_bytes(row['napkin_breakdown'][c])}"
+            for c in CATEGORIES
+        ]
         lines.append(f"| {row['case']} | {row['target']} | " + " | ".join(cells) + " |")
-    lines += ["", "Trace time per case (three traces for the batch scaling): "
-              + ", ".join(f"{row['case']} ({row['target']}) {row['trace_seconds']} s" for row in rows) + "."]
+    lines += [
+        "",
+        "Trace time per case (three traces for the batch scaling): "
+        + ", ".join(f"{row['case']} ({row['target']}) {row['trace_seconds']} s" for row in rows)
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -237,16 +284,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="cpu,cuda", help="comma-separated targets, e.g. --targets cuda")
     parser.add_argument("--stem", default="cpu", help="the result's file name: the host (zen4-avx512, ...)")
     args = parser.parse_args(argv)
-    environment = {"torch": f"torch {torch.__version__}", "transformers": transformers.__version__,
-                   "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}"}
+    environment = {
+        "torch": f"torch {torch.__version__}",
+        "transformers": transformers.__version__,
+        "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
+    }
     rows = []
     for target in args.targets.split(","):
         for case in CASES:
             row = run_case(case, target)
             rows.append(row)
-            print(f"{target:<5} {row['case']:<24} trace {format_bytes(row['trace_peak_bytes']):>12}  napkin "
-                  f"{format_bytes(row['napkin_peak_bytes']):>12}  error {row['error']:+.1%}  ({row['trace_seconds']} s)",
-                  flush=True)
+            print(
+                f"{target:<5} {row['case']:<24} trace {format_bytes(row['trace_peak_bytes']):>12}  napkin "
+                f"{format_bytes(row['napkin_peak_bytes']):>12}  error {row['error']:+.1%}  ({row['trace_seconds']} s)",
+                flush=True,
+            )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.stem}.json").write_text(json.dumps({"environment": environment, "cases": rows}, indent=2) + "\n")
     (RESULTS / f"{args.stem}.md").write_text(to_markdown(rows, environment))

@@ -64,12 +64,19 @@ def _pct(predicted: float | None, measured: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.suites.offline_vs_measured", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.suites.offline_vs_measured",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("results", help="the JSON of a CUDA accuracy run")
     parser.add_argument("--cases", default=None, help="comma-separated subset of the cases in the file")
     parser.add_argument("--all-rows", action="store_true", help="every row, not only the fresh-process ones")
-    parser.add_argument("--device", default="cuda:h100", help="the CUDA target named to the estimator (default: cuda:h100, the recorded GPU)")
+    parser.add_argument(
+        "--device",
+        default="cuda:h100",
+        help="the CUDA target named to the estimator (default: cuda:h100, the recorded GPU)",
+    )
     args = parser.parse_args(argv)
     with open(args.results) as handle:
         document = json.load(handle)
@@ -80,10 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = document.get("meta", {})
     from nnmem_callbacks.probes.fingerprint import cpu_isa_extensions, cpu_model_name
 
-    print(f"recorded on {meta.get('gpu', '?')}, torch {meta.get('torch', '?')}; predicted here (no GPU) for {args.device} "
-          f"with torch {torch.__version__} on {cpu_model_name()} ({', '.join(cpu_isa_extensions()) or 'baseline ISA'})")
+    print(
+        f"recorded on {meta.get('gpu', '?')}, torch {meta.get('torch', '?')}; predicted here (no GPU) for {args.device} "
+        f"with torch {torch.__version__} on {cpu_model_name()} ({', '.join(cpu_isa_extensions()) or 'baseline ISA'})"
+    )
     print()
-    print("| case | optimizer | precision | pred MiB | workspaces MiB | meas MiB | err | pred device MiB | meas device MiB | err | note |")
+    print(
+        "| case | optimizer | precision | pred MiB | workspaces MiB | meas MiB | err | pred device MiB | meas device MiB | err | note |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     warnings.simplefilter("ignore")
     for row in rows:
@@ -92,17 +103,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = case.make_model()
         batch = case.make_batch(case.batch_size, "cpu")
         try:
-            est = estimate_training(model, batch, optimizer=zoo.OPTIMIZERS[row["optimizer"]], loss_fn=case.loss_fn,
-                                    precision=row["precision"], device=args.device)
+            est = estimate_training(
+                model,
+                batch,
+                optimizer=zoo.OPTIMIZERS[row["optimizer"]],
+                loss_fn=case.loss_fn,
+                precision=row["precision"],
+                device=args.device,
+            )
         except Exception as error:  # noqa: BLE001 - one case failing does not end the table
             print(f"| {row['case']} | {row['optimizer']} | {row['precision']} | error: {type(error).__name__} |")
             continue
         note = "truth after a fallback ran real layers" if row.get("method") == "closed-form" else ""
         measured, device = row.get("measured"), row.get("measured_device")
-        print(f"| {row['case']} | {row['optimizer']} | {row['precision']} | {est.peak_bytes / MiB:.1f} | "
-              f"{est.breakdown['workspaces'] / MiB:.1f} | {(measured or 0) / MiB:.1f} | {_pct(est.peak_bytes, measured)} | "
-              f"{est.device_bytes / MiB:.1f} | {(device or 0) / MiB:.1f} | {_pct(est.device_bytes, device)} | {note} |",
-              flush=True)
+        print(
+            f"| {row['case']} | {row['optimizer']} | {row['precision']} | {est.peak_bytes / MiB:.1f} | "
+            f"{est.breakdown['workspaces'] / MiB:.1f} | {(measured or 0) / MiB:.1f} | {_pct(est.peak_bytes, measured)} | "
+            f"{est.device_bytes / MiB:.1f} | {(device or 0) / MiB:.1f} | {_pct(est.device_bytes, device)} | {note} |",
+            flush=True,
+        )
     return 0
 
 

@@ -47,9 +47,31 @@ from typing import Any, Callable, Sequence
 from benchmarks.common.paths import ROOT, result_dir
 
 __all__ = [
-    "RESULTS", "MODELS", "SEED_MLP", "SEED_CNN", "SEED_BERT", "SEED_RESNET", "BERT_INPUTS", "BERT_CALC",
-    "resnet_trace", "COMMANDS", "command_text", "nnmem_json", "peak_at", "measure", "measure_mlp", "measure_bert",
-    "measure_resnet", "fmt", "fmt_b", "error", "pct", "build_rows", "to_markdown", "run", "main",
+    "RESULTS",
+    "MODELS",
+    "SEED_MLP",
+    "SEED_CNN",
+    "SEED_BERT",
+    "SEED_RESNET",
+    "BERT_INPUTS",
+    "BERT_CALC",
+    "resnet_trace",
+    "COMMANDS",
+    "command_text",
+    "nnmem_json",
+    "peak_at",
+    "measure",
+    "measure_mlp",
+    "measure_bert",
+    "measure_resnet",
+    "fmt",
+    "fmt_b",
+    "error",
+    "pct",
+    "build_rows",
+    "to_markdown",
+    "run",
+    "main",
 ]
 
 RESULTS = result_dir("seeds")
@@ -74,13 +96,40 @@ SEED_RESNET = {"text": "1-2 GB", "bytes_low": 1 * 10**9, "bytes_high": 2 * 10**9
 # The exact nnmem commands (argv after `nnmem`)
 # -----------------------------------------------------------------------------
 BERT_INPUTS = ["-i", "input_ids=int64:128", "-i", "labels=int64:128"]
-BERT_CALC = ["calc", "--layers", "12", "--hidden", "768", "--heads", "12", "--vocab", "30522", "--seq-len", "128",
-             "--arch", "bert", "-b", "32", "--optimizer", "adamw"]
+BERT_CALC = [
+    "calc",
+    "--layers",
+    "12",
+    "--hidden",
+    "768",
+    "--heads",
+    "12",
+    "--vocab",
+    "30522",
+    "--seq-len",
+    "128",
+    "--arch",
+    "bert",
+    "-b",
+    "32",
+    "--optimizer",
+    "adamw",
+]
 
 
 def resnet_trace(batch: int, device: str | None) -> list[str]:
-    argv = ["estimate", f"{MODELS}:resnet50", "-i", "3,224,224", "-b", str(batch), "--precision", "16-mixed",
-            "--optimizer", "adam"]
+    argv = [
+        "estimate",
+        f"{MODELS}:resnet50",
+        "-i",
+        "3,224,224",
+        "-b",
+        str(batch),
+        "--precision",
+        "16-mixed",
+        "--optimizer",
+        "adam",
+    ]
     return argv + (["--device", device] if device else [])
 
 
@@ -93,10 +142,28 @@ COMMANDS: dict[str, list[str]] = {
     "bert_napkin_cpu_flash": BERT_CALC + ["--attention", "flash", "--device", "cpu"],
     "bert_napkin_cuda": BERT_CALC + ["--device", "a100-40gb"],
     "bert_napkin_cuda_flash": BERT_CALC + ["--attention", "flash", "--device", "a100-40gb"],
-    "bert_trace_cpu": ["estimate", f"{MODELS}:bert_base_mlm", *BERT_INPUTS, "-b", "32", "--optimizer", "adamw",
-                       "--device", "cpu"],
-    "bert_trace_cuda": ["estimate", f"{MODELS}:bert_base_mlm", *BERT_INPUTS, "-b", "32", "--optimizer", "adamw",
-                        "--device", "a100-40gb"],
+    "bert_trace_cpu": [
+        "estimate",
+        f"{MODELS}:bert_base_mlm",
+        *BERT_INPUTS,
+        "-b",
+        "32",
+        "--optimizer",
+        "adamw",
+        "--device",
+        "cpu",
+    ],
+    "bert_trace_cuda": [
+        "estimate",
+        f"{MODELS}:bert_base_mlm",
+        *BERT_INPUTS,
+        "-b",
+        "32",
+        "--optimizer",
+        "adamw",
+        "--device",
+        "a100-40gb",
+    ],
     "resnet_trace_cpu": resnet_trace(64, "cpu"),
     "resnet_trace_cuda": resnet_trace(64, None),
 }
@@ -109,8 +176,24 @@ def command_text(argv: Sequence[str]) -> str:
 # -----------------------------------------------------------------------------
 # Running nnmem in-process
 # -----------------------------------------------------------------------------
-_KEEP = ("peak_bytes", "device_bytes", "reserved_bytes", "overhead_bytes", "peak_phase", "method", "device",
-         "precision", "batch_size", "fixed_bytes", "per_sample_bytes", "breakdown", "phases", "fit", "why", "extra")
+_KEEP = (
+    "peak_bytes",
+    "device_bytes",
+    "reserved_bytes",
+    "overhead_bytes",
+    "peak_phase",
+    "method",
+    "device",
+    "precision",
+    "batch_size",
+    "fixed_bytes",
+    "per_sample_bytes",
+    "breakdown",
+    "phases",
+    "fit",
+    "why",
+    "extra",
+)
 
 
 def nnmem_json(argv: Sequence[str]) -> dict[str, Any]:
@@ -162,8 +245,9 @@ def _hf_loss(model: Any, batch: Any) -> Any:
     return model(**batch).loss
 
 
-def measure(model_name: str, batch: Any, optimizer: str, loss_fn: Callable[[Any, Any], Any],
-            precision: str = "32-true") -> dict[str, Any]:
+def measure(
+    model_name: str, batch: Any, optimizer: str, loss_fn: Callable[[Any, Any], Any], precision: str = "32-true"
+) -> dict[str, Any]:
     import torch
 
     from benchmarks.common.groundtruth import measure_cpu_peak
@@ -196,11 +280,15 @@ def measure_bert() -> dict[str, Any]:
     import torch
 
     g = torch.Generator().manual_seed(0)
-    batch = {"input_ids": torch.randint(0, 30522, (32, 128), generator=g),
-             "labels": torch.randint(0, 30522, (32, 128), generator=g)}
+    batch = {
+        "input_ids": torch.randint(0, 30522, (32, 128), generator=g),
+        "labels": torch.randint(0, 30522, (32, 128), generator=g),
+    }
     out = measure("bert_base_mlm", batch, "adamw", _hf_loss)
-    out["setup"] = ("examples/models.py:bert_base_mlm (BertForMaskedLM(BertConfig()), sdpa), batch 32x128 "
-                    "input_ids + labels, AdamW(), fp32, loss = output.loss")
+    out["setup"] = (
+        "examples/models.py:bert_base_mlm (BertForMaskedLM(BertConfig()), sdpa), batch 32x128 "
+        "input_ids + labels, AdamW(), fp32, loss = output.loss"
+    )
     return out
 
 
@@ -209,8 +297,10 @@ def measure_resnet(batch_size: int) -> dict[str, Any]:
 
     torch.manual_seed(0)
     out = measure("resnet50", torch.randn(batch_size, 3, 224, 224), "adam", _sum_loss, "16-mixed")
-    out["setup"] = (f"examples/models.py:resnet50, batch {batch_size}x3x224x224, Adam(), forward + loss under "
-                    f"torch.autocast('cpu', dtype=torch.float16), no GradScaler, loss = output.sum()")
+    out["setup"] = (
+        f"examples/models.py:resnet50, batch {batch_size}x3x224x224, Adam(), forward + loss under "
+        f"torch.autocast('cpu', dtype=torch.float16), no GradScaler, loss = output.sum()"
+    )
     return out
 
 
@@ -273,8 +363,9 @@ def _environment(elapsed: float, measured: bool, resnet_batch: int) -> dict[str,
         "measured": measured,
         "resnet_measure_batch": resnet_batch,
         "runtime_s": round(elapsed, 1),
-        "command": "python -m benchmarks.suites.seeds" + ("" if measured else " --skip-measure")
-                   + ("" if resnet_batch == 4 else f" --resnet-measure-batch {resnet_batch}"),
+        "command": "python -m benchmarks.suites.seeds"
+        + ("" if measured else " --skip-measure")
+        + ("" if resnet_batch == 4 else f" --resnet-measure-batch {resnet_batch}"),
     }
 
 
@@ -286,65 +377,79 @@ def build_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
     # 1. MLP
     nap, tr, meas = r["mlp_napkin"], r["mlp_trace"], m.get("mlp")
     mb = meas["peak_bytes"] if meas else None
-    rows.append({
-        "question": "1. MLP 1000-100x4-10, batch 256, fp32, SGD (target cpu)",
-        "seed": f"{SEED_MLP['text']} ({SEED_MLP['bytes']:,} B; 4.5x = {int(SEED_MLP['bytes'] * 4.5):,} B)",
-        "napkin": fmt_b(nap["peak_bytes"]),
-        "trace": fmt_b(tr["peak_bytes"]),
-        "measured": fmt_b(mb) if meas else "not run",
-        "error": pct(error(tr["peak_bytes"], mb)),
-        "napkin_error": error(nap["peak_bytes"], mb),
-        "trace_error": error(tr["peak_bytes"], mb),
-        "commands": [nap["command"], tr["command"]],
-    })
+    rows.append(
+        {
+            "question": "1. MLP 1000-100x4-10, batch 256, fp32, SGD (target cpu)",
+            "seed": f"{SEED_MLP['text']} ({SEED_MLP['bytes']:,} B; 4.5x = {int(SEED_MLP['bytes'] * 4.5):,} B)",
+            "napkin": fmt_b(nap["peak_bytes"]),
+            "trace": fmt_b(tr["peak_bytes"]),
+            "measured": fmt_b(mb) if meas else "not run",
+            "error": pct(error(tr["peak_bytes"], mb)),
+            "napkin_error": error(nap["peak_bytes"], mb),
+            "trace_error": error(tr["peak_bytes"], mb),
+            "commands": [nap["command"], tr["command"]],
+        }
+    )
 
     # 2. CNN from counts
     sgd, adam = r["cnn_napkin_sgd"], r["cnn_napkin_adam"]
-    rows.append({
-        "question": "2. CNN, 19M parameters, 532,752 activations/sample, batch 128, fp32",
-        "seed": f"{SEED_CNN['text']}",
-        "napkin": (f"SGD {fmt_b(sgd['peak_bytes'])} tensor peak; Adam {fmt_b(adam['peak_bytes'])}, "
-                   f"{fmt(adam['device_bytes'])} on a GPU with context"),
-        "trace": "no model: napkin only",
-        "measured": "no model: napkin only",
-        "error": "—",
-        "napkin_error": None,
-        "trace_error": None,
-        "commands": [sgd["command"], adam["command"]],
-    })
+    rows.append(
+        {
+            "question": "2. CNN, 19M parameters, 532,752 activations/sample, batch 128, fp32",
+            "seed": f"{SEED_CNN['text']}",
+            "napkin": (
+                f"SGD {fmt_b(sgd['peak_bytes'])} tensor peak; Adam {fmt_b(adam['peak_bytes'])}, "
+                f"{fmt(adam['device_bytes'])} on a GPU with context"
+            ),
+            "trace": "no model: napkin only",
+            "measured": "no model: napkin only",
+            "error": "—",
+            "napkin_error": None,
+            "trace_error": None,
+            "commands": [sgd["command"], adam["command"]],
+        }
+    )
 
     # 3a. BERT, CPU target
     nc, ncf, tc, meas = r["bert_napkin_cpu"], r["bert_napkin_cpu_flash"], r["bert_trace_cpu"], m.get("bert")
     mb = meas["peak_bytes"] if meas else None
-    rows.append({
-        "question": "3a. BERT-base MLM, AdamW, batch 32 x seq 128, fp32 (target cpu)",
-        "seed": SEED_BERT["text"],
-        "napkin": f"{fmt_b(nc['peak_bytes'])}; `--attention flash` {fmt(ncf['peak_bytes'])}",
-        "trace": fmt_b(tc["peak_bytes"]),
-        "measured": fmt_b(mb) if meas else "not run",
-        "error": pct(error(tc["peak_bytes"], mb)),
-        "napkin_error": error(nc["peak_bytes"], mb),
-        "napkin_flash_error": error(ncf["peak_bytes"], mb),
-        "trace_error": error(tc["peak_bytes"], mb),
-        "commands": [nc["command"], ncf["command"], tc["command"]],
-    })
+    rows.append(
+        {
+            "question": "3a. BERT-base MLM, AdamW, batch 32 x seq 128, fp32 (target cpu)",
+            "seed": SEED_BERT["text"],
+            "napkin": f"{fmt_b(nc['peak_bytes'])}; `--attention flash` {fmt(ncf['peak_bytes'])}",
+            "trace": fmt_b(tc["peak_bytes"]),
+            "measured": fmt_b(mb) if meas else "not run",
+            "error": pct(error(tc["peak_bytes"], mb)),
+            "napkin_error": error(nc["peak_bytes"], mb),
+            "napkin_flash_error": error(ncf["peak_bytes"], mb),
+            "trace_error": error(tc["peak_bytes"], mb),
+            "commands": [nc["command"], ncf["command"], tc["command"]],
+        }
+    )
 
     # 3b. BERT, CUDA target (prediction only)
     nu, nuf, tu = r["bert_napkin_cuda"], r["bert_napkin_cuda_flash"], r["bert_trace_cuda"]
     fit = tu["fit"]
-    rows.append({
-        "question": "3b. same BERT step, target CUDA A100 40GB (prediction only)",
-        "seed": SEED_BERT["text"],
-        "napkin": (f"{fmt_b(nu['peak_bytes'])} tensors, {fmt(nu['device_bytes'])} device; "
-                   f"`--attention flash` {fmt(nuf['peak_bytes'])} tensors"),
-        "trace": (f"{fmt_b(tu['peak_bytes'])} tensors, {fmt_b(tu['device_bytes'])} device total; fits A100 40GB: "
-                  f"{'yes' if fit['fits'] else 'no'}, largest batch {fit['max_batch_size']}"),
-        "measured": "CUDA-target prediction, not measured here (no GPU)",
-        "error": "—",
-        "napkin_error": None,
-        "trace_error": None,
-        "commands": [nu["command"], nuf["command"], tu["command"]],
-    })
+    rows.append(
+        {
+            "question": "3b. same BERT step, target CUDA A100 40GB (prediction only)",
+            "seed": SEED_BERT["text"],
+            "napkin": (
+                f"{fmt_b(nu['peak_bytes'])} tensors, {fmt(nu['device_bytes'])} device; "
+                f"`--attention flash` {fmt(nuf['peak_bytes'])} tensors"
+            ),
+            "trace": (
+                f"{fmt_b(tu['peak_bytes'])} tensors, {fmt_b(tu['device_bytes'])} device total; fits A100 40GB: "
+                f"{'yes' if fit['fits'] else 'no'}, largest batch {fit['max_batch_size']}"
+            ),
+            "measured": "CUDA-target prediction, not measured here (no GPU)",
+            "error": "—",
+            "napkin_error": None,
+            "trace_error": None,
+            "commands": [nu["command"], nuf["command"], tu["command"]],
+        }
+    )
 
     # 4a. ResNet-50, CPU target
     t64, tsmall, meas = r["resnet_trace_cpu"], r.get("resnet_trace_cpu_small"), m.get("resnet")
@@ -352,38 +457,45 @@ def build_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
     small = r["resnet_measure_batch"]
     trace_text = f"batch 64: {fmt_b(t64['peak_bytes'])}"
     if tsmall is not None and small != 64:
-        trace_text += (f"; batch {small}: {fmt_b(tsmall['peak_bytes'])} (the batch-64 trace extrapolated: "
-                       f"{fmt(peak_at(t64, small))})")
-    rows.append({
-        "question": "4a. ResNet-50, batch 64, 16-mixed (AMP fp16), Adam (target cpu)",
-        "seed": SEED_RESNET["text"],
-        "napkin": "n/a (the seed gives no activation count; `nnmem calc` needs --activations)",
-        "trace": trace_text,
-        "measured": (f"batch {small}: {fmt_b(mb)}" if meas else "not run"),
-        "error": (f"{pct(error((tsmall or t64)['peak_bytes'], mb))} (batch {small})" if meas else "—"),
-        "napkin_error": None,
-        "trace_error": error((tsmall or t64)["peak_bytes"], mb),
-        "extrapolated_error": error(peak_at(t64, small), mb),
-        "commands": [t64["command"]] + ([tsmall["command"]] if tsmall is not None and small != 64 else []),
-    })
+        trace_text += (
+            f"; batch {small}: {fmt_b(tsmall['peak_bytes'])} (the batch-64 trace extrapolated: "
+            f"{fmt(peak_at(t64, small))})"
+        )
+    rows.append(
+        {
+            "question": "4a. ResNet-50, batch 64, 16-mixed (AMP fp16), Adam (target cpu)",
+            "seed": SEED_RESNET["text"],
+            "napkin": "n/a (the seed gives no activation count; `nnmem calc` needs --activations)",
+            "trace": trace_text,
+            "measured": (f"batch {small}: {fmt_b(mb)}" if meas else "not run"),
+            "error": (f"{pct(error((tsmall or t64)['peak_bytes'], mb))} (batch {small})" if meas else "—"),
+            "napkin_error": None,
+            "trace_error": error((tsmall or t64)["peak_bytes"], mb),
+            "extrapolated_error": error(peak_at(t64, small), mb),
+            "commands": [t64["command"]] + ([tsmall["command"]] if tsmall is not None and small != 64 else []),
+        }
+    )
 
     # 4b. ResNet-50, CUDA target (prediction only)
     tu = r["resnet_trace_cuda"]
     gpus = {row["name"]: row for row in tu["fit"]["gpus"]}
     picks = [name for name in ("T4 16GB", "L4 24GB", "A100 40GB", "A100 80GB", "H100 80GB") if name in gpus]
     fits = ", ".join(f"{name} {gpus[name]['max_batch_size']}" for name in picks)
-    rows.append({
-        "question": "4b. same ResNet-50 step, target CUDA (prediction only)",
-        "seed": SEED_RESNET["text"],
-        "napkin": "n/a",
-        "trace": (f"{fmt_b(tu['peak_bytes'])} tensors, {fmt_b(tu['device_bytes'])} device total; "
-                  f"largest batch: {fits}"),
-        "measured": "CUDA-target prediction, not measured here (no GPU)",
-        "error": "—",
-        "napkin_error": None,
-        "trace_error": None,
-        "commands": [tu["command"]],
-    })
+    rows.append(
+        {
+            "question": "4b. same ResNet-50 step, target CUDA (prediction only)",
+            "seed": SEED_RESNET["text"],
+            "napkin": "n/a",
+            "trace": (
+                f"{fmt_b(tu['peak_bytes'])} tensors, {fmt_b(tu['device_bytes'])} device total; largest batch: {fits}"
+            ),
+            "measured": "CUDA-target prediction, not measured here (no GPU)",
+            "error": "—",
+            "napkin_error": None,
+            "trace_error": None,
+            "commands": [tu["command"]],
+        }
+    )
     return rows
 
 
@@ -395,15 +507,18 @@ def to_markdown(rows: list[dict[str, Any]], r: dict[str, Any], env: dict[str, An
         f"torch {env['torch']}, transformers {env['transformers']}, Python {env['python']}, {env['platform']}, "
         f"{env['cpu_threads']} CPU threads ({env['cpu_capability']}), CUDA available: {env['cuda_available']}; "
         f"git {env['git_commit']}"
-        + (f" plus uncommitted changes to {', '.join(env['git_changed_package_files'])}"
-           if env["git_changed_package_files"] else "")
+        + (
+            f" plus uncommitted changes to {', '.join(env['git_changed_package_files'])}"
+            if env["git_changed_package_files"]
+            else ""
+        )
         + f"; runtime {env['runtime_s']} s.",
         "",
         "* **seed's answer**: quoted from the question, not recomputed.",
         "* **nnmem napkin**: `nnmem calc ... --json` (closed-form formulas); **nnmem trace**: "
         "`nnmem estimate ... --json` (the training step traced on fake tensors). Both run in-process through "
         "`nnmem_callbacks.cli.main`, so the numbers are what the commands below print. Tensor peaks unless "
-        "\"device\" is said (CUDA targets add the allocator reserve and 544 MiB of context + cuBLAS workspace).",
+        '"device" is said (CUDA targets add the allocator reserve and 544 MiB of context + cuBLAS workspace).',
         "* **measured**: the peak of live CPU tensor bytes during two real training steps "
         "(`benchmarks.common.groundtruth.measure_cpu_peak`: torch profiler allocation events plus what was live "
         "before), same model factory, optimizer and loss as the CLI. Nothing is measured on a GPU here.",
@@ -505,8 +620,13 @@ def run(skip_measure: bool = False, resnet_batch: int = 4, log: Callable[[str], 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.suites.seeds", description=__doc__.splitlines()[0])
     parser.add_argument("--skip-measure", action="store_true", help="predictions only (no real training steps)")
-    parser.add_argument("--resnet-measure-batch", type=int, default=4, metavar="N",
-                        help="batch size of the measured ResNet-50 16-mixed steps on CPU (default 4)")
+    parser.add_argument(
+        "--resnet-measure-batch",
+        type=int,
+        default=4,
+        metavar="N",
+        help="batch size of the measured ResNet-50 16-mixed steps on CPU (default 4)",
+    )
     parser.add_argument("--out", default=str(RESULTS), help="directory for STEM.md and STEM.json")
     parser.add_argument("--stem", default="cpu", help="the result's file name: the host (zen4-avx512, ...)")
     args = parser.parse_args(argv)
@@ -516,9 +636,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = build_rows(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.stem}.json").write_text(json.dumps(
-        {"environment": env, "seeds": {"mlp": SEED_MLP, "cnn": SEED_CNN, "bert": SEED_BERT, "resnet": SEED_RESNET},
-         "rows": rows, "results": results}, indent=2, default=str) + "\n")
+    (out / f"{args.stem}.json").write_text(
+        json.dumps(
+            {
+                "environment": env,
+                "seeds": {"mlp": SEED_MLP, "cnn": SEED_CNN, "bert": SEED_BERT, "resnet": SEED_RESNET},
+                "rows": rows,
+                "results": results,
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     (out / f"{args.stem}.md").write_text(to_markdown(rows, results, env))
     print(f"wrote {out / args.stem}.md and .json in {env['runtime_s']} s")
     return 0

@@ -42,8 +42,11 @@ TARGET_RATIO = 4.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.suites.speed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.suites.speed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
@@ -58,9 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     loss_fn = zoo.ZOO["resnet50"].loss_fn
     result: dict[str, Any] = {
         "model": "resnet50 (benchmarks.common.zoo, hand-written torchvision layout)",
-        "batch_size": args.batch_size, "input": f"3x{args.image_size}x{args.image_size}",
-        "optimizer": "adam", "precision": "32-true", "target_ratio": TARGET_RATIO,
-        "torch": torch.__version__, "python": platform.python_version(),
+        "batch_size": args.batch_size,
+        "input": f"3x{args.image_size}x{args.image_size}",
+        "optimizer": "adam",
+        "precision": "32-true",
+        "target_ratio": TARGET_RATIO,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
         "cpu_threads": torch.get_num_threads(),
         "load_average_1min_at_start": round(os.getloadavg()[0], 2),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -84,12 +91,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 times.append(dt)
             else:
                 cold_s = dt
-        result["ours"] = {"median_s": statistics.median(times), "runs_s": times, "warmup_excluded": True,
-                          "peak_bytes": est.peak_bytes, "method": est.method,
-                          # the warm-up is the first estimate of this process: with an empty probe cache
-                          # (NNMEM_CACHE_DIR pointing at an empty directory) it is the cold-cache time
-                          "first_run_s": cold_s, "first_run_kernel_probes": probes[0], "later_runs_kernel_probes": probes[1:],
-                          "cache_dir": os.environ.get("NNMEM_CACHE_DIR")}
+        result["ours"] = {
+            "median_s": statistics.median(times),
+            "runs_s": times,
+            "warmup_excluded": True,
+            "peak_bytes": est.peak_bytes,
+            "method": est.method,
+            # the warm-up is the first estimate of this process: with an empty probe cache
+            # (NNMEM_CACHE_DIR pointing at an empty directory) it is the cold-cache time
+            "first_run_s": cold_s,
+            "first_run_kernel_probes": probes[0],
+            "later_runs_kernel_probes": probes[1:],
+            "cache_dir": os.environ.get("NNMEM_CACHE_DIR"),
+        }
     except Exception as exc:  # noqa: BLE001
         result["ours"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         print("ours:", result["ours"]["error"], flush=True)
@@ -114,30 +128,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         ours["meets_target"] = ours["speedup_vs_memtracker"] >= TARGET_RATIO
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"{args.stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    lines = ["# Speed benchmark", "",
-             f"ResNet-50 (hand-written), batch {args.batch_size}, 3x{args.image_size}x{args.image_size}, "
-             f"Adam, fp32; torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {result['date']}, "
-             f"load average at start {result['load_average_1min_at_start']} (other work on the machine slows both).", "",
-             "| estimator | median s | runs s | peak MiB | note |", "|---|---|---|---|---|"]
+    lines = [
+        "# Speed benchmark",
+        "",
+        f"ResNet-50 (hand-written), batch {args.batch_size}, 3x{args.image_size}x{args.image_size}, "
+        f"Adam, fp32; torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {result['date']}, "
+        f"load average at start {result['load_average_1min_at_start']} (other work on the machine slows both).",
+        "",
+        "| estimator | median s | runs s | peak MiB | note |",
+        "|---|---|---|---|---|",
+    ]
     if "error" in ours:
         lines.append(f"| nnmem_callbacks | - | - | - | crash: {ours['error']} |")
     else:
-        lines.append(f"| nnmem_callbacks (method={ours['method']}) | {ours['median_s']:.3f} | "
-                     f"{', '.join(f'{t:.3f}' for t in ours['runs_s'])} | {ours['peak_bytes'] / 2**20:.1f} | "
-                     + (f"{ours['speedup_vs_memtracker']:.1f}x faster than MemTracker, target >= {TARGET_RATIO:.0f}x: "
-                        f"{'met' if ours['meets_target'] else 'MISSED'}" if "meets_target" in ours else "no MemTracker time")
-                     + " (probe cache warm) |")
+        lines.append(
+            f"| nnmem_callbacks (method={ours['method']}) | {ours['median_s']:.3f} | "
+            f"{', '.join(f'{t:.3f}' for t in ours['runs_s'])} | {ours['peak_bytes'] / 2**20:.1f} | "
+            + (
+                f"{ours['speedup_vs_memtracker']:.1f}x faster than MemTracker, target >= {TARGET_RATIO:.0f}x: "
+                f"{'met' if ours['meets_target'] else 'MISSED'}"
+                if "meets_target" in ours
+                else "no MemTracker time"
+            )
+            + " (probe cache warm) |"
+        )
         first = ours["first_run_kernel_probes"]
-        lines.append(f"| nnmem_callbacks, first run | {ours['first_run_s']:.3f} | {ours['first_run_s']:.3f} | "
-                     f"{ours['peak_bytes'] / 2**20:.1f} | kernel probes: {first.get('probed', 0)} op shapes measured "
-                     f"({first.get('kernel_runs', 0)} runs, {first.get('seconds', 0):.1f} s), {first.get('from_cache', 0)} "
-                     f"from the cache (cold when the cache dir started empty) |")
+        lines.append(
+            f"| nnmem_callbacks, first run | {ours['first_run_s']:.3f} | {ours['first_run_s']:.3f} | "
+            f"{ours['peak_bytes'] / 2**20:.1f} | kernel probes: {first.get('probed', 0)} op shapes measured "
+            f"({first.get('kernel_runs', 0)} runs, {first.get('seconds', 0):.1f} s), {first.get('from_cache', 0)} "
+            f"from the cache (cold when the cache dir started empty) |"
+        )
     if mt["median_s"] is None:
         lines.append(f"| MemTracker (FakeTensorMode) | - | - | - | crash: {mt['error']} |")
     else:
-        lines.append(f"| MemTracker (FakeTensorMode) | {mt['median_s']:.3f} | "
-                     f"{', '.join(f'{t:.3f}' for t in mt['runs_s'])} | {mt['peak_bytes'] / 2**20:.1f} | "
-                     "includes fake conversion |")
+        lines.append(
+            f"| MemTracker (FakeTensorMode) | {mt['median_s']:.3f} | "
+            f"{', '.join(f'{t:.3f}' for t in mt['runs_s'])} | {mt['peak_bytes'] / 2**20:.1f} | "
+            "includes fake conversion |"
+        )
     (RESULTS_DIR / f"{args.stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -65,6 +65,7 @@ from benchmarks.common.tf_profiler import MARKER_ELEMENTS, memory_events
 
 __all__ = ["feed_events", "start_from_build", "worker", "run_isolated", "STARTS", "to_markdown", "main"]
 
+
 def feed_events(simulator: Any, events: list[dict[str, Any]], live: dict[Any, int]) -> int:
     """Feeds ``events`` to ``simulator``; returns its peak bytes in use above where it started."""
     base, peak = simulator.in_use, 0
@@ -163,8 +164,13 @@ def worker(name: str, batch_size: int | None = None) -> dict[str, Any]:
     from_build, chunks = start_from_build(state, live_events)
     from_build_peak = feed_events(from_build, events[start:], chunks)
     return {
-        "case": name, "batch_size": batch, "events": len(events), "window_events": len(events) - start,
-        "real_bytes": real, "full_history_bytes": full_history, "live_only_bytes": live_only_peak,
+        "case": name,
+        "batch_size": batch,
+        "events": len(events),
+        "window_events": len(events) - start,
+        "real_bytes": real,
+        "full_history_bytes": full_history,
+        "live_only_bytes": live_only_peak,
         "replay_start_bytes": from_build_peak,
     }
 
@@ -173,8 +179,12 @@ def run_isolated(name: str, batch_size: int | None, timeout: int = 900) -> dict[
     from benchmarks.common.isolated import run_worker
 
     env = dict(
-        os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore",
-        TF_ENABLE_ONEDNN_OPTS="0", TF_CPU_ALLOCATOR_USE_BFC="true",
+        os.environ,
+        KERAS_BACKEND="tensorflow",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONWARNINGS="ignore",
+        TF_ENABLE_ONEDNN_OPTS="0",
+        TF_CPU_ALLOCATOR_USE_BFC="true",
     )
     arguments = ["--worker", name] + (["--batch", str(batch_size)] if batch_size is not None else [])
     row = run_worker("benchmarks.suites.tf_allocator_fidelity", arguments, env=env, timeout=timeout)
@@ -202,7 +212,9 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     good = [r for r in rows if "error_text" not in r and all(key in r for key, _ in STARTS)]
     for row in rows:
         if row not in good:
-            lines.append(f"| {row['case']} | - | failed: {row.get('error_text', 'incomplete row')} |" + " |" * (2 * len(STARTS)))
+            lines.append(
+                f"| {row['case']} | - | failed: {row.get('error_text', 'incomplete row')} |" + " |" * (2 * len(STARTS))
+            )
             continue
         cells = " | ".join(f"{mib(row[key])} | {_relative(row, key) * 100:+.2f}%" for key, _ in STARTS)
         lines.append(f"| {row['case']} | {row['batch_size']} | {mib(row['real_bytes'])} | {cells} |")
@@ -210,7 +222,9 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         lines.append("")
         for key, label in STARTS:
             errors = [abs(_relative(r, key)) for r in good]
-            lines.append(f"- {label}: median |error| {statistics.median(errors) * 100:.2f}%, worst {max(errors) * 100:.2f}% over {len(good)} cases")
+            lines.append(
+                f"- {label}: median |error| {statistics.median(errors) * 100:.2f}%, worst {max(errors) * 100:.2f}% over {len(good)} cases"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -246,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         "tensorflow": tf.__version__,
         "keras": __import__("keras").__version__,
         **host_fingerprint(),
-        "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPU_ALLOCATOR_USE_BFC": "true",
+        "TF_ENABLE_ONEDNN_OPTS": "0",
+        "TF_CPU_ALLOCATOR_USE_BFC": "true",
         "window": "the first two train_on_batch steps (optimizer built before), one fresh process per case, under the profiler",
         "elapsed_s": round(time.perf_counter() - started, 1),
         "commit": commit_stamp(),

@@ -37,7 +37,13 @@ def _keras(summary: dict[str, Any]) -> tuple[int, float, float, str, float]:
     part = summary["ours"]
     covered = summary.get("upper_bound_covers_every_run")
     bound = f"{covered['covered']}/{covered['n']}" if covered else "-"
-    return part["n"], 100 * part["median_abs"], 100 * part["worst_abs"], bound, 100 * summary["rule_of_thumb"]["median_abs"]
+    return (
+        part["n"],
+        100 * part["median_abs"],
+        100 * part["worst_abs"],
+        bound,
+        100 * summary["rule_of_thumb"]["median_abs"],
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,16 +59,49 @@ class Row:
 
 #: The rows, one current result each (see ``benchmarks/README.md`` for every result and host).
 ROWS = (
-    Row("PyTorch", "CPU (Zen 4, AVX-512)", "the zoo (11 models: MLP to ResNet-50, U-Net, LSTM, GPT-2, ViT), 3 optimizers, fp32 and bf16-mixed",
-        "accuracy/zen4-avx512.json", _torch_static),
-    Row("PyTorch", "CPU (Zen 4, AVX-512)", "built from `transformers` configs: BERT, Llama, T5, ViT, ConvNeXt",
-        "accuracy/zen4-avx512_outside.json", _torch_static),
+    Row(
+        "PyTorch",
+        "CPU (Zen 4, AVX-512)",
+        "the zoo (11 models: MLP to ResNet-50, U-Net, LSTM, GPT-2, ViT), 3 optimizers, fp32 and bf16-mixed",
+        "accuracy/zen4-avx512.json",
+        _torch_static,
+    ),
+    Row(
+        "PyTorch",
+        "CPU (Zen 4, AVX-512)",
+        "built from `transformers` configs: BERT, Llama, T5, ViT, ConvNeXt",
+        "accuracy/zen4-avx512_outside.json",
+        _torch_static,
+    ),
     Row("PyTorch", "CPU (Zen 3, AVX2)", "the same zoo", "accuracy/zen3-avx2.json", _torch_static),
-    Row("Keras / TensorFlow", "CPU (Zen 4), oneDNN on", "23 models, 15 from `keras.applications` and hand-built",
-        "keras_tensorflow_cpu/zen4-avx512_onednn1.json", _keras),
-    Row("Keras / TensorFlow", "CPU (Zen 4), oneDNN off", "the same 23", "keras_tensorflow_cpu/zen4-avx512_onednn0.json", _keras),
-    Row("Keras / JAX", "GPU (H100), preallocated", "9 models (CNNs, LSTM, attention, U-Net, VGG16)", "keras_jax_gpu/h100_prealloc.json", _keras),
-    Row("Keras / torch", "GPU (H200)", "6 recurrent and convolutional models (LSTM, GRU, Conv1D, U-Net)", "keras_torch_gpu/h200.json", _keras),
+    Row(
+        "Keras / TensorFlow",
+        "CPU (Zen 4), oneDNN on",
+        "23 models, 15 from `keras.applications` and hand-built",
+        "keras_tensorflow_cpu/zen4-avx512_onednn1.json",
+        _keras,
+    ),
+    Row(
+        "Keras / TensorFlow",
+        "CPU (Zen 4), oneDNN off",
+        "the same 23",
+        "keras_tensorflow_cpu/zen4-avx512_onednn0.json",
+        _keras,
+    ),
+    Row(
+        "Keras / JAX",
+        "GPU (H100), preallocated",
+        "9 models (CNNs, LSTM, attention, U-Net, VGG16)",
+        "keras_jax_gpu/h100_prealloc.json",
+        _keras,
+    ),
+    Row(
+        "Keras / torch",
+        "GPU (H200)",
+        "6 recurrent and convolutional models (LSTM, GRU, Conv1D, U-Net)",
+        "keras_torch_gpu/h200.json",
+        _keras,
+    ),
 )
 
 
@@ -99,7 +138,9 @@ def _block(text: str) -> re.Match:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tools.accuracy_table", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.tools.accuracy_table", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--write", action="store_true", help="replace the table in README.md")
     args = parser.parse_args(argv)
     table = render()

@@ -34,7 +34,15 @@ __all__ = ["SAME_IN_EVERY_RUN", "merge", "main"]
 
 #: Header fields that must be equal in every merged run.
 SAME_IN_EVERY_RUN = (
-    "backend", "device", "cpu", "isa", "cpu_threads", "keras", "tensorflow", "TF_ENABLE_ONEDNN_OPTS", "repeats",
+    "backend",
+    "device",
+    "cpu",
+    "isa",
+    "cpu_threads",
+    "keras",
+    "tensorflow",
+    "TF_ENABLE_ONEDNN_OPTS",
+    "repeats",
     "python",
 )
 
@@ -76,7 +84,9 @@ def merge(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
         meta = records[name]["meta"]
         for row in records[name]["rows"]:
             if row["case"] in measured_by:
-                raise ValueError(f"case {row['case']!r} is in both {measured_by[row['case']]} and {name}; merge disjoint sets")
+                raise ValueError(
+                    f"case {row['case']!r} is in both {measured_by[row['case']]} and {name}; merge disjoint sets"
+                )
             measured_by[row["case"]] = name
             rows.append({**row, "run": f"{name} ({meta.get('commit', 'no commit')})"})
     merged_meta = {field: first[field] for field in SAME_IN_EVERY_RUN if field in first}
@@ -111,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     out_dir, name = os.path.split(args.out)
     write_result(
-        out_dir or ".", name, merged, to_markdown(merged["meta"].get("backend", "?"), merged["rows"], merged["summary"], merged["meta"])
+        out_dir or ".",
+        name,
+        merged,
+        to_markdown(merged["meta"].get("backend", "?"), merged["rows"], merged["summary"], merged["meta"]),
     )
     print(json.dumps(merged["summary"]))
     return 0

@@ -109,8 +109,10 @@ def compare_torch(committed: dict[str, Any], now: dict[str, Any]) -> dict[str, A
     """
     line = {
         "case": f"{committed['case']} {committed['optimizer']} {committed['precision']}",
-        "committed_bytes": committed.get("predicted"), "now_bytes": now.get("predicted"),
-        "committed_method": committed.get("method"), "now_method": now.get("method"),
+        "committed_bytes": committed.get("predicted"),
+        "now_bytes": now.get("predicted"),
+        "committed_method": committed.get("method"),
+        "now_method": now.get("method"),
     }
     line["match"] = line["committed_bytes"] == line["now_bytes"] and line["committed_method"] == line["now_method"]
     if now.get("estimate_error"):
@@ -128,11 +130,14 @@ def compare_tensorflow(committed: dict[str, Any], now: dict[str, Any]) -> dict[s
     """
     line = {
         "case": committed["case"],
-        "committed_bytes": committed.get("predicted_bytes"), "now_bytes": now.get("predicted_bytes"),
-        "committed_upper_bytes": committed.get("predicted_upper_bytes"), "now_upper_bytes": now.get("predicted_upper_bytes"),
+        "committed_bytes": committed.get("predicted_bytes"),
+        "now_bytes": now.get("predicted_bytes"),
+        "committed_upper_bytes": committed.get("predicted_upper_bytes"),
+        "now_upper_bytes": now.get("predicted_upper_bytes"),
     }
-    line["match"] = (line["committed_bytes"] == line["now_bytes"]
-                     and line["committed_upper_bytes"] == line["now_upper_bytes"])
+    line["match"] = (
+        line["committed_bytes"] == line["now_bytes"] and line["committed_upper_bytes"] == line["now_upper_bytes"]
+    )
     if now.get("error_text"):
         line["error"] = now["error_text"]
     return line
@@ -143,12 +148,31 @@ def _torch_case(case: str, rows: list[dict[str, Any]], cache: str, timeout: floa
     combos = ",".join(f"{r['optimizer']}:{r['precision']}:groundtruth" for r in rows)
     with tempfile.TemporaryDirectory(prefix="nnmem-repredict-") as tmp:
         records = os.path.join(tmp, "records.jsonl")
-        command = [sys.executable, "-m", "benchmarks.suites.accuracy", "--worker", case, "--records", records,
-                   "--device", "cpu", "--no-memtracker", "--combos", combos]
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.suites.accuracy",
+            "--worker",
+            case,
+            "--records",
+            records,
+            "--device",
+            "cpu",
+            "--no-memtracker",
+            "--combos",
+            combos,
+        ]
         env = dict(os.environ, NNMEM_CACHE_DIR=cache)
         try:
-            subprocess.run(command, env=env, cwd=str(ROOT), timeout=timeout, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, check=False)
+            subprocess.run(
+                command,
+                env=env,
+                cwd=str(ROOT),
+                timeout=timeout,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             pass
         new = {}
@@ -159,8 +183,10 @@ def _torch_case(case: str, rows: list[dict[str, Any]], cache: str, timeout: floa
                     if "_row" in record:
                         row = record["_row"]
                         new[(row["optimizer"], row["precision"])] = row
-    return [compare_torch(r, new.get((r["optimizer"], r["precision"]), {"estimate_error": "the worker wrote no row"}))
-            for r in rows]
+    return [
+        compare_torch(r, new.get((r["optimizer"], r["precision"]), {"estimate_error": "the worker wrote no row"}))
+        for r in rows
+    ]
 
 
 def _tensorflow_case(row: dict[str, Any], onednn: str, timeout: float) -> dict[str, Any]:
@@ -168,12 +194,22 @@ def _tensorflow_case(row: dict[str, Any], onednn: str, timeout: float) -> dict[s
     from benchmarks.common.isolated import run_worker
     from benchmarks.common.keras_env import mode_environment
 
-    keep = {k: row[k] for k in ("step_check_runs", "step_check_batch_size", "allocator", "step_check_optimizer_built")
-            if k in row}
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore",
-               NNMEM_CACHE_DIR=tempfile.mkdtemp(prefix="nnmem-repredict-cache-"), **mode_environment(onednn))
-    new = run_worker("benchmarks.tools.tf_repredict", ["--worker", row["case"], "--row", json.dumps(keep)], env=env,
-                     timeout=timeout)
+    keep = {
+        k: row[k]
+        for k in ("step_check_runs", "step_check_batch_size", "allocator", "step_check_optimizer_built")
+        if k in row
+    }
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="tensorflow",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONWARNINGS="ignore",
+        NNMEM_CACHE_DIR=tempfile.mkdtemp(prefix="nnmem-repredict-cache-"),
+        **mode_environment(onednn),
+    )
+    new = run_worker(
+        "benchmarks.tools.tf_repredict", ["--worker", row["case"], "--row", json.dumps(keep)], env=env, timeout=timeout
+    )
     return compare_tensorflow(row, new)
 
 
@@ -218,15 +254,22 @@ def to_markdown(lines: list[dict[str, Any]], header: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tools.repredict", description=__doc__.splitlines()[0])
-    parser.add_argument("result", help="a committed result: benchmarks/results/accuracy/<host>.json or "
-                                       "benchmarks/results/keras_tensorflow_cpu/<host>_onednn<0|1>.json")
+    parser.add_argument(
+        "result",
+        help="a committed result: benchmarks/results/accuracy/<host>.json or "
+        "benchmarks/results/keras_tensorflow_cpu/<host>_onednn<0|1>.json",
+    )
     parser.add_argument("--cases", default="", help="comma-separated cases (default: every row)")
     parser.add_argument("--any-host", action="store_true", help="compare even if the result was made on another host")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per case's process")
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
-    parser.add_argument("--retries", type=int, default=0,
-                        help="estimate a case that differs up to N more times; it matches if one try gives the "
-                             "committed bytes (probe noise), default 0")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        help="estimate a case that differs up to N more times; it matches if one try gives the "
+        "committed bytes (probe noise), default 0",
+    )
     args = parser.parse_args(argv)
     with open(args.result, encoding="utf-8") as handle:
         result = json.load(handle)
@@ -240,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [c for c in args.cases.split(",") if c]
     unknown = sorted(set(wanted) - {r["case"] for r in rows})
     if unknown:
-        parser.error(f"case(s) not in {args.result}: {', '.join(unknown)}; valid: {', '.join(sorted({r['case'] for r in rows}))}")
+        parser.error(
+            f"case(s) not in {args.result}: {', '.join(unknown)}; valid: {', '.join(sorted({r['case'] for r in rows}))}"
+        )
     rows = [r for r in rows if not wanted or r["case"] in wanted]
 
     if kind == "torch":
@@ -254,13 +299,18 @@ def main(argv: list[str] | None = None) -> int:
         here = host_fingerprint()
     mismatch = host_mismatch(kind, meta, here)
     if mismatch and not args.any_host:
-        print(f"{args.result} was made on another kind of host ({mismatch}); its predictions depend on that host's "
-              "kernels. Compare it on its own host, or pass --any-host for a look.", file=sys.stderr)
+        print(
+            f"{args.result} was made on another kind of host ({mismatch}); its predictions depend on that host's "
+            "kernels. Compare it on its own host, or pass --any-host for a look.",
+            file=sys.stderr,
+        )
         return 2
     onednn = str(meta.get("TF_ENABLE_ONEDNN_OPTS", "0"))
     if kind == "tensorflow" and os.environ.get("TF_ENABLE_ONEDNN_OPTS", onednn) != onednn:
-        print(f"note: the result was made with TF_ENABLE_ONEDNN_OPTS={onednn}; its workers run in that mode",
-              file=sys.stderr)
+        print(
+            f"note: the result was made with TF_ENABLE_ONEDNN_OPTS={onednn}; its workers run in that mode",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
     lines: list[dict[str, Any]] = []
     if args.retries < 0:
@@ -288,8 +338,12 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 again = _tensorflow_case(row, onednn, args.timeout)
                 if again["match"]:
-                    line = {**again, "matched_on_try": attempt + 1, "first_try_bytes": line["now_bytes"],
-                            "first_try_upper_bytes": line.get("now_upper_bytes")}
+                    line = {
+                        **again,
+                        "matched_on_try": attempt + 1,
+                        "first_try_bytes": line["now_bytes"],
+                        "first_try_upper_bytes": line.get("now_upper_bytes"),
+                    }
             lines.append(line)
             print(json.dumps(line), flush=True)
     header = {"result": args.result, "kind": kind, "elapsed_s": round(time.perf_counter() - started, 1)}

@@ -56,7 +56,9 @@ def worker(case: str, row: dict[str, Any]) -> dict[str, Any]:
     # rows measured before 2026-11-27 have no such key: their check's copies had the optimizer built first
     row_built = bool(row.get("step_check_optimizer_built", True))
 
-    def committed_runs(model: Any, x_specs: Any, y_specs: Any, batch_size: int, optimizer_built: bool = True, **_: Any) -> Any:
+    def committed_runs(
+        model: Any, x_specs: Any, y_specs: Any, batch_size: int, optimizer_built: bool = True, **_: Any
+    ) -> Any:
         asked.append(batch_size)
         if batch_size != check_batch:
             raise tf_step_check.StepCheckError(f"the check asked for batch {batch_size}, the row has {check_batch}")
@@ -115,8 +117,10 @@ def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
     new = [abs(line["new_error"]) for line in lines]
     return {
         "cases": len(lines),
-        "committed_median": round(statistics.median(old), 6), "committed_worst": round(max(old), 6),
-        "new_median": round(statistics.median(new), 6), "new_worst": round(max(new), 6),
+        "committed_median": round(statistics.median(old), 6),
+        "committed_worst": round(max(old), 6),
+        "new_median": round(statistics.median(new), 6),
+        "new_worst": round(max(new), 6),
         "new_upper_covers": sum(bool(line["new_upper_covers"]) for line in lines),
     }
 
@@ -126,16 +130,24 @@ def to_markdown(lines: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
     out = ["# Screen: this estimator against committed TensorFlow runs (not an accuracy result)", ""]
     out += [f"- {key}: {value}" for key, value in meta.items()]
-    out += ["", "| case | truth MiB | largest run MiB | committed error | new prediction MiB | new error | new upper >= largest run |",
-            "|---|---|---|---|---|---|---|"]
+    out += [
+        "",
+        "| case | truth MiB | largest run MiB | committed error | new prediction MiB | new error | new upper >= largest run |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for line in lines:
-        out.append(f"| {line['case']} | {mib(line['truth'])} | {mib(line['largest_run'])} | {line['old_error']:+.1%} | "
-                   f"{mib(line['predicted_bytes'])} | {line['new_error']:+.1%} | {'yes' if line['new_upper_covers'] else 'NO'} |")
+        out.append(
+            f"| {line['case']} | {mib(line['truth'])} | {mib(line['largest_run'])} | {line['old_error']:+.1%} | "
+            f"{mib(line['predicted_bytes'])} | {line['new_error']:+.1%} | {'yes' if line['new_upper_covers'] else 'NO'} |"
+        )
     if lines:
         total = summary(lines)
-        out += ["", f"Over {total['cases']} cases: committed median {total['committed_median']:.1%}, worst "
-                    f"{total['committed_worst']:.1%}; new median {total['new_median']:.1%}, worst {total['new_worst']:.1%}; "
-                    f"the new upper bound at or above the largest run for {total['new_upper_covers']}."]
+        out += [
+            "",
+            f"Over {total['cases']} cases: committed median {total['committed_median']:.1%}, worst "
+            f"{total['committed_worst']:.1%}; new median {total['new_median']:.1%}, worst {total['new_worst']:.1%}; "
+            f"the new upper bound at or above the largest run for {total['new_upper_covers']}.",
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -150,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="", help="comma-separated cases (default: every row)")
     parser.add_argument("--lines", default=None, help="also append each case's line to this file as it is screened")
     parser.add_argument("--from-lines", default=None, help="render the result from such a file instead of screening")
-    parser.add_argument("--out", default=str(result_dir("investigations") / "screens"),
-                        help="where the screen's .json and .md go")
+    parser.add_argument(
+        "--out", default=str(result_dir("investigations") / "screens"), help="where the screen's .json and .md go"
+    )
     parser.add_argument("--host-tag", default="", help="a name for the host in the output file name")
     parser.add_argument("--note", default="", help="a note for the result's header")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -180,9 +193,17 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             if wanted and row["case"] not in wanted:
                 continue
-            keep = {k: row[k] for k in ("step_check_runs", "step_check_batch_size", "allocator", "step_check_optimizer_built") if k in row}
-            new = run_worker("benchmarks.tools.tf_repredict", ["--worker", row["case"], "--row", json.dumps(keep)], env=env,
-                             timeout=3600)
+            keep = {
+                k: row[k]
+                for k in ("step_check_runs", "step_check_batch_size", "allocator", "step_check_optimizer_built")
+                if k in row
+            }
+            new = run_worker(
+                "benchmarks.tools.tf_repredict",
+                ["--worker", row["case"], "--row", json.dumps(keep)],
+                env=env,
+                timeout=3600,
+            )
             if "error_text" in new:
                 print(json.dumps({"case": row["case"], "error": new["error_text"]}), flush=True)
                 continue
@@ -198,11 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "against": f"{os.path.basename(args.result)} (as committed at {file_commit(args.result)})",
-        "estimator": commit_stamp("nnmem_callbacks") if not args.from_lines else "as the notes say (rendered from a run's lines)",
-        "tensorflow": tf.__version__, "keras": keras.__version__, **host_fingerprint(),
+        "estimator": commit_stamp("nnmem_callbacks")
+        if not args.from_lines
+        else "as the notes say (rendered from a run's lines)",
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        **host_fingerprint(),
         "TF_ENABLE_ONEDNN_OPTS": onednn,
         "method": "each case estimated again in a fresh process; the step check's runs are the committed row's "
-                  "(not run again); truth and runs are the committed row's",
+        "(not run again); truth and runs are the committed row's",
         **({} if args.from_lines else {"elapsed_s": round(time.perf_counter() - started, 1)}),
         **({"notes": args.note} if args.note else {}),
     }
