@@ -518,7 +518,8 @@ def to_markdown(rows: list[dict[str, Any]], r: dict[str, Any], env: dict[str, An
         "* **nnmem napkin**: `nnmem calc ... --json` (closed-form formulas); **nnmem trace**: "
         "`nnmem estimate ... --json` (the training step traced on fake tensors). Both run in-process through "
         "`nnmem_callbacks.cli.main`, so the numbers are what the commands below print. Tensor peaks unless "
-        '"device" is said (CUDA targets add the allocator reserve and 544 MiB of context + cuBLAS workspace).',
+        '"device" is said (CUDA targets add the allocator reserve, the CUDA context and the cuBLAS workspaces from '
+        "the measured tables in `nnmem_callbacks.hardware.cuda_tables`).",
         "* **measured**: the peak of live CPU tensor bytes during two real training steps "
         "(`benchmarks.common.groundtruth.measure_cpu_peak`: torch profiler allocation events plus what was live "
         "before), same model factory, optimizer and loss as the CLI. Nothing is measured on a GPU here.",
