@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -66,3 +67,44 @@ def test_the_main_jobs_python_part_runs_as_written(tmp_path):
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "predicted tensor peak" in done.stdout and "epoch 0" in done.stdout
+
+
+def section(title: str) -> str:
+    """The README section under ``## title``, up to the next one."""
+    return README.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize(
+    "extras, backend",
+    [("tensorflow", "tensorflow"), ("jax", "jax"), ("torch,keras", "torch")],
+)
+def test_the_keras_install_lines_pull_keras_and_their_backend(extras, backend):
+    keras = section("Keras")
+    assert f'".[{extras}]"' in keras  # the install line the section gives for this backend
+    requirements = [r for extra in extras.split(",") for r in extras_closure(extra)]
+    names = {re.split(r"[<>=!;\[ ]", r, maxsplit=1)[0].strip().lower() for r in requirements}
+    assert "keras" in names and any(name.startswith(backend) for name in names), names
+
+
+def test_the_nnmem_commands_run_as_written(capsys):
+    from nnmem_callbacks import cli
+
+    block = re.search(r"```bash\n(nnmem .*?)```", section("The nnmem command"), flags=re.S).group(1)
+    commands = [line.split("#")[0].split() for line in block.strip().splitlines()]
+    assert [c[:2] for c in commands] == [["nnmem", "estimate"], ["nnmem", "calc"], ["nnmem", "gpus"]]
+    for command in commands:
+        assert cli.main(command[1:]) == 0, command
+        assert "Traceback" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_keras_quickstart_runs_as_written():
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("keras")
+    line = re.search(r"```bash\n(KERAS_BACKEND=tensorflow python examples/keras_quickstart.py)", section("Keras"))
+    assert line is not None
+    env_part, *argv = line.group(1).split()
+    env = {**os.environ, env_part.split("=")[0]: env_part.split("=")[1]}
+    done = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Keras backend: tensorflow" in done.stdout and "epoch 1:" in done.stdout
