@@ -33,6 +33,7 @@ __all__ = [
     "allocator_after_build",
     "Buffer",
     "list_counted_bytes",
+    "onednn_enabled",
     "tf_allocator_bytes",
     "tf_cpu_allocator",
     "TF_CPU_COUNTED_MIN_BYTES",
@@ -57,9 +58,17 @@ def tf_cpu_allocator() -> str:
     """
     if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").strip().lower() in ("true", "1"):
         return "bfc"
-    from nnmem_callbacks.estimators.keras.tensorflow.trace import onednn_enabled
-
     return "onednn" if onednn_enabled() else "default"
+
+
+def onednn_enabled() -> bool:
+    """Whether this process's TensorFlow runs its oneDNN kernels (``TF_ENABLE_ONEDNN_OPTS`` or the host default)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):  # pragma: no cover - a TensorFlow without the query
+        return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "0") == "1"
 
 
 def tf_allocator_bytes(num_bytes: int, min_bytes: int | None = None) -> int:

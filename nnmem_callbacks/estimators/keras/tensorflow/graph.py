@@ -36,13 +36,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from nnmem_callbacks.allocators.tensorflow_cpu import VariablePlacement, allocator_after_build, tf_allocator_bytes
+from nnmem_callbacks.allocators.tensorflow_cpu import (
+    VariablePlacement,
+    allocator_after_build,
+    onednn_enabled,
+    tf_allocator_bytes,
+)
 from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
 from nnmem_callbacks.estimators.keras.tensorflow.state import build_state, resource_indices
 from nnmem_callbacks.estimators.keras.tensorflow.trace import (
     function_lookup,
     inter_op_threads,
-    onednn_enabled,
     trace_train_step,
 )
 

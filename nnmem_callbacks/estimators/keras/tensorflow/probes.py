@@ -222,8 +222,7 @@ def host_fingerprint() -> dict[str, Any]:
     """
     import tensorflow as tf
 
-    from nnmem_callbacks.allocators.tensorflow_cpu import tf_cpu_allocator
-    from nnmem_callbacks.estimators.keras.tensorflow.trace import onednn_enabled
+    from nnmem_callbacks.allocators.tensorflow_cpu import onednn_enabled, tf_cpu_allocator
     from nnmem_callbacks.probes.fingerprint import CPU_ENV_VARS, cpu_isa_extensions, cpu_model_name
 
     return {
@@ -374,7 +373,7 @@ def child_environment(*, bfc: bool) -> dict[str, str]:
     """
     import tensorflow as tf
 
-    from nnmem_callbacks.estimators.keras.tensorflow.trace import onednn_enabled
+    from nnmem_callbacks.allocators.tensorflow_cpu import onednn_enabled
 
     env = dict(os.environ)
     env.update(

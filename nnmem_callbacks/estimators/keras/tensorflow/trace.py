@@ -4,7 +4,7 @@
 :func:`function_lookup` finds the graphs of the functions it calls (``If``
 branches, ``While`` bodies, ``PartitionedCall``); the helpers below read tensor
 sizes (:class:`Size`, a polynomial in the batch size) and constant values from
-the graph. :func:`onednn_enabled` and :func:`inter_op_threads` read how this
+the graph. :func:`~nnmem_callbacks.allocators.tensorflow_cpu.onednn_enabled` and :func:`inter_op_threads` read how this
 process's TensorFlow runs the graph.
 """
 
@@ -22,7 +22,6 @@ __all__ = [
     "function_lookup",
     "identity_permutation",
     "inter_op_threads",
-    "onednn_enabled",
     "reads_variable",
     "shape_size",
     "Size",
@@ -159,7 +158,6 @@ def function_lookup(root_graph: Any) -> Callable[[str], Any]:
 
 def inter_op_threads() -> int:
     """The size of TensorFlow's inter-op thread pool: the configured value, else the usable CPUs."""
-    import os
 
     import tensorflow as tf
 
@@ -190,13 +188,3 @@ def trace_train_step(model: Any, x_specs: Any, y_specs: Any, batch_size: int | N
     data = (tree_map(tensor_spec, x_specs), tree_map(tensor_spec, y_specs))
     function = tf.function(model.train_step, autograph=False)
     return function.get_concrete_function(data)
-
-
-def onednn_enabled() -> bool:
-    """Whether this process's TensorFlow runs its oneDNN kernels (``TF_ENABLE_ONEDNN_OPTS`` or the host default)."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-
-        return bool(_pywrap_util_port.IsMklEnabled())
-    except (ImportError, AttributeError):  # pragma: no cover - a TensorFlow without the query
-        return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "0") == "1"
