@@ -5,7 +5,7 @@ Usage::
     python -m benchmarks.tools.accuracy_table            # prints the Markdown table
     python -m benchmarks.tools.accuracy_table --write    # replaces the table between the README's markers
 
-Each row names one current result (``benchmarks/README.md`` lists them all) and links it. ``tests/test_readme.py``
+Each row names one current result (``benchmarks/README.md`` lists them all) and links it. ``tests/test_doc_numbers.py``
 fails when the README's table differs from what this renders, so a README number is always a committed result's.
 """
 
