@@ -440,3 +440,13 @@ def test_10_the_readme_says_what_the_upper_bound_bounds_and_the_quickstart_shows
     assert "not a direct estimate at another batch" in keras and "plan.verification" in keras
     quickstart = (ROOT / "examples" / "keras_quickstart.py").read_text()
     assert "plan.verification.text" in quickstart and "a little above batch 64's upper bound asks" not in quickstart
+
+
+def test_16_the_keras_quickstart_says_how_long_a_first_run_takes():
+    import ast
+
+    quickstart = ast.get_docstring(ast.parse((ROOT / "examples" / "keras_quickstart.py").read_text()))
+    text = " ".join(quickstart.split())
+    assert "first run" in text and "minutes" in text  # it said "seconds" and took 2 min 20 s
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "a first estimate takes seconds to minutes" in readme
