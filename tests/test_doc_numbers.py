@@ -174,10 +174,11 @@ def _default_margin(match: re.Match) -> None:
 
 
 def _exit_status(match: re.Match) -> None:
-    """``nnmem``'s exit status for a batch that does not fit."""
+    """``nnmem``'s exit statuses: done, internal error, usage error, a batch that does not fit."""
     from nnmem_callbacks import cli
 
-    assert cli.EXIT_DOES_NOT_FIT == int(match.group(1))
+    statuses = (cli.EXIT_OK, cli.EXIT_FAILURE, cli.EXIT_USAGE, cli.EXIT_DOES_NOT_FIT)
+    assert statuses == tuple(int(match.group(i)) for i in range(1, 5))
 
 
 def _sampled_steps(match: re.Match) -> None:
@@ -242,7 +243,7 @@ CLAIMS = (
     Claim(r"torch (\d+\.\d+) or newer is required", _torch_minimum),
     Claim(r"The (two) commands", _two_commands),
     Claim(r"\(default (\d+)%\) is kept free", _default_margin),
-    Claim(r"Exit status (\d+) when a budget or device was named", _exit_status),
+    Claim(r"Exit status: (\d+) done, (\d+) internal error, (\d+) usage error, (\d+) when or was given", _exit_status),
     Claim(r"the first (two) steps of each epoch run under the profiler", _sampled_steps),
     Claim(
         r'"rule of thumb" is (\d+) bytes x \((\d+) x parameters \+ (\d+) x activations x batch\)',
