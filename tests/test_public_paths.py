@@ -46,6 +46,11 @@ DOCUMENTED = [
         ["MemoryBudgetCallback", "estimate_training", "fit_plan", "FitPlan", "KerasEstimationError"],
         "keras",
     ),
+    (
+        "nnmem_callbacks.transformers",
+        ["MemoryBudgetCallback", "MemoryBudgetExceeded", "plan_training_arguments", "TrainingPlan"],
+        "transformers",
+    ),
     ("nnmem_callbacks.cli", ["main"], None),
 ]
 
@@ -64,7 +69,7 @@ def test_documented_paths_import(module, names, needs):
 
 def test_the_package_root_holds_only_faces_and_layers():
     modules = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert modules == ["__init__.py", "keras.py", "lightning.py", "lightning_pytorch.py", "torch.py"]
+    assert modules == ["__init__.py", "keras.py", "lightning.py", "lightning_pytorch.py", "torch.py", "transformers.py"]
     assert len(modules) <= 8
     layers = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     assert layers == ["adapters", "allocators", "cli", "core", "estimators", "hardware", "monitoring", "probes"]

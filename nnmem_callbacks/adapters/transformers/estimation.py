@@ -1,0 +1,369 @@
+"""Estimating the step a Hugging Face ``Trainer`` runs, from its model, its ``TrainingArguments`` and one batch.
+
+Part of the ``transformers`` ``MemoryBudgetCallback`` (see
+:mod:`nnmem_callbacks.adapters.transformers.callback`) and of
+:func:`~nnmem_callbacks.adapters.transformers.planning.plan_training_arguments`:
+
+* :func:`read_facts` turns the arguments into what the estimator takes: the
+  per-device batch, ``gradient_accumulation_steps``, ``bf16``/``fp16`` as a
+  precision, ``max_grad_norm`` as norm clipping and the optimizer (the
+  Trainer's own instance when there is one, else the class and keyword
+  arguments ``Trainer.get_optimizer_cls_and_kwargs`` maps ``optim`` to: fused,
+  8-bit, paged, Adafactor...);
+* :func:`first_batch` collates the first ``batch_size`` samples of the
+  Trainer's dataset with its own collator (columns removed as the Trainer
+  removes them), on a separate path: the training dataloader, its sampler
+  and every RNG (torch, CUDA, numpy, python) are left as they were;
+* :func:`trainer_loss` is the Trainer's own ``compute_loss``;
+* :func:`estimate_step` runs
+  :func:`~nnmem_callbacks.estimators.torch.estimator.estimate_training` on
+  fake tensors; the model's ``training`` flags are restored afterwards.
+
+Example:
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> args = SimpleNamespace(per_device_train_batch_size=8, gradient_accumulation_steps=2, bf16=True, fp16=False,
+    ...                        max_grad_norm=1.0)
+    >>> facts = read_facts(args, torch.nn.Linear(4, 4), optimizer=torch.optim.SGD([torch.zeros(1)], lr=0.1),
+    ...                    device="cpu")
+    >>> facts.batch_size, facts.accumulate, facts.precision, facts.clip
+    (8, 2, 'bf16-mixed', 1.0)
+
+Known limitations:
+    * With ``gradient_accumulation_steps > 1`` the Trainer collates all
+      micro-batches of an optimizer step before the first forward; the
+      estimate counts one micro-batch of inputs (the rest is
+      ``(accumulation - 1)`` batches of token ids, usually a few KiB).
+    * ``torch_compile`` is estimated as the eager step.
+    * An optimizer whose library is not installed (8-bit and paged optimizers
+      without ``bitsandbytes``) is estimated as AdamW, and a note says so.
+    * Dynamic padding: the first samples decide the sequence length the
+      estimate is made at; a longer batch later peaks higher.
+    * :func:`first_batch` mirrors how the Trainer removes unused columns
+      through two of its private methods (``_remove_unused_columns``,
+      ``_get_collator_with_removed_columns``); a Trainer without them
+      collates with ``data_collator`` as it is.
+    * A ``Trainer`` subclass that overrides ``get_train_dataloader`` to feed
+      other data than ``train_dataset`` is estimated on ``train_dataset``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import random
+from typing import Any, Callable, Iterator, Mapping
+
+from nnmem_callbacks.core.estimate import MemoryEstimate
+from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
+from nnmem_callbacks.estimators.torch.estimator import estimate_training
+
+__all__ = [
+    "batch_tensors",
+    "estimate_step",
+    "first_batch",
+    "isolated_rng",
+    "log",
+    "model_loss",
+    "optimizer_for",
+    "precision_of",
+    "read_facts",
+    "StepFacts",
+    "step_tensors",
+    "strategy_of",
+    "trainer_loss",
+    "unwrap_optimizer",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFacts:
+    """What the ``TrainingArguments`` say about one training step, in the estimator's terms.
+
+    Attributes:
+        batch_size: The per-device batch.
+        accumulate: ``gradient_accumulation_steps``.
+        precision: ``"bf16-mixed"``, ``"16-mixed"``, or the dtype the parameters are in (``"32-true"``...).
+        clip: ``max_grad_norm`` (``None`` when clipping is off).
+        optimizer: What the estimator takes: an optimizer instance, a factory ``params -> optimizer`` or a name.
+        notes: What was assumed (an optimizer that could not be built, a distributed run...).
+        device: Where the step runs.
+        strategy: DDP: the :class:`~nnmem_callbacks.core.strategy.Strategy` each rank is estimated under;
+            ``None`` on one device (and under FSDP and DeepSpeed, estimated as one device, with a note).
+    """
+
+    batch_size: int
+    accumulate: int
+    precision: str
+    clip: float | None
+    optimizer: Any
+    notes: tuple[str, ...] = ()
+    device: str = "cpu"
+    strategy: Any = None
+
+
+def precision_of(args: Any, model: Any) -> str:
+    """The estimator's precision for ``args`` (``bf16``/``fp16`` are mixed precision) and the model's dtype."""
+    if getattr(args, "bf16", False):
+        return "bf16-mixed"
+    if getattr(args, "fp16", False):
+        return "16-mixed"
+    import torch
+
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()} if model is not None else set()
+    if dtypes == {torch.bfloat16}:
+        return "bf16-true"
+    if dtypes == {torch.float16}:
+        return "16-true"
+    return "32-true"
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` wrappers."""
+    seen = 0
+    while optimizer is not None and type(optimizer).__name__ == "AcceleratedOptimizer" and seen < 4:
+        optimizer, seen = getattr(optimizer, "optimizer", None), seen + 1
+    return optimizer
+
+
+def optimizer_for(args: Any, model: Any, optimizer: Any = None) -> tuple[Any, str | None]:
+    """What the estimator steps: the Trainer's optimizer, else the one ``args.optim`` maps to, and a note.
+
+    Returns:
+        ``(optimizer, note)``: an instance, a factory ``params -> optimizer`` or a name; the note (else ``None``)
+        says what was assumed when the optimizer of ``args.optim`` cannot be built here.
+    """
+    optimizer = unwrap_optimizer(optimizer)
+    if optimizer is not None:
+        return optimizer, None
+    if not hasattr(args, "optim"):
+        return "adamw", "no optimizer and no `optim` in the arguments: AdamW assumed"
+    try:
+        from transformers import Trainer
+
+        cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    except Exception as error:  # noqa: BLE001 - e.g. bitsandbytes not installed
+        name = getattr(args.optim, "value", args.optim)
+        return "adamw", f"the optimizer {name!r} cannot be built here ({type(error).__name__}: {error}): AdamW assumed"
+    kwargs = dict(kwargs)
+
+    def factory(params: Any) -> Any:
+        return cls(params, **kwargs)
+
+    return factory, None
+
+
+def read_facts(
+    args: Any,
+    model: Any,
+    *,
+    optimizer: Any = None,
+    device: Any = None,
+    batch_size: int | None = None,
+    trainer: Any = None,
+) -> StepFacts:
+    """The :class:`StepFacts` of ``args`` for ``model`` (``optimizer``: the Trainer's, when it exists)."""
+    spec, note = optimizer_for(args, model, optimizer)
+    clip = float(getattr(args, "max_grad_norm", 0) or 0)
+    notes = [note] if note else []
+    strategy, strategy_note = strategy_of(args, trainer)
+    if strategy_note:
+        notes.append(strategy_note)
+    if device is None:
+        device = getattr(args, "device", None)
+    return StepFacts(
+        batch_size=int(batch_size or args.per_device_train_batch_size),
+        accumulate=max(int(getattr(args, "gradient_accumulation_steps", 1) or 1), 1),
+        precision=precision_of(args, model),
+        clip=clip if clip > 0 else None,
+        optimizer=spec,
+        notes=tuple(notes),
+        device=str(device or "cpu"),
+        strategy=strategy,
+    )
+
+
+def strategy_of(args: Any, trainer: Any = None) -> tuple[Any, str | None]:
+    """How the ranks share the step: ``(Strategy or None, note or None)``.
+
+    Plain data parallelism (accelerate's DDP, ``MULTI_GPU``/``MULTI_CPU``...) reads as ``Strategy("ddp")`` with
+    ``ddp_bucket_cap_mb`` and ``ddp_static_graph``; FSDP and DeepSpeed are estimated as one device holding a full
+    replica, and the note says so.
+    """
+    world = int(getattr(args, "world_size", 1) or 1)
+    if world <= 1:
+        return None, None
+    sharded = trainer is not None and (
+        getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_deepspeed_enabled", False)
+    )
+    if sharded or getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+        return None, (
+            f"the run shards over {world} processes (FSDP or DeepSpeed); the estimate is of one device holding a "
+            "full replica (an upper bound), per-rank estimates of sharded runs are not wired into this callback yet"
+        )
+    from nnmem_callbacks.core.strategy import DEFAULT_BUCKET_CAP_MB, Strategy
+
+    bucket = getattr(args, "ddp_bucket_cap_mb", None)
+    rank = int(getattr(args, "process_index", 0) or 0)
+    return (
+        Strategy(
+            "ddp",
+            world_size=world,
+            bucket_cap_mb=float(bucket) if bucket else DEFAULT_BUCKET_CAP_MB,
+            static_graph=bool(getattr(args, "ddp_static_graph", False)),
+            rank=rank if 0 <= rank < world else None,
+        ),
+        None,
+    )
+
+
+@contextlib.contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Saves the torch, CUDA, numpy and python RNG states, and restores them on exit."""
+    import torch
+
+    python_state = random.getstate()
+    torch_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        import numpy
+
+        numpy_state: Any = numpy.random.get_state()
+    except ImportError:  # pragma: no cover - numpy comes with torch
+        numpy = None  # type: ignore[assignment]
+        numpy_state = None
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+        if numpy is not None and numpy_state is not None:
+            numpy.random.set_state(numpy_state)
+
+
+def first_batch(trainer: Any, batch_size: int) -> Any:
+    """The first ``batch_size`` samples of the Trainer's train dataset, collated as the Trainer collates them.
+
+    Nothing the training loop uses is touched: no dataloader is built or iterated, no sampler drawn from, and
+    the RNG states are restored.
+
+    Raises:
+        RuntimeError: Without a train dataset, or when it yields no sample.
+    """
+    dataset = getattr(trainer, "train_dataset", None)
+    if dataset is None:
+        raise RuntimeError("the Trainer has no train_dataset")
+    collator = trainer.data_collator
+    with isolated_rng():
+        try:
+            import datasets
+
+            is_hf_dataset = isinstance(dataset, datasets.Dataset)
+        except ImportError:
+            is_hf_dataset = False
+        if is_hf_dataset and hasattr(trainer, "_remove_unused_columns"):
+            dataset = trainer._remove_unused_columns(dataset, description="training")
+        elif hasattr(trainer, "_get_collator_with_removed_columns"):
+            collator = trainer._get_collator_with_removed_columns(collator, description="training")
+        samples = take(dataset, batch_size)
+        if not samples:
+            raise RuntimeError("the train dataset yielded no sample")
+        return collator(samples)
+
+
+def take(dataset: Any, count: int) -> list[Any]:
+    """The first ``count`` samples of a map-style or iterable dataset."""
+    import torch
+
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
+        samples = []
+        for sample in dataset:
+            samples.append(sample)
+            if len(samples) >= count:
+                break
+        return samples
+    size = len(dataset) if hasattr(dataset, "__len__") else count
+    return [dataset[i] for i in range(min(count, size))]
+
+
+def trainer_loss(trainer: Any) -> Callable[[Any, Any], Any]:
+    """The loss the estimator traces: the Trainer's own ``compute_loss`` (custom losses and label smoothing too)."""
+
+    def loss_fn(model: Any, batch: Any) -> Any:
+        inputs = dict(batch) if isinstance(batch, Mapping) else batch
+        return trainer.compute_loss(model, inputs)
+
+    return loss_fn
+
+
+def model_loss(model: Any, batch: Any) -> Any:
+    """The loss without a Trainer: the model's own (``labels`` in the batch), as ``Trainer.compute_loss`` takes it."""
+    out = model(**batch) if isinstance(batch, Mapping) else model(batch)
+    if isinstance(out, Mapping):
+        return out["loss"] if "loss" in out else out[next(iter(out))]
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def estimate_step(
+    model: Any,
+    batch: Any,
+    facts: StepFacts,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
+    *,
+    precision: str | None = None,
+) -> MemoryEstimate:
+    """The estimate of one training step of ``model`` on ``batch`` (raises what the estimator raises).
+
+    Args:
+        model: The model as the Trainer trains it (PEFT, quantized, gradient checkpointing as set).
+        batch: One collated batch.
+        facts: The step's facts (:func:`read_facts`).
+        loss_fn: ``loss_fn(model, batch) -> loss`` (default :func:`model_loss`).
+        precision: Another precision (the ``bf16-mixed`` offer); default: ``facts.precision``.
+    """
+    training = {name: module.training for name, module in model.named_modules()}
+    model.train()
+    kwargs = dict(
+        optimizer=facts.optimizer,
+        loss_fn=loss_fn or model_loss,
+        precision=precision or facts.precision,
+        device=facts.device,
+        accumulate_grad_batches=facts.accumulate,
+        gradient_clip_val=facts.clip,
+        gradient_clip_algorithm="norm",
+    )
+    try:
+        with isolated_rng():
+            if facts.strategy is not None:
+                return estimate_per_rank(model, batch, strategy=facts.strategy, **kwargs)
+            return estimate_training(model, batch, **kwargs)
+    finally:
+        for name, module in model.named_modules():
+            if name in training:
+                module.training = training[name]
+
+
+def batch_tensors(batch: Any) -> list[Any]:
+    """The tensors of a (nested) batch."""
+    from torch.utils._pytree import tree_flatten
+
+    if isinstance(batch, Mapping) and not isinstance(batch, dict):
+        batch = dict(batch)
+    return [t for t in tree_flatten(batch)[0] if hasattr(t, "untyped_storage")]
+
+
+def step_tensors(model: Any, optimizer: Any) -> list[Any]:
+    """What an optimizer step starts with besides its batch: parameters, buffers, gradients, optimizer state."""
+    from torch.utils._pytree import tree_flatten
+
+    tensors: list[Any] = list(model.parameters()) + list(model.buffers())
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    inner = unwrap_optimizer(optimizer)
+    for state in getattr(inner, "state", {}).values():
+        tensors += tree_flatten(state)[0] if isinstance(state, dict) else []
+    return tensors

@@ -1,0 +1,431 @@
+"""The Hugging Face Trainer adapter: real Trainer runs on CPU with tiny GPT-2, BERT and Llama models from configs.
+
+* the prediction and the measurement land in TensorBoard's event files every epoch, through the Trainer's own
+  reporter, and the logged prediction is within 3% of the sampled step's tensor peak (profiler allocation events);
+* ``policy="raise"`` stops before any optimizer step;
+* ``plan_training_arguments`` under a budget that forces a smaller batch keeps the effective batch, and the run's
+  tensor peak stays under the budget;
+* taking the first batch leaves the training data order (and every RNG) as it was.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from nnmem_callbacks.adapters.transformers import estimation  # noqa: E402
+from nnmem_callbacks.adapters.transformers.planning import keep_effective_batch  # noqa: E402
+from nnmem_callbacks.transformers import (  # noqa: E402
+    MemoryBudgetCallback,
+    MemoryBudgetExceeded,
+    plan_training_arguments,
+)
+
+VOCAB, LENGTH, SAMPLES = 256, 32, 16
+
+
+def tiny_model(kind: str):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(
+            n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=0, eos_token_id=0
+        )
+        return transformers.GPT2LMHeadModel(config)
+    if kind == "llama":
+        config = transformers.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        return transformers.LlamaForCausalLM(config)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        num_labels=3,
+    )
+    return transformers.BertForSequenceClassification(config)
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Fixed-length samples; the first token is the sample's index, so a batch shows the order it was drawn in."""
+
+    def __init__(self, kind: str, samples: int = SAMPLES) -> None:
+        self.kind, self.samples = kind, samples
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, i: int):
+        ids = torch.randint(1, VOCAB, (LENGTH,), generator=torch.Generator().manual_seed(i))
+        ids[0] = i
+        if self.kind == "bert":
+            return {"input_ids": ids, "attention_mask": torch.ones(LENGTH, dtype=torch.long), "labels": i % 3}
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def arguments(tmp_path: Path, **overrides):
+    settings = dict(
+        per_device_train_batch_size=4,
+        num_train_epochs=2,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=7,
+    )
+    settings.update(overrides)
+    return transformers.TrainingArguments(str(tmp_path / "out"), **settings)
+
+
+def scalars(directory: Path) -> dict[str, dict[int, float]]:
+    """Every scalar in the TensorBoard event files under ``directory``: tag -> {step: value}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found: dict[str, dict[int, float]] = {}
+    for events in directory.rglob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            for event in accumulator.Scalars(tag):
+                found.setdefault(tag, {})[event.step] = event.value
+    return found
+
+
+# (model, logging settings): each path by which the epoch's figures reach the logs
+RUNS = [
+    ("gpt2", {"logging_steps": 1}),  # the Trainer logged at the epoch's last step: the callback logs itself
+    ("bert", {"logging_strategy": "epoch"}),  # the epoch's log carries the figures
+    ("llama", {"logging_steps": 3}),  # no log at the epoch's end: the callback asks for one
+]
+
+
+@pytest.mark.parametrize("kind, logging", RUNS, ids=[run[0] for run in RUNS])
+def test_predicted_and_measured_land_in_tensorboard_every_epoch(tmp_path, kind, logging):
+    pytest.importorskip("tensorboard")
+    callback = MemoryBudgetCallback(budget="4GiB")
+    args = arguments(tmp_path, report_to=["tensorboard"], **logging)
+    trainer = transformers.Trainer(model=tiny_model(kind), args=args, train_dataset=Tokens(kind), callbacks=[callback])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        trainer.train()
+    assert not [w for w in said if "MemoryBudgetCallback" in str(w.message)]  # no failure, no miss
+
+    assert callback.failure is None and callback.estimate is not None
+    assert callback.plan is not None and callback.plan.fits
+    assert len(callback.measurements) == 2  # one row per epoch
+    steps_per_epoch = SAMPLES // args.per_device_train_batch_size
+    epoch_ends = [steps_per_epoch, 2 * steps_per_epoch]
+    for row, step in zip(callback.measurements, epoch_ends):
+        print(kind, row["epoch"], row["predicted_bytes"], row["measured_bytes"], row["relative_error"])
+        assert row["kind"] == "tensors" and row["global_step"] == step
+        assert abs(row["relative_error"]) < 0.03, row  # the logged prediction vs the sampled tensor peak
+        assert row["rss_rise_bytes"] is not None  # the RSS rise stays beside
+
+    found = scalars(tmp_path / "out")
+    for name in ("memory/predicted_peak_mib", "memory/measured_peak_mib", "memory/relative_error"):
+        assert f"train/{name}" in found, sorted(found)
+    assert "train/memory/measured_rss_rise_mib" in found
+    predicted, measured = found["train/memory/predicted_peak_mib"], found["train/memory/measured_peak_mib"]
+    errors = found["train/memory/relative_error"]
+    for step in epoch_ends:  # every epoch's figures, at the epoch's last step, in the event files
+        assert step in predicted and step in measured and step in errors
+        assert not math.isnan(measured[step])
+        assert abs(errors[step]) < 0.03
+        assert predicted[step] == pytest.approx(callback.estimate.peak_bytes_at(4) / 2**20, rel=1e-6)
+        assert abs(predicted[step] - measured[step]) / measured[step] < 0.03
+    # the same figures are in the Trainer's own history
+    history = [entry for entry in trainer.state.log_history if "memory/measured_peak_mib" in entry]
+    assert {entry["step"] for entry in history} >= set(epoch_ends)
+
+
+def test_raise_stops_before_any_optimizer_step(tmp_path):
+    model = tiny_model("gpt2")
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    steps = []
+
+    class CountSteps(transformers.TrainerCallback):
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            steps.append(state.global_step)
+
+    sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(2)])
+    args = arguments(tmp_path, per_device_train_batch_size=8)
+    estimate = plan_training_arguments(model, args, budget="4GiB", sample=sample).estimate
+    budget = int(estimate.upper_bytes_at(2) / 0.95) + 1  # batch 2 fits, batch 8 does not
+    callback = MemoryBudgetCallback(budget=budget, policy="raise")
+    trainer = transformers.Trainer(
+        model=model,
+        args=args,
+        train_dataset=Tokens("gpt2"),
+        callbacks=[callback, CountSteps()],
+    )
+    with pytest.raises(MemoryBudgetExceeded) as raised:
+        trainer.train()
+    message = str(raised.value)
+    assert "stopped before the first step" in message
+    print(message)
+    batch = callback.plan.max_fitting_batch_size
+    assert 2 <= batch < 8 and f"Largest batch size that fits: {batch}." in message
+    advised = re.search(r"per_device_train_batch_size=(\d+), gradient_accumulation_steps=(\d+)", message)
+    assert advised is not None, message
+    size, accumulate = int(advised[1]), int(advised[2])
+    assert size <= batch and size * accumulate == 8  # checked at its own accumulation; the effective batch kept
+    assert "8-bit optimizer" in message
+    assert steps == [] and trainer.state.global_step == 0
+    assert all(torch.equal(before[name], p) for name, p in model.named_parameters())
+    assert "log" not in vars(trainer)  # the Trainer's log is its own again
+
+
+def test_plan_training_arguments_keeps_the_effective_batch_under_the_budget(tmp_path):
+    model = tiny_model("gpt2")
+    args = arguments(tmp_path, per_device_train_batch_size=8, gradient_accumulation_steps=1, num_train_epochs=1)
+    dataset = Tokens("gpt2", samples=32)
+    sample = torch.utils.data.default_collate([dataset[i] for i in range(2)])
+    roomy = plan_training_arguments(model, args, budget="4GiB", sample=sample)
+    assert not roomy.changed and roomy.args.per_device_train_batch_size == 8
+    estimate, margin = roomy.estimate, 0.05
+    # a budget where batch 4 fits and batch 8 does not
+    budget = int(estimate.upper_bytes_at(4) / (1 - margin)) + 1
+    assert estimate.upper_bytes_at(8) > budget * (1 - margin)
+
+    planned = plan_training_arguments(model, args, budget=budget, sample=sample, margin=margin)
+    assert planned.changed
+    batch, accumulate = planned.args.per_device_train_batch_size, planned.args.gradient_accumulation_steps
+    assert batch * accumulate == 8 and batch < 8
+    assert planned.plan.max_fitting_batch_size >= batch
+    assert args.per_device_train_batch_size == 8 and args.gradient_accumulation_steps == 1  # a copy
+
+    callback = MemoryBudgetCallback(budget=budget, margin=margin)
+    trainer = transformers.Trainer(model=model, args=planned.args, train_dataset=dataset, callbacks=[callback])
+    trainer.train()
+    assert trainer.state.global_step == 32 // 8  # the same optimizer steps as with batch 8
+    assert callback.plan is not None and callback.plan.fits
+    measured = callback.measurements[-1]["measured_bytes"]
+    print("plan", budget, batch, accumulate, planned.predicted_peak_bytes, measured, estimate.peak_bytes_at(8))
+    assert measured is not None and measured < budget
+    assert abs(callback.measurements[-1]["relative_error"]) < 0.03
+
+
+def order_of_training(tmp_path: Path, callbacks: list) -> tuple[list[list[int]], list[float]]:
+    """The sample indices of every batch a Trainer trains on, and its logged losses."""
+    seen: list[list[int]] = []
+
+    class Recording(transformers.Trainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            seen.append(inputs["input_ids"][:, 0].tolist())
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    trainer = Recording(
+        model=tiny_model("gpt2"), args=arguments(tmp_path), train_dataset=Tokens("gpt2"), callbacks=callbacks
+    )
+    trainer.train()
+    return seen, [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def test_first_batch_leaves_the_data_order_and_the_rng_alone(tmp_path):
+    plain_order, plain_losses = order_of_training(tmp_path / "plain", [])
+    callback = MemoryBudgetCallback(budget="4GiB")
+    order, losses = order_of_training(tmp_path / "with", [callback])
+    assert callback.estimate is not None
+    assert order == plain_order and sorted(sum(order[:4], [])) == list(range(SAMPLES))
+    assert losses == plain_losses  # dropout drew the same numbers too
+
+
+def test_first_batch_restores_every_rng(tmp_path):
+    import random
+
+    import numpy
+
+    trainer = transformers.Trainer(model=tiny_model("gpt2"), args=arguments(tmp_path), train_dataset=Tokens("gpt2"))
+    states = (torch.get_rng_state(), random.getstate(), numpy.random.get_state()[1].copy())
+    batch = estimation.first_batch(trainer, 4)
+    assert batch["input_ids"].shape == (4, LENGTH) and batch["input_ids"][:, 0].tolist() == [0, 1, 2, 3]
+    assert torch.equal(states[0], torch.get_rng_state()) and states[1] == random.getstate()
+    assert (states[2] == numpy.random.get_state()[1]).all()
+
+
+def test_a_failure_is_one_warning_and_training_goes_on(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no estimate today")
+
+    monkeypatch.setattr(estimation, "estimate_step", broken)
+    callback = MemoryBudgetCallback(policy="raise")
+    trainer = transformers.Trainer(
+        model=tiny_model("gpt2"),
+        args=arguments(tmp_path, num_train_epochs=1),
+        train_dataset=Tokens("gpt2"),
+        callbacks=[callback],
+    )
+    with pytest.warns(UserWarning, match="could not estimate the training step") as said:
+        trainer.train()
+    assert trainer.state.global_step == SAMPLES // 4
+    assert callback.estimate is None and "no estimate today" in callback.failure
+    assert len([w for w in said if "MemoryBudgetCallback" in str(w.message)]) == 1
+
+
+def test_bind_and_policy_checks():
+    with pytest.raises(ValueError, match="valid policies are 'warn', 'raise'"):
+        MemoryBudgetCallback(policy="shrink")
+    with pytest.raises(ValueError):
+        MemoryBudgetCallback(margin=-1)
+    callback = MemoryBudgetCallback()
+    assert callback.bind("a trainer") is callback
+
+
+@pytest.mark.parametrize(
+    "batch, accumulate, largest, expected",
+    [(16, 1, 16, (16, 1)), (16, 2, 6, (4, 8)), (12, 1, 5, (4, 3)), (7, 1, 6, (1, 7)), (8, 3, 0, (1, 24))],
+)
+def test_keep_effective_batch(batch, accumulate, largest, expected):
+    kept = keep_effective_batch(batch, accumulate, largest=largest)
+    assert kept == expected and kept[0] * kept[1] == batch * accumulate
+
+
+def test_optimizer_of_the_arguments(tmp_path):
+    model = tiny_model("gpt2")
+    spec, note = estimation.optimizer_for(arguments(tmp_path, optim="adafactor"), model)
+    assert note is None and type(spec([torch.nn.Parameter(torch.zeros(2))])).__name__ == "Adafactor"
+    spec, note = estimation.optimizer_for(arguments(tmp_path, optim="sgd"), model)
+    assert isinstance(spec([torch.nn.Parameter(torch.zeros(2))]), torch.optim.SGD)
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        spec, note = estimation.optimizer_for(arguments(tmp_path, optim="adamw_8bit"), model)
+        assert spec == "adamw" and "AdamW assumed" in note
+    facts = estimation.read_facts(arguments(tmp_path, bf16=True, max_grad_norm=0.0), model, device="cpu")
+    assert facts.precision == "bf16-mixed" and facts.clip is None
+
+
+def lora(model):
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, target_modules=["c_attn"], task_type="CAUSAL_LM")
+    return peft.get_peft_model(model, config)
+
+
+VARIANTS = [
+    ("activation_checkpointing", {"activation_checkpointing": True}, None),
+    ("bf16", {"bf16": True}, None),
+    ("accumulation", {"gradient_accumulation_steps": 2}, None),
+    ("adafactor", {"optim": "adafactor"}, None),
+    ("lora", {}, lora),
+]
+
+
+@pytest.mark.parametrize("name, overrides, wrap", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_the_trainers_settings_are_estimated(tmp_path, name, overrides, wrap):
+    model = tiny_model("gpt2")
+    if wrap is not None:
+        model = wrap(model)
+    callback = MemoryBudgetCallback(budget="4GiB")
+    args = arguments(tmp_path, num_train_epochs=1, **overrides)
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=Tokens("gpt2", samples=32), callbacks=[callback]
+    )
+    trainer.train()
+    assert callback.failure is None
+    (row,) = callback.measurements
+    print(name, row["predicted_bytes"], row["measured_bytes"], row["relative_error"])
+    assert abs(row["relative_error"]) < 0.03
+
+
+def test_plan_keeps_the_config_class_and_its_fields(tmp_path):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class SFTLikeConfig(transformers.TrainingArguments):  # TRL's configs subclass TrainingArguments like this
+        max_length: int = 48
+
+    args = SFTLikeConfig(str(tmp_path / "out"), per_device_train_batch_size=8, report_to=[], use_cpu=True)
+    sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(2)])
+    planned = plan_training_arguments(tiny_model("gpt2"), args, budget=0.5, sample=sample)
+    assert type(planned.args) is SFTLikeConfig and planned.args.max_length == 48
+    assert planned.args is not args and not planned.changed
+
+
+def test_a_second_train_after_a_crash_wraps_the_log_once(tmp_path):
+    callback = MemoryBudgetCallback(budget="4GiB")
+    trainer = transformers.Trainer(
+        model=tiny_model("gpt2"),
+        args=arguments(tmp_path, num_train_epochs=1, max_steps=2),
+        train_dataset=Tokens("gpt2"),
+        callbacks=[callback],
+    )
+    callback.bind(trainer).on_train_begin(trainer.args, trainer.state, trainer.control, model=trainer.model)
+    assert getattr(trainer.log, "nnmem_callback", None) is callback  # a run that crashed left it
+    trainer.train()
+    assert "log" not in vars(trainer)
+    assert any("memory/predicted_peak_mib" in entry for entry in trainer.state.log_history)
+
+
+DDP_SCRIPT = """
+import json, os, sys, warnings
+import torch, transformers
+sys.path.insert(0, {tests!r})
+from test_transformers_callback import Tokens, arguments, tiny_model
+from pathlib import Path
+from nnmem_callbacks.transformers import MemoryBudgetCallback
+
+callback = MemoryBudgetCallback(budget="4GiB")
+args = arguments(Path({out!r}), num_train_epochs=1, ddp_backend="gloo")
+trainer = transformers.Trainer(model=tiny_model("gpt2"), args=args, train_dataset=Tokens("gpt2", 32), callbacks=[callback])
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    trainer.train()
+estimate = callback.estimate
+rank = int(os.environ["RANK"])
+Path({out!r}, f"rank{{rank}}.json").write_text(json.dumps({{
+    "failure": callback.failure,
+    "peak": estimate.peak_bytes if estimate else None,
+    "strategy": str(estimate.extra.get("strategy")) if estimate else None,
+    "single": estimate.extra.get("single_device_peak_bytes") if estimate else None,
+    "warnings": [str(w.message) for w in said if "MemoryBudgetCallback" in str(w.message)],
+    "steps": trainer.state.global_step,
+    "errors": [row.get("relative_error") for row in callback.measurements],
+}}))
+"""
+
+
+@pytest.mark.slow
+def test_ddp_ranks_estimate_per_rank_and_agree(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp_run.py"
+    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path)))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29531", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    print(ranks)
+    assert all(rank["failure"] is None and rank["steps"] > 0 for rank in ranks)
+    assert ranks[0]["peak"] == ranks[1]["peak"]  # the ranks agree
+    assert all("ddp" in rank["strategy"] for rank in ranks)
+    assert ranks[0]["peak"] > ranks[0]["single"]  # the reducer's buckets on top of the single-device step
