@@ -108,3 +108,16 @@ def test_the_keras_quickstart_runs_as_written():
     done = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Keras backend: tensorflow" in done.stdout and "epoch 1:" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_trainer_quickstart_runs_as_written(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    section_text = section("Hugging Face Trainer")
+    assert 'pip install -e ".[transformers]"' in section_text
+    command = re.search(r"`(python examples/transformers_quickstart\.py)`", section_text).group(1)
+    argv = [sys.executable, *command.split()[1:], "--output-dir", str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "predicted" in done.stdout and "measured" in done.stdout
