@@ -47,11 +47,11 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from nnmem_callbacks.monitoring.meters import Meter, PeakReading
 
-__all__ = ["SampledStep", "TensorPeakMeter"]
+__all__ = ["batch_tensors", "SampledStep", "step_tensors", "TensorPeakMeter"]
 
 
 class TensorPeakMeter(Meter):
@@ -170,3 +170,28 @@ class SampledStep:
         elif self._first_steps and peaks:
             self.peak_bytes = peaks[0]
         return self.peak_bytes
+
+
+def batch_tensors(batch: Any) -> list[Any]:
+    """The tensors of a (nested) batch; a mapping that is not a ``dict`` (``BatchEncoding``) is read as one."""
+    from torch.utils._pytree import tree_flatten
+
+    if isinstance(batch, Mapping) and not isinstance(batch, dict):
+        batch = dict(batch)
+    return [t for t in tree_flatten(batch)[0] if hasattr(t, "untyped_storage")]
+
+
+def step_tensors(module: Any, optimizers: Iterable[Any] = (), batch: Any = None) -> list[Any]:
+    """What an optimizer step starts with: the module's parameters, buffers and gradients, the optimizers' state and
+    the batch (what :meth:`SampledStep.begin`'s ``live_bytes`` counts, through
+    :func:`~nnmem_callbacks.probes.runner.live_tensor_bytes`)."""
+    from torch.utils._pytree import tree_flatten
+
+    tensors: list[Any] = list(module.parameters()) + list(module.buffers())
+    tensors += [p.grad for p in module.parameters() if p.grad is not None]
+    for optimizer in optimizers:
+        for state in getattr(optimizer, "state", {}).values():
+            tensors += tree_flatten(state)[0] if isinstance(state, dict) else []
+    if batch is not None:
+        tensors += batch_tensors(batch)
+    return tensors

@@ -52,7 +52,7 @@ from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
 from nnmem_callbacks.monitoring import meters as monitor
 from nnmem_callbacks.monitoring import oom
 from nnmem_callbacks.monitoring.phase_tracking import PhaseTracker
-from nnmem_callbacks.monitoring.step_sampling import SampledStep, TensorPeakMeter
+from nnmem_callbacks.monitoring.step_sampling import SampledStep, TensorPeakMeter, step_tensors
 from nnmem_callbacks.monitoring.tensorboard import write_fit_start
 from nnmem_callbacks.probes.runner import live_tensor_bytes
 
@@ -289,7 +289,7 @@ class MemoryBudgetCallbackMixin:
         if self._device_kind == "cpu" and self.estimate is not None:
             self._guard.safe(
                 lambda: self._sampled.begin(
-                    lambda: live_tensor_bytes(trainer_io.training_tensors(trainer, pl_module, batch)),
+                    lambda: live_tensor_bytes(step_tensors(pl_module, trainer.optimizers or (), batch)),
                     trainer.accumulate_grad_batches,
                 ),
                 "starting to sample the step's tensor peak",

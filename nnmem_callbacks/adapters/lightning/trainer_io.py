@@ -55,7 +55,6 @@ __all__ = [
     "set_accumulation",
     "set_batch_size",
     "tensorboard_loggers",
-    "training_tensors",
     "TrainBatch",
     "TrainerFacts",
 ]
@@ -235,16 +234,3 @@ def reduce_max(trainer: pl.Trainer, values: Sequence[int]) -> list[int]:
 def tensorboard_loggers(trainer: pl.Trainer, ns: Namespace) -> list[Any]:
     """The trainer's ``TensorBoardLogger`` objects."""
     return [logger for logger in trainer.loggers if isinstance(logger, ns.TensorBoardLogger)]
-
-
-def training_tensors(trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> list[Any]:
-    """What a training step starts with: parameters, buffers, gradients, the optimizers' state and the batch."""
-    from torch.utils._pytree import tree_flatten
-
-    tensors: list[Any] = list(pl_module.parameters()) + list(pl_module.buffers())
-    tensors += [p.grad for p in pl_module.parameters() if p.grad is not None]
-    for optimizer in getattr(trainer, "optimizers", None) or ():
-        for state in getattr(optimizer, "state", {}).values():
-            tensors += tree_flatten(state)[0] if isinstance(state, dict) else []
-    tensors += tree_flatten(batch)[0]
-    return tensors

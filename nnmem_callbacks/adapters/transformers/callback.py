@@ -59,7 +59,7 @@ import sys
 import warnings
 from typing import Any
 
-from nnmem_callbacks.adapters.common import Guard
+from nnmem_callbacks.adapters.common import Guard, predicted_peak
 from nnmem_callbacks.adapters.transformers import estimation, planning
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import MemoryBudgetExceeded, Plan, check_budget, check_margin, describe_plan
@@ -67,7 +67,7 @@ from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.hardware import devices
 from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
 from nnmem_callbacks.monitoring import meters as monitor
-from nnmem_callbacks.monitoring.step_sampling import SampledStep, TensorPeakMeter
+from nnmem_callbacks.monitoring.step_sampling import SampledStep, TensorPeakMeter, batch_tensors, step_tensors
 from nnmem_callbacks.probes.runner import live_tensor_bytes
 
 try:
@@ -228,7 +228,7 @@ class MemoryBudgetCallback(TrainerCallback):
         prefetched = self._batch_bytes * self._accumulate  # the Trainer collates the step's micro-batches first
 
         def live() -> int:
-            return live_tensor_bytes(estimation.step_tensors(model, optimizer)) + prefetched
+            return live_tensor_bytes(step_tensors(model, [estimation.unwrap_optimizer(optimizer)])) + prefetched
 
         self._guard.safe(lambda: self._sampled.begin(live), "starting to sample the step's tensor peak")
         if self._sampled.unavailable is not None and not self._sampled.said:
@@ -284,8 +284,9 @@ class MemoryBudgetCallback(TrainerCallback):
             self._resident_bytes = live_tensor_bytes(list(model.parameters()) + list(model.buffers()))
         try:
             batch = estimation.first_batch(trainer, facts.batch_size)
-            self._batch_bytes = live_tensor_bytes(estimation.batch_tensors(batch), self._device_kind)
-            estimate = estimation.estimate_step(model, batch, facts, estimation.trainer_loss(trainer))
+            self._batch_bytes = live_tensor_bytes(batch_tensors(batch), self._device_kind)
+            loss_fn = estimation.trainer_loss(trainer)
+            estimate = estimation.estimate_step(model, batch, facts, loss_fn)
         except Exception as error:  # noqa: BLE001 - never harm the run
             self.failure = f"{type(error).__name__}: {error}"
             log.debug("MemoryBudgetCallback: estimation failed", exc_info=True)
@@ -296,33 +297,27 @@ class MemoryBudgetCallback(TrainerCallback):
             return ""
         self.estimate = estimate
         self._guard.notes(estimate)
-        plan = planning.plan_step(
-            estimate,
-            device=device,
-            resident_bytes=self._resident_bytes,
-            budget=self.budget,
-            margin=self.margin,
-            policy=self.policy,
-            accumulate=facts.accumulate,
-        )
-        if not plan.fits and facts.precision == "32-true":
+
+        def plan_with(bf16: MemoryEstimate | None = None) -> Plan:
+            return planning.plan_step(
+                estimate,
+                device=device,
+                resident_bytes=self._resident_bytes,
+                budget=self.budget,
+                margin=self.margin,
+                policy=self.policy,
+                accumulate=facts.accumulate,
+                bf16=bf16,
+            )
+
+        plan = plan_with()
+        if not plan.fits and facts.precision == "32-true":  # offer bf16-mixed with its saving
             bf16 = self._guard.safe(
-                lambda: estimation.estimate_step(
-                    model, batch, facts, estimation.trainer_loss(trainer), precision="bf16-mixed"
-                ),
+                lambda: estimation.estimate_step(model, batch, facts, loss_fn, precision="bf16-mixed"),
                 "estimating at bf16",
             )
             if bf16 is not None:
-                plan = planning.plan_step(
-                    estimate,
-                    device=device,
-                    resident_bytes=self._resident_bytes,
-                    budget=self.budget,
-                    margin=self.margin,
-                    policy=self.policy,
-                    accumulate=facts.accumulate,
-                    bf16=bf16,
-                )
+                plan = plan_with(bf16)
         self.plan = plan
         predicted = estimate.peak_bytes_at(facts.batch_size)
         self.summary = (
@@ -333,7 +328,7 @@ class MemoryBudgetCallback(TrainerCallback):
         if plan.fits:
             return ""
         advice = self._guard.safe(
-            lambda: self._advice(plan, facts, model, batch, estimation.trainer_loss(trainer)),
+            lambda: self._advice(plan, facts, model, batch, loss_fn),
             "checking the batch that fits",
         )
         head = (
@@ -363,9 +358,7 @@ class MemoryBudgetCallback(TrainerCallback):
 
     # ------------------------------------------------------------- measuring
     def _predicted(self) -> int | None:
-        if self.estimate is None or not self._batch_size:
-            return None
-        return int(self.estimate.peak_bytes_at(self._batch_size))
+        return predicted_peak(self.estimate, self._batch_size) if self._batch_size else None
 
     def _measure(self, state: Any) -> epoch_report.EpochComparison | None:
         """The comparison now: the allocator's peak (CUDA), or the sampled step's tensor peak with RSS beside (CPU)."""

@@ -60,7 +60,6 @@ from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 from nnmem_callbacks.estimators.torch.estimator import estimate_training
 
 __all__ = [
-    "batch_tensors",
     "estimate_step",
     "first_batch",
     "isolated_rng",
@@ -70,7 +69,6 @@ __all__ = [
     "precision_of",
     "read_facts",
     "StepFacts",
-    "step_tensors",
     "strategy_of",
     "trainer_loss",
     "unwrap_optimizer",
@@ -346,24 +344,3 @@ def estimate_step(
         for name, module in model.named_modules():
             if name in training:
                 module.training = training[name]
-
-
-def batch_tensors(batch: Any) -> list[Any]:
-    """The tensors of a (nested) batch."""
-    from torch.utils._pytree import tree_flatten
-
-    if isinstance(batch, Mapping) and not isinstance(batch, dict):
-        batch = dict(batch)
-    return [t for t in tree_flatten(batch)[0] if hasattr(t, "untyped_storage")]
-
-
-def step_tensors(model: Any, optimizer: Any) -> list[Any]:
-    """What an optimizer step starts with besides its batch: parameters, buffers, gradients, optimizer state."""
-    from torch.utils._pytree import tree_flatten
-
-    tensors: list[Any] = list(model.parameters()) + list(model.buffers())
-    tensors += [p.grad for p in model.parameters() if p.grad is not None]
-    inner = unwrap_optimizer(optimizer)
-    for state in getattr(inner, "state", {}).values():
-        tensors += tree_flatten(state)[0] if isinstance(state, dict) else []
-    return tensors
