@@ -246,22 +246,6 @@ def test_conv_table_rejects_an_unknown_direction():
 
 
 # ---------------------------------------------------------------------------
-# torch.compile
-# ---------------------------------------------------------------------------
-
-
-def test_compiled_module_is_estimated_as_its_eager_step():
-    model = _mlp()
-    compiled = torch.compile(model)
-    batch = torch.empty(32, 256)
-    eager = estimate_training(model, batch, optimizer="sgd")
-    est = estimate_training(compiled, batch, optimizer="sgd")
-    assert est.peak_bytes == eager.peak_bytes
-    assert any("torch.compile'd module" in note and "eager" in note for note in est.notes)
-    assert not any("torch.compile" in note for note in eager.notes)
-
-
-# ---------------------------------------------------------------------------
 # cuDNN convolution probe (fake meter, real CPU kernels) and cudnn.benchmark
 # ---------------------------------------------------------------------------
 

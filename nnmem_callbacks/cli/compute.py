@@ -68,6 +68,11 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     """Builds the model and batch from ``args`` and calls the estimator."""
     spec = args.model
     if spec.endswith((".keras", ".h5")):
+        if getattr(args, "compile", False) or getattr(args, "compile_mode", None):
+            raise CliError(
+                "--compile estimates a torch.compile'd PyTorch step; for a Keras model set jit_compile in "
+                "model.compile() before saving it"
+            )
         return _keras_estimate(spec, args, target)
     require_module("torch", "nnmem estimate needs PyTorch for factory models: pip install 'nnmem_callbacks[torch]'")
     factory = load_factory(spec)
@@ -77,6 +82,7 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     precision = checked_value(napkin.check_precision, args.precision, "--precision")
     model = build_model(spec, parse_model_args(args.model_arg), factory=factory)
     batch = make_batch(inputs, args.batch_size)
+    traced_model = _compiled(model, args)
     import logging
     import warnings
 
@@ -91,20 +97,34 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
             strategy = strategy_from_args(args)
             device = f"cuda:{target.gpu.name}" if target.gpu is not None else target.device
             if strategy.kind == "single":
-                estimate = estimate_training(model, batch, optimizer=args.optimizer, precision=precision, device=device)
+                estimate = estimate_training(
+                    traced_model, batch, optimizer=args.optimizer, precision=precision, device=device
+                )
             else:
                 from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 
                 estimate = estimate_per_rank(
-                    model, batch, optimizer=args.optimizer, precision=precision, device=device, strategy=strategy
+                    traced_model, batch, optimizer=args.optimizer, precision=precision, device=device, strategy=strategy
                 )
     except ValueError as error:
         raise CliError(str(error)) from None
     finally:
         quiet.setLevel(level)
-    if estimate.method != "trace":
+    if not estimate.method.startswith("trace"):
         check_forward(model, inputs)
     return estimate
+
+
+def _compiled(model: Any, args: argparse.Namespace) -> Any:
+    """``torch.compile(model, mode=...)`` for ``--compile``; the model itself without it."""
+    mode = getattr(args, "compile_mode", None)
+    if not getattr(args, "compile", False):
+        if mode is not None:
+            raise CliError(f"--compile-mode {mode} needs --compile (estimate the torch.compile'd step)")
+        return model
+    import torch
+
+    return torch.compile(model, mode=None if mode in (None, "default") else mode)
 
 
 def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> MemoryEstimate:

@@ -14,6 +14,7 @@ from nnmem_callbacks.estimators import napkin
 __all__ = [
     "build_parser",
     "calc_command_parser",
+    "COMPILE_MODES",
     "demo_command_parser",
     "DEMO_EXAMPLE",
     "estimate_command_parser",
@@ -86,6 +87,10 @@ class _StoreGiven(argparse.Action):
     ) -> None:
         setattr(namespace, self.dest, values)
         setattr(namespace, f"{self.dest}_given", True)
+
+
+#: ``torch.compile`` modes ``nnmem estimate --compile-mode`` accepts.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
@@ -199,6 +204,20 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="keyword argument for the factory (a Python literal, else a string); repeatable, "
         "e.g. --model-arg num_classes=10",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="estimate the torch.compile'd step (Inductor: what it saves for backward, fuses and reuses) "
+        "instead of the eager one; PyTorch factories only",
+    )
+    parser.add_argument(
+        "--compile-mode",
+        default=None,
+        choices=COMPILE_MODES,
+        metavar="MODE",
+        help=f"torch.compile's mode with --compile: {', '.join(COMPILE_MODES)} (default: torch's default); "
+        "autotuning and CUDA graphs are not modelled and notes say so, e.g. --compile-mode max-autotune",
     )
     _add_target_options(parser)
     parser.set_defaults(func=estimate_command)

@@ -18,7 +18,8 @@ Known limitations:
     * For CUDA on a machine without CUDA, CPU kernels are made to behave like CUDA's
       (:mod:`nnmem_callbacks.estimators.torch.cuda.emulation`) for the named GPU's architecture (sm90 otherwise);
       ``notes`` lists the tables used and every way the result may differ from an estimate made on the device.
-    * A ``torch.compile``'d module is estimated as its eager step (a note says so).
+    * A ``torch.compile``'d step is estimated from its compiled graphs
+      (:mod:`nnmem_callbacks.estimators.torch.compiled`); a compiled optimizer step is estimated eagerly.
     * cuBLAS workspaces follow PyTorch's defaults for the target GPU, cuDNN convolution workspaces only the measured
       table (:mod:`nnmem_callbacks.hardware.cuda_tables`); notes say so.
     * Lazy modules must be materialised before estimation.
@@ -43,6 +44,7 @@ from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.core.verification import DirectEstimator
 from nnmem_callbacks.estimators.torch.batch_lines import category_line, paired_lines
 from nnmem_callbacks.estimators.torch.compat import eager_library_checks
+from nnmem_callbacks.estimators.torch.compiled import compiled_optimizer_note, find_compiled
 from nnmem_callbacks.estimators.torch.cuda import libraries as cuda_libraries
 from nnmem_callbacks.estimators.torch.cuda.cudnn_rnn import cudnn_rnn_emulation
 from nnmem_callbacks.estimators.torch.cuda.emulation import EmulationReport, cuda_kernel_emulation
@@ -154,9 +156,9 @@ def estimate_training(
         >>> est.peak_bytes_at(512) > est.peak_bytes
         True
     """
-    compiled_note = cuda_libraries.compiled_module_note(model)
-    if compiled_note is not None:
-        model = model._orig_mod
+    compiled = find_compiled(model, loss_fn)
+    if compiled is not None:
+        model, loss_fn = compiled.model, compiled.loss_fn
     config = make_config(
         model,
         batch,
@@ -168,17 +170,19 @@ def estimate_training(
         gradient_clip_val,
         gradient_clip_algorithm,
     )
-    estimate = _estimate_config(config, check_scaling, probe_kernels, compiled_note)
-    return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels, compiled_note))
+    config.compiled = compiled
+    estimate = _estimate_config(config, check_scaling, probe_kernels)
+    optimizer_note = compiled_optimizer_note(optimizer)
+    if optimizer_note is not None:
+        estimate = dataclasses.replace(estimate, notes=(*estimate.notes, optimizer_note))
+    return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels))
 
 
-def _estimate_config(
-    config: StepConfig, check_scaling: bool, probe_kernels: bool, compiled_note: str | None = None
-) -> MemoryEstimate:
+def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: bool) -> MemoryEstimate:
     """:func:`estimate_training` for a checked step configuration (without a verifier)."""
     model = config.model
     started = time.perf_counter()
-    notes: list[str] = [compiled_note] if compiled_note is not None else []
+    notes: list[str] = []
     if config.target_device.type != config.trace_device.type:
         notes.append(
             f"traced on {config.trace_device.type} kernels for a {config.target_device.type} target "
@@ -186,7 +190,13 @@ def _estimate_config(
         )
     with kernel_probes(config.target_device.type, enabled=probe_kernels) as probes:
         try:
-            estimate = _estimate_by_trace(config, notes, check_scaling)
+            estimate = None
+            if config.compiled is not None:
+                estimate = config.compiled.run(
+                    config, lambda compiled: _estimate_by_trace(compiled, notes, check_scaling), notes
+                )
+            if estimate is None:
+                estimate = _estimate_by_trace(dataclasses.replace(config, compiled=None), notes, check_scaling)
         except (EstimationInputError, UnsupportedKernelError):
             raise
         except Exception as error:  # noqa: BLE001 - any trace failure goes to the fallback
@@ -229,14 +239,13 @@ class TraceVerifier(DirectEstimator):
         (32, True)
     """
 
-    def __init__(self, config: StepConfig, probe_kernels: bool, compiled_note: str | None = None) -> None:
+    def __init__(self, config: StepConfig, probe_kernels: bool) -> None:
         self._config = config
         self._probe_kernels = probe_kernels
-        self._compiled_note = compiled_note
 
     def estimate_at(self, batch_size: int) -> MemoryEstimate:
         config = dataclasses.replace(self._config, batch=dataclasses.replace(self._config.batch, batch_size=batch_size))
-        estimate = _estimate_config(config, False, self._probe_kernels, self._compiled_note)
+        estimate = _estimate_config(config, False, self._probe_kernels)
         return dataclasses.replace(estimate, verifier=self)
 
 
@@ -264,10 +273,14 @@ def run_trace(
     training step are freed by reference counting, and collector pauses only
     cost time (a fake-tensor trace creates many short-lived Python objects).
     """
+    session = session or TraceSession()
     with _gc_paused():
-        return _run_trace(
-            config, batch_size, steps=steps, optimizer_steps=optimizer_steps, session=session or TraceSession()
-        )
+        if config.compiled is not None and batch_size not in session.compiled_batch_sizes:
+            # A real run compiles in its first step; what the compile keeps of that step's tensors stays out of the
+            # traced steps, as it stays out of a measured warm step.
+            _run_trace(config, batch_size, steps=1, optimizer_steps=False, session=session)
+            session.compiled_batch_sizes.add(batch_size)
+        return _run_trace(config, batch_size, steps=steps, optimizer_steps=optimizer_steps, session=session)
 
 
 @contextlib.contextmanager
@@ -295,6 +308,8 @@ class TraceSession:
         self.cuda_emulation: EmulationReport | None = None  # filled by the traces of a CUDA target without CUDA
         #: The traces at other batch sizes, by role (``"fit"``, ``"check"``): ``(batch_size, trace)``.
         self.scaling_traces: dict[str, tuple[int, TraceResult]] = {}
+        #: Batch sizes at which a compiled step has been run once (compiled) before its traces.
+        self.compiled_batch_sizes: set[int] = set()
 
     def emulation(self, config: StepConfig) -> EmulationReport:
         if self.cuda_emulation is None:
@@ -310,7 +325,8 @@ def _run_trace(
     precision = config.precision
     device = config.trace_device
     fake_mode = session.fake_mode
-    tracker = StorageTracker(config.target_device.type, memo=session.memo, libraries=session.libraries)
+    tracker_class = config.compiled.tracker_class if config.compiled is not None else StorageTracker
+    tracker = tracker_class(config.target_device.type, memo=session.memo, libraries=session.libraries)
     emulate_cuda = config.target_device.type == "cuda" and device.type == "cpu"
     with (
         preserved_rng(),

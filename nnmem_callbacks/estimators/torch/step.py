@@ -67,6 +67,7 @@ class StepConfig:
     gradient_clip_algorithm: str = "norm"
     example_batch: Any = None  # the user's batch: the fallback's small real probe, compat's mask check
     cuda_arch: Any = None  # gpus.CudaArch named by the device ("cuda:h100"), None when not named
+    compiled: Any = None  # compiled.CompiledStep: the torch.compile'd parts of the step, None when eager
 
 
 def make_config(

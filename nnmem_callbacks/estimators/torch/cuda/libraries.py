@@ -38,7 +38,6 @@ __all__ = [
     "BACKWARD_THREAD",
     "BENCHMARK_NOTE",
     "blas_thread",
-    "compiled_module_note",
     "complete_closed_form",
     "CONV_BACKWARD_OPS",
     "CONV_FORWARD_OPS",
@@ -580,23 +579,6 @@ def device_overhead(
         f"measured on {figures.source}{where}"
     )
     return figure
-
-
-def compiled_module_note(model: Any) -> str | None:
-    """A note when ``model`` is a ``torch.compile``'d module: the eager step is what gets estimated.
-
-    Example:
-        >>> compiled_module_note(torch.nn.Linear(2, 2)) is None
-        True
-    """
-    original = getattr(model, "_orig_mod", None)
-    if original is None or not isinstance(model, torch.nn.Module):
-        return None
-    return (
-        f"the model is a torch.compile'd module ({type(model).__name__} around {type(original).__name__}): "
-        f"the eager training step was estimated; compiled kernels fuse ops (often less memory) and "
-        f"the compilation itself (autotuning, CUDA graphs) can add more"
-    )
 
 
 def uses_gemm(model: torch.nn.Module) -> bool:
