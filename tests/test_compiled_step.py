@@ -225,3 +225,46 @@ def test_the_internals_used_exist_in_the_installed_torch():
     settings = compat.compile_settings(torch.compile(nn.Linear(2, 2), mode="reduce-overhead"))
     assert settings.backend == "inductor" and settings.options.get("triton.cudagraphs") is True
     assert compat.compile_settings(torch.compile(nn.Linear(2, 2), backend="aot_eager")).backend == "aot_eager"
+
+
+@pytest.mark.lightning
+@pytest.mark.parametrize("how", ["fit_compiled_module", "compiled_inner_model"])
+def test_the_lightning_callback_plans_on_the_compiled_step_and_measures_it(tmp_path, how):
+    pl = pytest.importorskip("pytorch_lightning")
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _lightning_models import DataModule, trainer_kwargs
+
+    from nnmem_callbacks.lightning import MemoryBudgetCallback
+
+    class Wide(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(
+                nn.Linear(32, 512), nn.LayerNorm(512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 4)
+            )
+            if how == "compiled_inner_model":
+                self.net = torch.compile(self.net)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    module = Wide()
+    given = torch.compile(module) if how == "fit_compiled_module" else module
+    callback = MemoryBudgetCallback(budget="1TiB")
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, limit_train_batches=3), callbacks=[callback])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(given, datamodule=DataModule(batch_size=64))
+    assert callback.estimate.method == "trace+inductor"
+    row = callback.measurements[0]
+    assert row["kind"] == "tensors" and abs(row["relative_error"]) < 0.01

@@ -9,7 +9,8 @@ Usage::
 Each case runs in a fresh process, in the order a user's fit runs it: nnmem's
 estimates first (an eager estimate to warm the kernel-probe cache, then the
 eager and the compiled estimate, timed), then the real run: ``torch.compile``
-(Inductor, the user's settings), one warm-up step (it compiles) and two
+(Inductor, the user's settings; Inductor's caches off, so the first step
+compiles cold, as a new model's does), one warm-up step (it compiles) and two
 measured compiled steps, whose truth is the peak of live tensor bytes from the
 profiler's allocation events (:func:`benchmarks.common.groundtruth.measure_cpu_peak`).
 The estimate runs before the real compile, as at a fit start, so the real step
@@ -39,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+# the real first step compiles cold, as a new model's does: no Inductor/AOTAutograd cache from an earlier run
+os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402

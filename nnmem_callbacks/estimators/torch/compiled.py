@@ -40,7 +40,7 @@ Known limitations:
       backend (the partition is the same; fusion can differ), not yet measured
       against a GPU.
     * Autotuning (``max-autotune``) and CUDA graphs (``reduce-overhead``) are not
-      modelled (notes say so); a compiled optimizer step is estimated eagerly.
+      modelled (notes say so).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from nnmem_callbacks.estimators.torch.tracer import StorageTracker
 from nnmem_callbacks.probes.runner import UnsupportedKernelError
 
 __all__ = [
-    "compiled_optimizer_note",
+    "eager_step",
     "CompiledStep",
     "CompiledStepTracker",
     "CompileTarget",
@@ -148,30 +148,34 @@ class CompileTarget:
         return lambda: None
 
 
-def compiled_optimizer_note(optimizer: Any) -> str | None:
-    """A note when an optimizer's ``step`` is ``torch.compile``'d (it is estimated eagerly), else ``None``.
+def eager_step(optimizer: Any) -> Callable[[], Any]:
+    """``optimizer.step`` without a ``torch.compile`` set on the instance (an estimate never runs a real compile).
 
     Example:
         >>> import torch
         >>> opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
-        >>> compiled_optimizer_note(opt) is None
-        True
         >>> opt.step = torch.compile(opt.step)
-        >>> compiled_optimizer_note([opt]).startswith("the optimizer step is torch.compile'd")
+        >>> eager_step(opt).__func__ is type(opt).step
         True
     """
+    own = vars(optimizer).get("step") if hasattr(optimizer, "__dict__") else None
+    if own is not None and compat.compile_settings(own) is not None:
+        return type(optimizer).step.__get__(optimizer)
+    return optimizer.step
+
+
+def _optimizer_step_settings(optimizer: Any) -> compat.CompileSettings | None:
+    """How the ``step`` of an optimizer instance (or of one in a list) was ``torch.compile``'d, or ``None``."""
     optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
     for candidate in optimizers:
         step = vars(candidate).get("step") if hasattr(candidate, "__dict__") else None
-        if step is not None and compat.compile_settings(step) is not None:
-            return (
-                "the optimizer step is torch.compile'd (SGD, Adam, AdamW...): it was estimated as the eager step, "
-                "whose foreach temporaries a compiled step fuses away, so the optimizer phase errs high"
-            )
+        settings = compat.compile_settings(step) if step is not None else None
+        if settings is not None:
+            return settings
     return None
 
 
-def find_compiled(model: nn.Module, loss_fn: LossFn | None) -> "CompiledStep | None":
+def find_compiled(model: nn.Module, loss_fn: LossFn | None, optimizer: Any = None) -> "CompiledStep | None":
     """What of the step is ``torch.compile``'d, or ``None`` when nothing is.
 
     Never raises for what it finds: a target that cannot be modelled (an
@@ -240,6 +244,9 @@ def find_compiled(model: nn.Module, loss_fn: LossFn | None) -> "CompiledStep | N
         settings = compat.compile_settings(loss_fn)
         loss = compat.uncompiled(loss_fn)
         targets.append(CompileTarget("the loss function", settings, "loss", original=loss))
+    optimizer_settings = _optimizer_step_settings(optimizer)
+    if optimizer_settings is not None:
+        targets.append(CompileTarget("the optimizer step", optimizer_settings, "optimizer"))
     if not targets:
         return None
     for target in targets:
@@ -267,6 +274,10 @@ class CompiledStep:
     problem: str | None = None
     tracker_class: type = CompiledStepTracker
     _cpu_stand_in: bool = False
+    _scope: Any = None
+    _stats: Any = None
+    _optimizer_backend: Any = None
+    _optimizer_steps: dict = dataclasses.field(default_factory=dict)
 
     @property
     def method(self) -> str:
@@ -311,6 +322,7 @@ class CompiledStep:
     def _installed(self, config: StepConfig, stats: compat.FakeCompileStats) -> Iterator[StepConfig]:
         scope = compat.DynamoScope()
         undo: list[Callable[[], None]] = []
+        self._scope, self._stats, self._optimizer_steps = scope, stats, {}
         try:
             model, loss_fn = config.model, config.loss_fn
             for target in self.targets:
@@ -319,7 +331,9 @@ class CompiledStep:
                     settings = dataclasses.replace(settings, dynamic=False)
                 backend = compat.fake_backend(settings, stats)
                 scope.add_backend(backend)
-                if target.kind == "model":
+                if target.kind == "optimizer":
+                    self._optimizer_backend = (backend, settings)
+                elif target.kind == "model":
                     model = compat.compile_with(target.original, backend, settings)
                 elif target.kind == "loss":
                     loss_fn = compat.compile_with(target.original, backend, settings)
@@ -330,6 +344,28 @@ class CompiledStep:
             for step in reversed(undo):
                 step()
             scope.close()
+            self._scope, self._stats, self._optimizer_backend, self._optimizer_steps = None, None, None, {}
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
+        """The step the trace calls for ``optimizer``: compiled by the stand-in backend when the user
+        compiled theirs (found on the user's optimizer, or set on one a factory made), else ``optimizer.step``."""
+        if self._scope is None:
+            return optimizer.step
+        if id(optimizer) in self._optimizer_steps:
+            return self._optimizer_steps[id(optimizer)]
+        backend_and_settings = self._optimizer_backend
+        own = vars(optimizer).get("step")
+        own_settings = compat.compile_settings(own) if own is not None else None
+        if own_settings is not None and own_settings.backend in compat.FAKE_BACKENDS:
+            backend = compat.fake_backend(own_settings, self._stats)
+            self._scope.add_backend(backend)
+            backend_and_settings = (backend, own_settings)
+        if backend_and_settings is None:
+            return optimizer.step
+        backend, settings = backend_and_settings
+        step = compat.compile_with(type(optimizer).step.__get__(optimizer), backend, settings)
+        self._optimizer_steps[id(optimizer)] = step
+        return step
 
     def _notes(self, stats: compat.FakeCompileStats) -> list[str]:
         targets = ", ".join(f"{target.label} ({target.settings.describe()})" for target in self.targets)

@@ -19,7 +19,7 @@ Known limitations:
       (:mod:`nnmem_callbacks.estimators.torch.cuda.emulation`) for the named GPU's architecture (sm90 otherwise);
       ``notes`` lists the tables used and every way the result may differ from an estimate made on the device.
     * A ``torch.compile``'d step is estimated from its compiled graphs
-      (:mod:`nnmem_callbacks.estimators.torch.compiled`); a compiled optimizer step is estimated eagerly.
+      (:mod:`nnmem_callbacks.estimators.torch.compiled`).
     * cuBLAS workspaces follow PyTorch's defaults for the target GPU, cuDNN convolution workspaces only the measured
       table (:mod:`nnmem_callbacks.hardware.cuda_tables`); notes say so.
     * Lazy modules must be materialised before estimation.
@@ -44,7 +44,7 @@ from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.core.verification import DirectEstimator
 from nnmem_callbacks.estimators.torch.batch_lines import category_line, paired_lines
 from nnmem_callbacks.estimators.torch.compat import eager_library_checks
-from nnmem_callbacks.estimators.torch.compiled import compiled_optimizer_note, find_compiled
+from nnmem_callbacks.estimators.torch.compiled import eager_step, find_compiled
 from nnmem_callbacks.estimators.torch.cuda import libraries as cuda_libraries
 from nnmem_callbacks.estimators.torch.cuda.cudnn_rnn import cudnn_rnn_emulation
 from nnmem_callbacks.estimators.torch.cuda.emulation import EmulationReport, cuda_kernel_emulation
@@ -156,7 +156,7 @@ def estimate_training(
         >>> est.peak_bytes_at(512) > est.peak_bytes
         True
     """
-    compiled = find_compiled(model, loss_fn)
+    compiled = find_compiled(model, loss_fn, optimizer)
     if compiled is not None:
         model, loss_fn = compiled.model, compiled.loss_fn
     config = make_config(
@@ -172,9 +172,6 @@ def estimate_training(
     )
     config.compiled = compiled
     estimate = _estimate_config(config, check_scaling, probe_kernels)
-    optimizer_note = compiled_optimizer_note(optimizer)
-    if optimizer_note is not None:
-        estimate = dataclasses.replace(estimate, notes=(*estimate.notes, optimizer_note))
     return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels))
 
 
@@ -386,6 +383,9 @@ def _run_trace(
                         continue
                     tracker.set_phase(f"step{step}/optimizer")
                     _optimizer_step(config, optimizers, all_params, scaler_state, device)
+                    if config.compiled is not None:  # a compiled step's state is made while Dynamo traces it, unseen
+                        for state in optimizer_state_tensors(optimizers):
+                            tracker.register(state, Category.OPTIMIZER_STATE)
                     tracker.mark(optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
                     for optimizer in optimizers:
                         optimizer.zero_grad(set_to_none=True)
@@ -416,7 +416,8 @@ def _optimizer_step(config: StepConfig, optimizers, params, scaler_state, device
         else:
             torch.nn.utils.clip_grad_value_(with_grads, config.gradient_clip_val)
     for optimizer in optimizers:
-        optimizer.step()
+        step = config.compiled.optimizer_step(optimizer) if config.compiled is not None else eager_step(optimizer)
+        step()
     if scaler_state is not None and grads:
         torch._amp_update_scale_(scale, growth_tracker, found_inf, 2.0, 0.5, 2000)
 
