@@ -50,6 +50,7 @@ import dataclasses
 import warnings
 from typing import Any, Callable, Iterator
 
+import torch
 from torch import nn
 
 from nnmem_callbacks.estimators.torch import inductor_compat as compat
