@@ -202,12 +202,23 @@ def test_max_autotune_and_cuda_graph_modes_are_named_as_not_modelled():
     assert "not modelled: triton.cudagraphs=True" in text
 
 
-def test_a_compiled_optimizer_step_is_noted():
-    model = _mlp()
-    optimizer = torch.optim.AdamW(model.parameters())
+def test_a_compiled_optimizer_step_is_predicted_from_its_graph():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
+    batch = (torch.randn(32, 256), torch.randint(0, 10, (32,)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    eager = estimate_training(model, batch, optimizer=optimizer, loss_fn=_xent, check_scaling=False)
     optimizer.step = torch.compile(optimizer.step)
-    estimate = estimate_training(model, MLP_BATCH, optimizer=optimizer, loss_fn=_xent, check_scaling=False)
-    assert any("optimizer step is torch.compile'd" in note for note in estimate.notes)
+    estimate = estimate_training(model, batch, optimizer=optimizer, loss_fn=_xent, check_scaling=False)
+    assert estimate.method == "trace+inductor"
+    assert any("the optimizer step" in note for note in estimate.notes)
+    assert estimate.breakdown["optimizer_state"] == eager.breakdown["optimizer_state"] > 0
+    _xent(model, batch).backward()
+    optimizer.step()  # compiles the real one
+    optimizer.zero_grad(set_to_none=True)
+    truth = measure_cpu_peak(model, batch, lambda params: optimizer, _xent, copy_model=False)["peak_bytes"]
+    assert abs(estimate.peak_bytes - truth) / truth < 0.005
+    assert eager.peak_bytes > truth * 1.1  # the eager update's foreach temporaries, fused away when compiled
 
 
 def test_a_cuda_target_without_cuda_uses_inductors_cpu_lowering_and_says_so():
@@ -268,3 +279,33 @@ def test_the_lightning_callback_plans_on_the_compiled_step_and_measures_it(tmp_p
     assert callback.estimate.method == "trace+inductor"
     row = callback.measurements[0]
     assert row["kind"] == "tensors" and abs(row["relative_error"]) < 0.01
+
+
+def test_the_cli_estimates_the_compiled_step_when_asked(capsys):
+    import json
+    import os
+
+    from nnmem_callbacks import cli
+
+    factory = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "models.py") + ":mlp"
+    base = ["estimate", factory, "-i", "1000", "-b", "64", "--device", "cpu", "--json"]
+    assert cli.main([*base, "--compile", "--compile-mode", "max-autotune-no-cudagraphs"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    estimate = document.get("estimate", document)
+    assert estimate["method"] == "trace+inductor"
+    assert any("not modelled: max_autotune=True" in note for note in estimate["notes"])
+    assert cli.main([*base, "--compile-mode", "max-autotune"]) == 2
+    assert "--compile-mode max-autotune needs --compile" in capsys.readouterr().err
+
+
+def test_an_eager_fallback_leaves_the_users_own_compile_working():
+    from torch._dynamo.testing import CompileCounter
+
+    model = _mlp()
+    counter = CompileCounter()  # a custom backend: the estimate falls back to the eager step
+    model.compile(backend=counter)
+    with pytest.warns(RuntimeWarning, match="cannot model"):
+        estimate = estimate_training(model, MLP_BATCH, optimizer="sgd", loss_fn=_xent, check_scaling=False)
+    assert estimate.method == "trace" and counter.frame_count == 0
+    model(MLP_BATCH[0])  # the user's first real call compiles, as it would have without the estimate
+    assert counter.frame_count == 1

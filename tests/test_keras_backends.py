@@ -219,6 +219,11 @@ def test_torch_backend(tmp_path):
         other = estimate_training(sgd, batch_size=64)
         out["rmsprop_method"] = other.method
         out["rmsprop_notes"] = list(other.notes)
+        jit = mlp(1000)
+        jit.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
+        compiled = estimate_training(jit, batch_size=256, check_steps=False)
+        out["jit_method"] = compiled.method
+        out["jit_notes"] = list(compiled.notes)
         callback_checks(os.environ["LOG_DIR"])
         """,
         tmp_path,
@@ -228,4 +233,6 @@ def test_torch_backend(tmp_path):
     assert abs(result["peak"] - result["truth"]) / result["truth"] < 0.15, result
     assert result["rmsprop_method"] == "torch-trace"
     assert any("RMSprop update ran on fake tensors" in note for note in result["rmsprop_notes"])
+    assert result["jit_method"] == "torch-trace+inductor"  # Keras torch.compile's its step: so does the estimate
+    assert any("jit_compile=True" in note and "errs high" in note for note in result["jit_notes"])
     _check_callback(result, tmp_path)

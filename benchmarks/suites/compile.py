@@ -62,8 +62,9 @@ class CompileCase:
         build: ``() -> (model, batch, loss_fn)`` (seeded by the caller).
         optimizer: ``"adamw"`` or ``"sgd"`` (momentum 0.9).
         precision: ``"32-true"`` or ``"bf16-mixed"``.
-        style: ``"model"`` (``torch.compile(model)``), ``"method"`` (``model.compile()``) or
-            ``"loss"`` (``torch.compile(loss_fn)``).
+        style: ``"model"`` (``torch.compile(model)``), ``"method"`` (``model.compile()``),
+            ``"loss"`` (``torch.compile(loss_fn)``) or ``"model+optimizer"`` (``torch.compile(model)``
+            and ``optimizer.step = torch.compile(optimizer.step)``).
         options: ``torch.compile`` keyword arguments.
         source: ``"transformers"`` for models built from a ``transformers`` config, else ``"hand"``.
     """
@@ -76,9 +77,12 @@ class CompileCase:
     source: str = "hand"
 
     def describe(self) -> str:
-        what = {"model": "torch.compile(model)", "method": "model.compile()", "loss": "torch.compile(loss_fn)"}[
-            self.style
-        ]
+        what = {
+            "model": "torch.compile(model)",
+            "method": "model.compile()",
+            "loss": "torch.compile(loss_fn)",
+            "model+optimizer": "torch.compile(model), torch.compile(optimizer.step)",
+        }[self.style]
         if self.options:
             what += " " + ", ".join(f"{k}={v!r}" for k, v in sorted(self.options.items()))
         return what
@@ -249,6 +253,7 @@ CASES: dict[str, CompileCase] = {
     "graph_break": CompileCase(graph_break),
     "compiled_loss": CompileCase(mlp, style="loss"),
     "resnet18_fullgraph": CompileCase(resnet18, options={"fullgraph": True}),
+    "mixer_compiled_optimizer": CompileCase(mixer, style="model+optimizer"),
 }
 
 
@@ -259,7 +264,7 @@ def _optimizer(name: str) -> Callable[[Any], torch.optim.Optimizer]:
 
 
 def _compiled(case: CompileCase, model: nn.Module, loss_fn: Callable) -> tuple[nn.Module, Callable]:
-    if case.style == "model":
+    if case.style in ("model", "model+optimizer"):
         return torch.compile(model, **case.options), loss_fn
     if case.style == "method":
         model.compile(**case.options)
@@ -282,6 +287,10 @@ def run_case(name: str) -> dict[str, Any]:
     eager = estimate_training(model, batch, loss_fn=loss_fn, **kwargs)
     eager_s = time.perf_counter() - started
     compiled_model, compiled_loss = _compiled(case, model, loss_fn)
+    optimizer = make_optimizer(compiled_model.parameters())
+    if case.style == "model+optimizer":
+        optimizer.step = torch.compile(optimizer.step)
+        kwargs["optimizer"] = optimizer  # the estimate clones it and finds its compiled step
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         started = time.perf_counter()
@@ -291,7 +300,6 @@ def run_case(name: str) -> dict[str, Any]:
 
     from benchmarks.common.groundtruth import autocast_for
 
-    optimizer = make_optimizer(compiled_model.parameters())
     started = time.perf_counter()
     with autocast_for(case.precision, "cpu"):
         loss = compiled_loss(compiled_model, batch)
@@ -340,7 +348,7 @@ def _environment(elapsed: float, cases: list[str], argv: list[str]) -> dict[str,
         transformers_version = None
     host = host_fingerprint()
     return {
-        "commit": commit_stamp(),
+        "commit": commit_stamp("nnmem_callbacks", "benchmarks"),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "nnmem_callbacks": nnmem_callbacks.__version__,
         "torch": torch.__version__,
@@ -399,10 +407,71 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any], stem: str) -> str:
             f"{statistics.median(row['compiled_estimate_s'] / row['real_first_step_s'] for row in ok):.2f}x the real "
             "compiling first step's (median).",
         ]
+    if meta.get("merged_from"):
+        lines += ["", f"Merged from {', '.join(meta['merged_from'])}; each case's run:"]
+        lines += [f"- {row['case']}: {row['run']}" for row in rows if "run" in row]
     warned = [row for row in ok if row["warnings"]]
     for row in warned:
         lines.append(f"- {row['case']}: warned: {row['warnings'][0]}")
     return "\n".join(lines) + "\n"
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and worst absolute error of the compiled estimate, and of the eager figure on the same cases."""
+    ok = [row for row in rows if "error_text" not in row]
+    if not ok:
+        return {"n": 0, "failed": len(rows)}
+    errors = [100 * abs(row["error"]) for row in ok]
+    eager = [100 * abs(row["eager_error"]) for row in ok]
+    return {
+        "n": len(ok),
+        "failed": len(rows) - len(ok),
+        "median_abs_error_pct": round(statistics.median(errors), 4),
+        "worst_abs_error_pct": round(max(errors), 4),
+        "eager_median_abs_error_pct": round(statistics.median(eager), 4),
+        "eager_worst_abs_error_pct": round(max(eager), 4),
+        "time_ratio_median": statistics.median(row["time_ratio"] for row in ok),
+        "estimate_over_real_first_step_median": round(
+            statistics.median(row["compiled_estimate_s"] / row["real_first_step_s"] for row in ok), 3
+        ),
+    }
+
+
+#: What must agree between runs merged into one result.
+MERGE_KEYS = ("torch", "transformers", "cpu", "cpu_capability", "cpu_threads")
+
+
+def merge(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows and metadata of one result joined from several runs (each row keeps its run's commit and date).
+
+    Raises:
+        ValueError: The runs differ in a :data:`MERGE_KEYS` field, or two runs measured the same case.
+    """
+    rows: list[dict[str, Any]] = []
+    metas = []
+    for path in paths:
+        document = json.loads(open(path, encoding="utf-8").read())
+        meta = document["meta"]
+        for key in MERGE_KEYS:
+            if metas and meta.get(key) != metas[0].get(key):
+                raise ValueError(f"{path}: {key} is {meta.get(key)!r}, the first run's is {metas[0].get(key)!r}")
+        metas.append(meta)
+        for row in document["rows"]:
+            if any(row["case"] == other["case"] for other in rows):
+                raise ValueError(f"{path}: case {row['case']} was measured by an earlier run too")
+            rows.append({**row, "run": row.get("run", f"{meta['commit']}, {meta['date']}")})
+    order = {name: index for index, name in enumerate(CASES)}
+    rows.sort(key=lambda row: order.get(row["case"], len(order)))
+    merged = {key: metas[0].get(key) for key in (*MERGE_KEYS, "nnmem_callbacks", "python")}
+    merged.update(
+        commit="; ".join(dict.fromkeys(meta["commit"] for meta in metas)),
+        date="; ".join(dict.fromkeys(meta["date"] for meta in metas)),
+        cases=[row["case"] for row in rows],
+        runtime_s=round(sum(meta.get("runtime_s", 0) for meta in metas), 1),
+        command="; ".join(dict.fromkeys(meta["command"] for meta in metas)),
+        merged_from=[os.path.basename(path) for path in paths],
+    )
+    return rows, merged
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -411,6 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", help="run one case in this process and print its record as JSON")
     parser.add_argument("--stem", default=None, help="result file name (the host, such as zen4-avx512)")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="RUN.json",
+        help="join runs of this suite (same host and versions, no case twice) into --stem; measures nothing",
+    )
     args = parser.parse_args(argv)
     if args.worker:
         warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -419,6 +494,16 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.common.isolated import run_worker
     from benchmarks.tools.provenance import write_result
 
+    stem = args.stem or "cpu"
+    if args.merge:
+        try:
+            rows, meta = merge(args.merge)
+        except ValueError as error:
+            parser.error(str(error))
+        write_result(
+            str(RESULTS), stem, {"meta": meta, "summary": summarize(rows), "rows": rows}, render(rows, meta, stem)
+        )
+        return 0
     names = [name for name in args.cases.split(",") if name]
     unknown = [name for name in names if name not in CASES]
     if unknown:
@@ -430,11 +515,12 @@ def main(argv: list[str] | None = None) -> int:
         record.setdefault("case", name)
         rows.append(record)
         print(json.dumps({k: v for k, v in record.items() if k not in ("graphs", "warnings")}), flush=True)
-    given = [] if argv is None else list(argv)
-    given = [a for a in (sys.argv[1:] if argv is None else given) if not a.startswith("--stem")]
+    given = list(sys.argv[1:] if argv is None else argv)
+    if "--stem" in given:
+        index = given.index("--stem")
+        del given[index : index + 2]
     meta = _environment(time.perf_counter() - started, names, given)
-    stem = args.stem or "cpu"
-    write_result(str(RESULTS), stem, {"meta": meta, "rows": rows}, render(rows, meta, stem))
+    write_result(str(RESULTS), stem, {"meta": meta, "summary": summarize(rows), "rows": rows}, render(rows, meta, stem))
     return 0
 
 

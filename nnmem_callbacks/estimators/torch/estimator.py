@@ -42,6 +42,7 @@ from nnmem_callbacks.allocators import cuda_caching as allocator
 from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
 from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.core.verification import DirectEstimator
+from nnmem_callbacks.estimators.torch import inductor_compat
 from nnmem_callbacks.estimators.torch.batch_lines import category_line, paired_lines
 from nnmem_callbacks.estimators.torch.compat import eager_library_checks
 from nnmem_callbacks.estimators.torch.compiled import eager_step, find_compiled
@@ -193,7 +194,8 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: boo
                     config, lambda compiled: _estimate_by_trace(compiled, notes, check_scaling), notes
                 )
             if estimate is None:
-                estimate = _estimate_by_trace(dataclasses.replace(config, compiled=None), notes, check_scaling)
+                with inductor_compat.force_eager():
+                    estimate = _estimate_by_trace(dataclasses.replace(config, compiled=None), notes, check_scaling)
         except (EstimationInputError, UnsupportedKernelError):
             raise
         except Exception as error:  # noqa: BLE001 - any trace failure goes to the fallback
@@ -202,7 +204,8 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: boo
                 f"nnmem_callbacks could not trace the training step of {type(model).__name__} ({reason}); "
                 f"using the closed-form layer-by-layer estimate instead"
             )
-            estimate = estimate_closed_form(config, reason, notes)
+            with inductor_compat.force_eager():
+                estimate = estimate_closed_form(config, reason, notes)
             if config.target_device.type == "cuda":
                 estimate = cuda_libraries.complete_closed_form(
                     estimate, config.model, config.target_device, _reduced_dtype(config)

@@ -66,6 +66,7 @@ __all__ = [
     "FAKE_BACKENDS",
     "fake_backend",
     "FakeCompileStats",
+    "force_eager",
     "IgnoresCompileInternals",
     "OVERRIDDEN_OPTIONS",
     "overridden_options",
@@ -231,6 +232,28 @@ def compile_with(target: Any, backend: Callable, settings: CompileSettings) -> A
     if "recompile_limit" in parameters:
         kwargs["recompile_limit"] = RECOMPILE_LIMIT
     return torch.compile(target, **kwargs)
+
+
+@contextlib.contextmanager
+def force_eager() -> Iterator[None]:
+    """Every ``torch.compile``'d function runs its original code, and Dynamo sees none of them.
+
+    An eager trace runs under a dispatch mode, where Dynamo would skip a
+    compiled function's frames and mark their code to be skipped for good
+    (the user's own compile would then run eagerly), or run a compiled
+    artifact cached by the user's real run (real kernels) on fake tensors.
+
+    Example:
+        >>> with force_eager():
+        ...     torch.compile(lambda x: x + 1)(torch.ones(1)).item()
+        2.0
+    """
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:  # pragma: no cover - torch < 2.6
+        yield
+        return
+    with set_stance("force_eager"):
+        yield
 
 
 class IgnoresCompileInternals:
