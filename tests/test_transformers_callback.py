@@ -429,3 +429,117 @@ def test_ddp_ranks_estimate_per_rank_and_agree(tmp_path):
     assert ranks[0]["peak"] == ranks[1]["peak"]  # the ranks agree
     assert all("ddp" in rank["strategy"] for rank in ranks)
     assert ranks[0]["peak"] > ranks[0]["single"]  # the reducer's buckets on top of the single-device step
+
+
+# -- sharded runs: FSDP and DeepSpeed read from accelerate's plugins ------------------------------------------------
+
+
+def _plugin(**fields):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(accelerator=SimpleNamespace(state=SimpleNamespace(**fields)))
+
+
+def _world(**fields):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        **{"world_size": 4, "process_index": 2, "bf16": False, "fp16": False, "ddp_backend": None, **fields}
+    )
+
+
+def test_fsdp_plugins_read_as_per_rank_strategies():
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, ShardingStrategy
+
+    from nnmem_callbacks.adapters.transformers.ranks import read_ranks, unit_modules
+
+    model = tiny_model("gpt2")
+    fsdp2 = SimpleNamespace(
+        fsdp_version=2,
+        reshard_after_forward=False,
+        cpu_offload=CPUOffloadPolicy(),
+        mixed_precision_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16),
+        transformer_cls_names_to_wrap=None,
+        auto_wrap_policy="transformer_based_wrap",
+    )
+    reading = read_ranks(_world(), _plugin(fsdp_plugin=fsdp2), model)
+    strategy = reading.strategy
+    assert (strategy.kind, strategy.world_size, strategy.rank) == ("fsdp", 4, 2)
+    assert not strategy.reshard_after_forward and strategy.offload_params and strategy.param_dtype == "bfloat16"
+    assert reading.unit_classes == ("GPT2Block",)  # accelerate's default: the model's _no_split_modules
+    assert [type(m).__name__ for m in unit_modules(model, reading)] == ["GPT2Block", "GPT2Block"]
+    fsdp1 = SimpleNamespace(fsdp_version=1, sharding_strategy=ShardingStrategy.FULL_SHARD, cpu_offload=None,
+                            mixed_precision_policy=None, transformer_cls_names_to_wrap="GPT2Block,GPT2MLP")  # fmt: skip
+    reading = read_ranks(_world(bf16=True), _plugin(fsdp_plugin=fsdp1), model)
+    assert reading.strategy.reshard_after_forward and reading.strategy.param_dtype == "bfloat16"
+    assert reading.unit_classes == ("GPT2Block", "GPT2MLP")
+    no_shard = SimpleNamespace(fsdp_version=1, sharding_strategy=ShardingStrategy.NO_SHARD)
+    assert read_ranks(_world(), _plugin(fsdp_plugin=no_shard)).strategy.kind == "ddp"
+    hybrid = SimpleNamespace(fsdp_version=1, sharding_strategy=ShardingStrategy.HYBRID_SHARD)
+    reading = read_ranks(_world(), _plugin(fsdp_plugin=hybrid))
+    assert reading.strategy is None and "hybrid sharding" in reading.note
+    no_wrap = SimpleNamespace(fsdp_version=2, reshard_after_forward=True, auto_wrap_policy="NO_WRAP")
+    assert read_ranks(_world(), _plugin(fsdp_plugin=no_wrap), model).unit_classes == ()
+
+
+def test_deepspeed_configs_and_arguments_without_a_trainer_read_as_strategies(tmp_path):
+    import json
+
+    from nnmem_callbacks.adapters.transformers.ranks import read_ranks
+
+    zero3 = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    from types import SimpleNamespace
+
+    reading = read_ranks(_world(), _plugin(deepspeed_plugin=SimpleNamespace(deepspeed_config=zero3)))
+    assert (reading.strategy.kind, reading.strategy.zero_stage) == ("zero", 3)
+    assert reading.strategy.offload_optimizer and not reading.strategy.offload_params
+    auto = {"zero_optimization": {"stage": "auto"}}
+    assert "without ZeRO" in read_ranks(_world(), _plugin(deepspeed_plugin=SimpleNamespace(deepspeed_config=auto))).note
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    assert read_ranks(_world(deepspeed=str(path), fsdp=None)).strategy.zero_stage == 2
+    # TrainingArguments normalise the legacy fsdp options into fsdp_config; the reading follows them
+    real = transformers.TrainingArguments(
+        str(tmp_path / "out"), fsdp="shard_grad_op offload", use_cpu=True, report_to=[]
+    )
+    args = _world(fsdp=real.fsdp, fsdp_config=real.fsdp_config, deepspeed=None)
+    strategy = read_ranks(args, model=tiny_model("llama")).strategy
+    assert strategy.kind == "fsdp" and not strategy.reshard_after_forward and strategy.offload_params
+    assert read_ranks(_world(fsdp=None, deepspeed=None)).strategy.kind == "ddp"
+
+
+def test_a_sharded_run_is_estimated_per_rank_at_init_while_the_model_is_whole(tmp_path):
+    from types import SimpleNamespace
+
+    model = tiny_model("gpt2")
+    callback = MemoryBudgetCallback(budget="1TiB")
+    trainer = transformers.Trainer(model=model, args=arguments(tmp_path), train_dataset=Tokens("gpt2"))
+    callback.bind(trainer)
+    # as accelerate's state reads under FSDP2 on 4 processes (a CPU run cannot shard: the plugin is stood in)
+    plugin = SimpleNamespace(fsdp_version=2, reshard_after_forward=True, auto_wrap_policy="transformer_based_wrap")
+    accelerator = trainer.accelerator
+    trainer.is_fsdp_enabled = True
+    trainer.accelerator = SimpleNamespace(
+        state=SimpleNamespace(fsdp_plugin=plugin), unwrap_model=accelerator.unwrap_model
+    )
+    world = SimpleNamespace(
+        **{name: getattr(trainer.args, name) for name in dir(trainer.args) if not name.startswith("_")}
+    )
+    world.world_size, world.process_index = 4, 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        callback.on_init_end(world, trainer.state, trainer.control, model=model)
+    early = callback.estimate
+    assert early is not None and early.extra["strategy"]["kind"] == "fsdp"
+    single = estimation.estimate_step(
+        model, estimation.first_batch(trainer, 4), estimation.read_facts(trainer.args, model)
+    )
+    assert early.peak_bytes < single.peak_bytes  # parameters, gradients and Adam state sharded four ways
+    # training then begins on the (here unsharded) model: the estimate made at init is the one acted on
+    trainer.is_fsdp_enabled, trainer.accelerator = False, accelerator
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    assert callback.estimate is early and callback.plan is not None and callback.plan.fits

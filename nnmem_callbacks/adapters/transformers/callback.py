@@ -36,11 +36,14 @@ Known limitations:
     * On CPU the first two optimizer steps of each epoch run under the
       profiler (their tensor peak is the measured figure); an epoch with a
       single optimizer step after the first is not sampled.
-    * DDP is estimated per rank (every rank estimates the same step from the
-      same first samples, so they agree); FSDP and DeepSpeed are estimated as
-      one device holding a full replica, and a warning says so. On CPU under
-      DDP the measured figure does not see the reducer's buckets, allocated
-      before the sampled steps.
+    * Per rank: DDP, FSDP (1 and 2) and DeepSpeed ZeRO are read from accelerate's
+      plugins (:mod:`~nnmem_callbacks.adapters.transformers.ranks`); every rank
+      estimates the same step from the same first samples, so they agree. Under
+      FSDP and DeepSpeed the estimate is made at ``on_init_end``, while the model
+      is whole (a callback added after the Trainer was built estimates one
+      device holding a full replica, and says so). On CPU under DDP the
+      measured figure does not see the reducer's buckets, allocated before the
+      sampled steps.
     * Without the Trainer (not found on the stack and not bound) the
       callback warns once and does nothing else. Finding it reads the
       callers' frames (``sys._getframe``), which CPython and PyPy offer.
@@ -161,6 +164,7 @@ class MemoryBudgetCallback(TrainerCallback):
             warnings.warn(message, stacklevel=4)
 
     def _reset(self) -> None:
+        self._early: str | None = None  # the decision of an estimate made at init (sharded runs)
         self.estimate: MemoryEstimate | None = None
         self.plan: Plan | None = None
         self.measurements: list[dict[str, Any]] = []
@@ -184,25 +188,50 @@ class MemoryBudgetCallback(TrainerCallback):
         self._epoch = 0
 
     # ------------------------------------------------------------------ hooks
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        """Estimates the step, plans under the budget and acts (warn or raise) before the first step."""
+    def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        """Under FSDP or DeepSpeed, estimates now, while the model is whole: by ``on_train_begin`` accelerate
+        has sharded it in place. Acting on the plan waits for ``on_train_begin``."""
+        trainer = self._bound if self._bound is not None else find_trainer(self)
+        if trainer is None or not (
+            getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_deepspeed_enabled", False)
+        ):
+            return
         bound = self._bound
         self._reset()
         self._bound = bound
         self._world_zero = bool(getattr(state, "is_world_process_zero", True))
-        trainer = bound if bound is not None else find_trainer(self)
-        if trainer is None:
-            self._guard.warn(
-                "MemoryBudgetCallback could not find its Trainer; call `callback.bind(trainer)` before "
-                "`trainer.train()`. It neither predicts nor measures in this run."
-            )
-            return
         self._trainer = trainer
         model = model if model is not None else trainer.model
-        self._guard.safe(lambda: self._wrap_log(trainer), "wrapping Trainer.log")
-        decision = self._guard.safe(
-            lambda: self._estimate_and_plan(trainer, args, model, kwargs.get("optimizer")), "estimating the step"
+        self._early = self._guard.safe(
+            lambda: self._estimate_and_plan(trainer, args, model, None), "estimating the step"
         )
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        """Estimates the step, plans under the budget and acts (warn or raise) before the first step."""
+        early, self._early = self._early, None
+        if early is not None and self._trainer is not None:  # estimated at init, before the model was sharded
+            trainer, decision = self._trainer, early
+            if self._device_kind == "cpu":
+                self._baseline_rss = self._guard.safe(devices.current_rss, "reading the process RSS") or 0
+            self._guard.safe(lambda: self._wrap_log(trainer), "wrapping Trainer.log")
+        else:
+            bound = self._bound
+            self._reset()
+            self._bound = bound
+            self._world_zero = bool(getattr(state, "is_world_process_zero", True))
+            trainer = bound if bound is not None else find_trainer(self)
+            if trainer is None:
+                self._guard.warn(
+                    "MemoryBudgetCallback could not find its Trainer; call `callback.bind(trainer)` before "
+                    "`trainer.train()`. It neither predicts nor measures in this run."
+                )
+                return
+            self._trainer = trainer
+            model = model if model is not None else trainer.model
+            self._guard.safe(lambda: self._wrap_log(trainer), "wrapping Trainer.log")
+            decision = self._guard.safe(
+                lambda: self._estimate_and_plan(trainer, args, model, kwargs.get("optimizer")), "estimating the step"
+            )
         if decision is not None and self.policy == "raise" and self.plan is not None and not self.plan.fits:
             self._unwrap_log()
             raise MemoryBudgetExceeded(decision)

@@ -55,6 +55,7 @@ import logging
 import random
 from typing import Any, Callable, Iterator, Mapping
 
+from nnmem_callbacks.adapters.transformers.ranks import read_ranks, unit_modules
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 from nnmem_callbacks.estimators.torch.estimator import estimate_training
@@ -69,7 +70,6 @@ __all__ = [
     "precision_of",
     "read_facts",
     "StepFacts",
-    "strategy_of",
     "trainer_loss",
     "unwrap_optimizer",
 ]
@@ -89,8 +89,9 @@ class StepFacts:
         optimizer: What the estimator takes: an optimizer instance, a factory ``params -> optimizer`` or a name.
         notes: What was assumed (an optimizer that could not be built, a distributed run...).
         device: Where the step runs.
-        strategy: DDP: the :class:`~nnmem_callbacks.core.strategy.Strategy` each rank is estimated under;
-            ``None`` on one device (and under FSDP and DeepSpeed, estimated as one device, with a note).
+        strategy: The :class:`~nnmem_callbacks.core.strategy.Strategy` each rank is estimated under (DDP,
+            FSDP, DeepSpeed ZeRO; :mod:`~nnmem_callbacks.adapters.transformers.ranks`); ``None`` on one device.
+        units: FSDP: the modules ``fully_shard`` wraps besides the root (``None``: the estimator's default).
     """
 
     batch_size: int
@@ -101,6 +102,7 @@ class StepFacts:
     notes: tuple[str, ...] = ()
     device: str = "cpu"
     strategy: Any = None
+    units: Any = None
 
 
 def precision_of(args: Any, model: Any) -> str:
@@ -167,9 +169,9 @@ def read_facts(
     spec, note = optimizer_for(args, model, optimizer)
     clip = float(getattr(args, "max_grad_norm", 0) or 0)
     notes = [note] if note else []
-    strategy, strategy_note = strategy_of(args, trainer)
-    if strategy_note:
-        notes.append(strategy_note)
+    ranks = read_ranks(args, trainer, model)
+    if ranks.note:
+        notes.append(ranks.note)
     if device is None:
         device = getattr(args, "device", None)
     return StepFacts(
@@ -180,41 +182,8 @@ def read_facts(
         optimizer=spec,
         notes=tuple(notes),
         device=str(device or "cpu"),
-        strategy=strategy,
-    )
-
-
-def strategy_of(args: Any, trainer: Any = None) -> tuple[Any, str | None]:
-    """How the ranks share the step: ``(Strategy or None, note or None)``.
-
-    Plain data parallelism (accelerate's DDP, ``MULTI_GPU``/``MULTI_CPU``...) reads as ``Strategy("ddp")`` with
-    ``ddp_bucket_cap_mb`` and ``ddp_static_graph``; FSDP and DeepSpeed are estimated as one device holding a full
-    replica, and the note says so.
-    """
-    world = int(getattr(args, "world_size", 1) or 1)
-    if world <= 1:
-        return None, None
-    sharded = trainer is not None and (
-        getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_deepspeed_enabled", False)
-    )
-    if sharded or getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
-        return None, (
-            f"the run shards over {world} processes (FSDP or DeepSpeed); the estimate is of one device holding a "
-            "full replica (an upper bound), per-rank estimates of sharded runs are not wired into this callback yet"
-        )
-    from nnmem_callbacks.core.strategy import DEFAULT_BUCKET_CAP_MB, Strategy
-
-    bucket = getattr(args, "ddp_bucket_cap_mb", None)
-    rank = int(getattr(args, "process_index", 0) or 0)
-    return (
-        Strategy(
-            "ddp",
-            world_size=world,
-            bucket_cap_mb=float(bucket) if bucket else DEFAULT_BUCKET_CAP_MB,
-            static_graph=bool(getattr(args, "ddp_static_graph", False)),
-            rank=rank if 0 <= rank < world else None,
-        ),
-        None,
+        strategy=ranks.strategy,
+        units=unit_modules(model, ranks) if ranks.strategy is not None and ranks.strategy.kind == "fsdp" else None,
     )
 
 
@@ -338,7 +307,7 @@ def estimate_step(
     try:
         with isolated_rng():
             if facts.strategy is not None:
-                return estimate_per_rank(model, batch, strategy=facts.strategy, **kwargs)
+                return estimate_per_rank(model, batch, strategy=facts.strategy, units=facts.units, **kwargs)
             return estimate_training(model, batch, **kwargs)
     finally:
         for name, module in model.named_modules():

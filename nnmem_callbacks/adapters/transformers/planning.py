@@ -26,8 +26,9 @@ Known limitations:
       live through the next micro-batch), largest first.
     * The 8-bit saving is arithmetic (Adam's two moments at one byte each
       instead of four), not a traced estimate of ``bitsandbytes``' kernels.
-    * DDP is planned per rank; FSDP and DeepSpeed as one device holding a
-      full replica.
+    * Planned per rank under DDP, FSDP and DeepSpeed ZeRO, as the arguments
+      say (:mod:`~nnmem_callbacks.adapters.transformers.ranks`); hybrid
+      sharding as one device holding a full replica.
 """
 
 from __future__ import annotations
