@@ -25,7 +25,7 @@ Example:
     ...                        fsdp_config={"version": 2, "reshard_after_forward": False})
     >>> reading = read_ranks(args)
     >>> reading.strategy.describe(), reading.strategy.param_dtype, reading.strategy.rank
-    ('fsdp x4 (reshard_after_forward=False)', 'bfloat16', 1)
+    ('fsdp x4 (reshard_after_forward=False)', 'bfloat16', None)
 
 Known limitations:
     * Hybrid sharding (HSDP), tensor and sequence parallelism are not modelled
@@ -65,12 +65,16 @@ class RankReading:
 
 
 def read_ranks(args: Any, trainer: Any = None, model: Any = None) -> RankReading:
-    """How the ranks share the step of ``trainer`` (or, without one, of ``args``) for rank ``args.process_index``."""
+    """How the ranks share the step of ``trainer`` (or, without one, of ``args``).
+
+    The strategy is of the rank that holds the most (``rank=None``), whichever
+    process asks: every rank then estimates, plans and acts alike (one rank
+    raising while the others wait in a collective would hang the run).
+    """
     world = int(getattr(args, "world_size", 1) or 1)
     if world <= 1:
         return RankReading(None)
-    rank = int(getattr(args, "process_index", 0) or 0)
-    rank = rank if 0 <= rank < world else None
+    rank = None  # every process estimates the rank with the most memory, so all of them plan alike
     state = getattr(getattr(trainer, "accelerator", None), "state", None)
     fsdp = getattr(state, "fsdp_plugin", None)
     deepspeed = getattr(state, "deepspeed_plugin", None)
