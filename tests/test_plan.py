@@ -143,3 +143,30 @@ def test_no_budget_keeps_the_margin_once():
     assert planning_margin("1GiB", 0.1) == 0.1
     with pytest.raises(ValueError, match="margin"):
         planning_margin("1GiB", 1.5)
+
+
+def test_the_accumulate_policy_checks_each_batch_at_the_accumulation_it_would_train_with():
+    import torch
+    from torch import nn
+
+    from nnmem_callbacks.core.plan import make_plan
+    from nnmem_callbacks.estimators.torch.estimator import estimate_training
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+
+    def loss(m, batch):
+        return nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+    def batch(n):
+        return (torch.empty(n, 2048), torch.zeros(n, dtype=torch.long))
+
+    estimate = estimate_training(model, batch(64), optimizer="sgd", loss_fn=loss)
+    accumulated = estimate_training(model, batch(32), optimizer="sgd", loss_fn=loss, accumulate_grad_batches=2)
+    # the lines say batch 32 fits; trained as 32 x 2, the first micro-batch's gradients stay live through the second
+    budget = (estimate.peak_bytes_at(32) + estimate.peak_bytes) // 2
+    assert estimate.peak_bytes_at(32) <= budget < accumulated.peak_bytes
+    plan = make_plan(estimate, budget, "accumulate", margin=0.0)
+    checked = plan.verification.checks[0]
+    assert (checked.batch_size, checked.traced_bytes) == (32, accumulated.peak_bytes)
+    assert not plan.fits and plan.accumulate_grad_batches == 1  # no accumulation of this model fits: none is set

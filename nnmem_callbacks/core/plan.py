@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from nnmem_callbacks.core.estimate import Category, MemoryEstimate
 from nnmem_callbacks.core.units import format_bytes, parse_bytes
@@ -355,6 +355,16 @@ def make_plan(
     batch_size, accumulate = original, accumulate_grad_batches
     verification = None
     verifier = verifier or estimate.verifier
+    accumulating = getattr(verifier, "accumulating", None)
+    if policy == "accumulate" and changes and accumulating is not None:
+        # check each batch at the accumulation it would train with: accumulated gradients stay live through
+        # the next micro-batch, which the estimate at the configured accumulation does not hold
+        plain = verifier
+
+        def verifier(batch: int) -> Any:
+            direct = accumulating(accumulate_grad_batches * math.ceil(original / batch))
+            return direct(batch) if direct is not None else plain(batch)
+
     if verifier is not None and max_fit >= 1 and (changes if verify is None else verify):
         verification = verify_batch_size(
             estimate,

@@ -87,6 +87,11 @@ class DirectEstimator:
         """The direct estimate at ``batch_size`` (a positive int)."""
         raise NotImplementedError
 
+    def accumulating(self, accumulate_grad_batches: int) -> "DirectEstimator | None":
+        """The direct estimator of the same step with ``accumulate_grad_batches`` micro-batches per optimizer
+        step (accumulated gradients stay live through the next micro-batch); ``None`` where it cannot."""
+        return None
+
     def __call__(self, batch_size: int) -> BatchLines:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")

@@ -243,6 +243,10 @@ class TraceVerifier(DirectEstimator):
         self._config = config
         self._probe_kernels = probe_kernels
 
+    def accumulating(self, accumulate_grad_batches: int) -> "TraceVerifier":
+        config = dataclasses.replace(self._config, accumulate_grad_batches=int(accumulate_grad_batches))
+        return TraceVerifier(config, self._probe_kernels)
+
     def estimate_at(self, batch_size: int) -> MemoryEstimate:
         config = dataclasses.replace(self._config, batch=dataclasses.replace(self._config.batch, batch_size=batch_size))
         estimate = _estimate_config(config, False, self._probe_kernels)
