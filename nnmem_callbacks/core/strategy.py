@@ -48,6 +48,7 @@ __all__ = [
     "BACKENDS",
     "DEEPSPEED_BUFFER_FACTOR",
     "DEFAULT_BUCKET_CAP_MB",
+    "deepspeed_strategy",
     "gpus_needed",
     "KINDS",
     "model_states_per_rank",
@@ -416,3 +417,37 @@ def gpus_needed(
         if per_rank.device_bytes <= capacity_bytes * (1 - margin):
             return count
     return None
+
+
+def deepspeed_strategy(config: Any, world_size: int, rank: int | None = None) -> tuple[Strategy, str]:
+    """A DeepSpeed config (``{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}...}``) as a
+    :class:`Strategy` and a note: ZeRO 1-3 with its offload, anything else (no ZeRO, ``"auto"`` not yet filled in)
+    as data parallel.
+
+    Example:
+        >>> strategy, note = deepspeed_strategy({"zero_optimization": {"stage": 2}}, world_size=8)
+        >>> strategy.describe(), note
+        ('zero-2 x8', "DeepSpeed ZeRO: model states from DeepSpeed's formulas, not traced")
+    """
+    zero = (config or {}).get("zero_optimization") or {}
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    try:
+        stage = int(stage or 0)
+    except (TypeError, ValueError):  # "auto" is filled in by accelerate later
+        stage = 0
+    if stage not in (1, 2, 3):
+        return Strategy("ddp", world_size=world_size, rank=rank), "DeepSpeed without ZeRO read as data parallel"
+
+    def offloaded(key: str) -> bool:
+        value = zero.get(key) or {}
+        return isinstance(value, dict) and str(value.get("device", "none")).lower() in ("cpu", "nvme")
+
+    strategy = Strategy(
+        "zero",
+        world_size=world_size,
+        rank=rank,
+        zero_stage=stage,
+        offload_params=offloaded("offload_param"),
+        offload_optimizer=offloaded("offload_optimizer"),
+    )
+    return strategy, "DeepSpeed ZeRO: model states from DeepSpeed's formulas, not traced"

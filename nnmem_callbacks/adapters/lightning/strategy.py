@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from nnmem_callbacks.core.strategy import DEFAULT_BUCKET_CAP_MB, Strategy
+from nnmem_callbacks.core.strategy import DEFAULT_BUCKET_CAP_MB, Strategy, deepspeed_strategy
 
 __all__ = ["read_strategy", "StrategyReading", "units_for"]
 
@@ -151,30 +151,8 @@ def _fsdp(strategy: Any, name: str, world_size: int, rank: int | None) -> Strate
 
 
 def _deepspeed(strategy: Any, name: str, world_size: int, rank: int | None) -> StrategyReading:
-    config = getattr(strategy, "config", None) or {}
-    zero = config.get("zero_optimization") or {}
-    stage = int(zero.get("stage", 0) or 0) if isinstance(zero, dict) else 0
-    if stage not in (1, 2, 3):
-        return StrategyReading(
-            Strategy("ddp", world_size=world_size, rank=rank), name, "DeepSpeed without ZeRO read as data parallel"
-        )
-
-    def offloaded(key: str) -> bool:
-        value = zero.get(key) or {}
-        return isinstance(value, dict) and str(value.get("device", "none")).lower() in ("cpu", "nvme")
-
-    return StrategyReading(
-        Strategy(
-            "zero",
-            world_size=world_size,
-            rank=rank,
-            zero_stage=stage,
-            offload_params=offloaded("offload_param"),
-            offload_optimizer=offloaded("offload_optimizer"),
-        ),
-        name,
-        "DeepSpeed ZeRO: model states from formulas, not traced",
-    )
+    reading, note = deepspeed_strategy(getattr(strategy, "config", None) or {}, world_size, rank)
+    return StrategyReading(reading, name, note)
 
 
 def units_for(model: Any, reading: StrategyReading) -> list[Any] | None:

@@ -43,7 +43,7 @@ import json
 import os
 from typing import Any
 
-from nnmem_callbacks.core.strategy import DEFAULT_BUCKET_CAP_MB, Strategy
+from nnmem_callbacks.core.strategy import DEFAULT_BUCKET_CAP_MB, Strategy, deepspeed_strategy
 
 __all__ = ["RankReading", "read_ranks", "unit_modules"]
 
@@ -255,27 +255,5 @@ def _deepspeed_config(value: Any) -> dict[str, Any]:
 
 
 def _from_deepspeed_config(config: dict[str, Any], world: int, rank: int | None) -> RankReading:
-    zero = config.get("zero_optimization") or {}
-    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-    try:
-        stage = int(stage or 0)
-    except (TypeError, ValueError):  # "auto" is filled in by accelerate later
-        stage = 0
-    if stage not in (1, 2, 3):
-        return RankReading(Strategy("ddp", world_size=world, rank=rank), "DeepSpeed without ZeRO read as data parallel")
-
-    def offloaded(key: str) -> bool:
-        value = zero.get(key) or {}
-        return isinstance(value, dict) and str(value.get("device", "none")).lower() in ("cpu", "nvme")
-
-    return RankReading(
-        Strategy(
-            "zero",
-            world_size=world,
-            rank=rank,
-            zero_stage=stage,
-            offload_params=offloaded("offload_param"),
-            offload_optimizer=offloaded("offload_optimizer"),
-        ),
-        "DeepSpeed ZeRO: model states from DeepSpeed's formulas, not traced",
-    )
+    strategy, note = deepspeed_strategy(config, world, rank)
+    return RankReading(strategy, note)
