@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 
 from nnmem_callbacks.core.allocation_log import AllocationLog
 from nnmem_callbacks.core.batch_search import MAX_BATCH_SEARCH_LIMIT, gallop_largest, search_largest
+from nnmem_callbacks.core.sequence import SequenceCurve
 from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.core.verification import Verification, verify_batch_size
 
@@ -190,6 +191,10 @@ class MemoryEstimate:
             estimator offers none. Not compared, not in :meth:`to_dict`, and
             dropped when the estimate is pickled or deep-copied (it holds the
             model and the step's configuration).
+        sequence: The peak against the sequence length as well
+            (:class:`~nnmem_callbacks.core.sequence.SequenceCurve`), for
+            :meth:`peak_bytes_at` with ``seq_len`` and :meth:`max_sequence_length`;
+            ``None`` unless the estimator traced other lengths.
     """
 
     peak_bytes: int
@@ -208,6 +213,7 @@ class MemoryEstimate:
     variability: PhaseLine | None = None
     allocation_log: AllocationLog | None = dataclasses.field(default=None, compare=False, repr=False)
     verifier: Callable[[int], "MemoryEstimate"] | None = dataclasses.field(default=None, compare=False, repr=False)
+    sequence: SequenceCurve | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         full = {str(category): 0 for category in Category}
@@ -257,20 +263,26 @@ class MemoryEstimate:
         """Bytes the peak phase grows by per additional sample."""
         return self._peak_line.per_sample_bytes
 
-    def peak_bytes_at(self, batch_size: int) -> int:
-        """Predicted peak bytes at another batch size.
+    def peak_bytes_at(self, batch_size: int, seq_len: int | None = None) -> int:
+        """Predicted peak bytes at another batch size (and sequence length).
 
         Args:
             batch_size: A positive batch size.
+            seq_len: Another sequence length (needs :attr:`sequence`); ``None``:
+                the traced one.
 
         Returns:
-            The largest phase peak at that batch size. Equals ``peak_bytes`` at
-            ``self.batch_size``.
+            The largest phase peak there. Equals ``peak_bytes`` at
+            ``self.batch_size`` and the traced length.
 
         Raises:
-            ValueError: If ``batch_size`` is not a positive integer.
+            ValueError: If ``batch_size`` or ``seq_len`` is not a positive
+                integer, or ``seq_len`` is given to an estimate without a
+                sequence axis.
         """
         _check_batch_size(batch_size)
+        if seq_len is not None and (self.sequence is None or seq_len != self.sequence.seq_len):
+            return self._sequence_curve().peak_bytes_at(batch_size, seq_len)
         if batch_size == self.batch_size:
             return self.peak_bytes
         return max(line.at(batch_size) for line in self.phases if line.covers(batch_size))
@@ -399,6 +411,34 @@ class MemoryEstimate:
             return gallop_largest(measure, budget_bytes, min(max(guess, 1), bound - 1), bound - 1)
         return search_largest(measure, budget_bytes, limit)
 
+    # -- sequence length -------------------------------------------------
+    def _sequence_curve(self) -> SequenceCurve:
+        if self.sequence is None:
+            raise ValueError(
+                "this estimate has no sequence axis: estimate with sequence_dim='auto' (token ids of shape "
+                "(batch, length) are found) or sequence_dim=<the input dimension that holds the length>"
+            )
+        return self.sequence
+
+    def max_sequence_length(self, budget_bytes: int, batch_size: int | None = None) -> int:
+        """The longest sequence whose predicted peak at ``batch_size`` (default: the estimate's) fits ``budget_bytes``.
+
+        Returns 0 when not even a length of 1 fits.
+
+        Raises:
+            ValueError: For an estimate without a sequence axis (:attr:`sequence`).
+
+        Example:
+            >>> from nnmem_callbacks.core.sequence import SequenceCurve, SequencePhase
+            >>> curve = SequenceCurve(128, 4, (SequencePhase("step1/forward", 1_000, (1_000.0, 10.0, 0.5)),))
+            >>> est = MemoryEstimate(peak_bytes=10_472, breakdown={}, batch_size=4, sequence=curve)
+            >>> est.peak_bytes_at(4, seq_len=256), est.max_sequence_length(40_000)
+            (36328, 269)
+        """
+        batch = self.batch_size if batch_size is None else batch_size
+        _check_batch_size(batch)
+        return self._sequence_curve().max_sequence_length(int(budget_bytes), batch)
+
     # -- views -------------------------------------------------------------
     @property
     def static_bytes(self) -> int:
@@ -427,6 +467,7 @@ class MemoryEstimate:
             "phase_breakdowns": {k: dict(v) for k, v in self.phase_breakdowns.items()},
             "extra": dict(self.extra),
             "allocation_log": self.allocation_log.summary() if self.allocation_log is not None else None,
+            "sequence": self.sequence.to_dict() if self.sequence is not None else None,
         }
 
     def __getstate__(self) -> dict[str, Any]:

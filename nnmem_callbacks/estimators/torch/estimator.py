@@ -53,6 +53,7 @@ from nnmem_callbacks.estimators.torch.fallback import estimate_closed_form
 from nnmem_callbacks.estimators.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
 from nnmem_callbacks.estimators.torch.inputs import optimizer_label
 from nnmem_callbacks.estimators.torch.scaled_log import build_allocation_log
+from nnmem_callbacks.estimators.torch.sequence_lines import sequence_curve
 from nnmem_callbacks.estimators.torch.step import (
     EstimationInputError,
     LossFn,
@@ -109,6 +110,7 @@ def estimate_training(
     gradient_clip_algorithm: str = "norm",
     check_scaling: bool = True,
     probe_kernels: bool = True,
+    sequence_dim: int | str | None = None,
 ) -> MemoryEstimate:
     """Predicts the peak memory of training ``model`` on batches like ``batch``.
 
@@ -137,6 +139,11 @@ def estimate_training(
             distinct op for real at small batch multiples (cached on disk per
             machine fingerprint, see :mod:`nnmem_callbacks.probes`); ``False``
             uses the per-op formulas instead (and ``notes`` says so).
+        sequence_dim: Give the estimate a sequence-length axis
+            (``est.peak_bytes_at(batch, seq_len=...)``, ``est.max_sequence_length``):
+            ``"auto"`` finds token ids of shape ``(batch, length)``, an int names
+            the dimension of the batch's first tensor that holds the length.
+            Three more traces, at a quarter, half and twice the length. ``None``: no axis.
 
     Returns:
         A :class:`~nnmem_callbacks.core.estimate.MemoryEstimate`.
@@ -170,6 +177,7 @@ def estimate_training(
         accumulate_grad_batches,
         gradient_clip_val,
         gradient_clip_algorithm,
+        sequence_dim,
     )
     config.compiled = compiled
     estimate = _estimate_config(config, check_scaling, probe_kernels)
@@ -270,6 +278,7 @@ def run_trace(
     steps: int = 2,
     optimizer_steps: bool = True,
     session: "TraceSession | None" = None,
+    seq_len: int | None = None,
 ) -> TraceResult:
     """Simulates ``steps`` training steps at ``batch_size`` and returns the log.
 
@@ -279,12 +288,14 @@ def run_trace(
     """
     session = session or TraceSession()
     with _gc_paused():
-        if config.compiled is not None and batch_size not in session.compiled_batch_sizes:
+        if config.compiled is not None and (batch_size, seq_len) not in session.compiled_batch_sizes:
             # A real run compiles in its first step; what the compile keeps of that step's tensors stays out of the
             # traced steps, as it stays out of a measured warm step.
-            _run_trace(config, batch_size, steps=1, optimizer_steps=False, session=session)
-            session.compiled_batch_sizes.add(batch_size)
-        return _run_trace(config, batch_size, steps=steps, optimizer_steps=optimizer_steps, session=session)
+            _run_trace(config, batch_size, steps=1, optimizer_steps=False, session=session, seq_len=seq_len)
+            session.compiled_batch_sizes.add((batch_size, seq_len))
+        return _run_trace(
+            config, batch_size, steps=steps, optimizer_steps=optimizer_steps, session=session, seq_len=seq_len
+        )
 
 
 @contextlib.contextmanager
@@ -312,8 +323,8 @@ class TraceSession:
         self.cuda_emulation: EmulationReport | None = None  # filled by the traces of a CUDA target without CUDA
         #: The traces at other batch sizes, by role (``"fit"``, ``"check"``): ``(batch_size, trace)``.
         self.scaling_traces: dict[str, tuple[int, TraceResult]] = {}
-        #: Batch sizes at which a compiled step has been run once (compiled) before its traces.
-        self.compiled_batch_sizes: set[int] = set()
+        #: ``(batch size, sequence length)`` at which a compiled step has been run once (compiled) before its traces.
+        self.compiled_batch_sizes: set[tuple[int, int | None]] = set()
 
     def emulation(self, config: StepConfig) -> EmulationReport:
         if self.cuda_emulation is None:
@@ -323,7 +334,13 @@ class TraceSession:
 
 
 def _run_trace(
-    config: StepConfig, batch_size: int, *, steps: int, optimizer_steps: bool, session: TraceSession
+    config: StepConfig,
+    batch_size: int,
+    *,
+    steps: int,
+    optimizer_steps: bool,
+    session: TraceSession,
+    seq_len: int | None = None,
 ) -> TraceResult:
     model = config.model
     precision = config.precision
@@ -355,7 +372,9 @@ def _run_trace(
             with swapped_tensors(model, make_fake) as fake_of:
                 unique_params = [fake_of[id(parameter)] for parameter in originals]
                 trainable = [p for p in unique_params if p.requires_grad]
-                fake_batch, batch_tensors = config.batch.build(batch_size, device, input_dtype_map(precision))
+                fake_batch, batch_tensors = config.batch.build(
+                    batch_size, device, input_dtype_map(precision), seq_len=seq_len
+                )
                 for tensor in batch_tensors:
                     tracker.register(tensor, Category.INPUTS)
                 optimizers = (
@@ -477,6 +496,13 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         )
     if not lines:
         lines = [category_line(main, phase, batch_size) for phase in main.phase_peaks]
+    sequence = None
+    if config.batch.seq_len is not None:
+
+        def trace_at(length: int) -> TraceResult:
+            return run_trace(config, batch_size, steps=1, optimizer_steps=False, session=session, seq_len=length)
+
+        sequence = sequence_curve(config.batch, main, lines, notes, trace_at)
     phases = upper_envelope(lines)
     peak_phase = max(main.phase_peaks, key=lambda p: main.phase_peaks[p])
     peak_bytes = main.phase_peaks[peak_phase]
@@ -527,6 +553,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         phase_breakdowns=main.phase_breakdowns,
         extra=extra,
         allocation_log=allocation_log,
+        sequence=sequence,
     )
 
 

@@ -163,6 +163,7 @@ class TensorSpec:
     dtype: torch.dtype
     device: torch.device
     scales: bool  # whether dim 0 is the batch dimension
+    seq_dims: tuple[int, ...] = ()  # the dimensions that hold the sequence length (BatchSpec.seq_len)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,18 +177,28 @@ class BatchSpec:
     #: ``UserDict``) from the plain dict the tree was flattened as; ``None`` for
     #: batches that ``torch.utils._pytree`` flattens itself.
     mapping_type: type | None = None
+    #: The sequence length (the size of every tensor's ``TensorSpec.seq_dims``); ``None``: no sequence axis.
+    seq_len: int | None = None
+    #: The input dimension the sequence was found in (for notes).
+    seq_dim: int | None = None
 
     def tensor_specs(self) -> list[TensorSpec]:
         return [leaf for leaf in self.leaves if isinstance(leaf, TensorSpec)]
 
     def build(
-        self, batch_size: int, device: torch.device, dtype_map: Callable[[torch.dtype], torch.dtype]
+        self,
+        batch_size: int,
+        device: torch.device,
+        dtype_map: Callable[[torch.dtype], torch.dtype],
+        seq_len: int | None = None,
     ) -> tuple[Any, list[torch.Tensor]]:
-        """Creates the batch at ``batch_size`` with empty tensors (call under a fake mode)."""
+        """Creates the batch at ``batch_size`` (and ``seq_len``) with empty tensors (call under a fake mode)."""
         leaves, tensors = [], []
         for leaf in self.leaves:
             if isinstance(leaf, TensorSpec):
                 shape = (batch_size,) + leaf.shape[1:] if leaf.scales else leaf.shape
+                if seq_len is not None and leaf.seq_dims:
+                    shape = tuple(seq_len if dim in leaf.seq_dims else size for dim, size in enumerate(shape))
                 tensor = torch.empty(shape, dtype=dtype_map(leaf.dtype), device=device)
                 leaves.append(tensor)
                 tensors.append(tensor)
@@ -207,7 +218,7 @@ def _rebuild_mapping(mapping_type: type, items: dict) -> Any:
         return items
 
 
-def describe_batch(batch: Any) -> BatchSpec:
+def describe_batch(batch: Any, sequence_dim: int | str | None = None) -> BatchSpec:
     """Reduces a batch to a :class:`BatchSpec`.
 
     The batch size is the leading dimension of the first tensor (as Lightning's
@@ -218,10 +229,21 @@ def describe_batch(batch: Any) -> BatchSpec:
     ``BatchEncoding``, any ``collections.UserDict``) is read as a dict and
     rebuilt as its own type for the traced step.
 
+    With ``sequence_dim`` the batch also gets a sequence axis: ``"auto"`` takes
+    dim 1 of the first integer tensor of shape ``(batch, length)`` (token ids),
+    an int that dimension of the first tensor; every batch tensor's dimensions
+    (after the first) of that size then scale with the length (token ids,
+    attention masks, labels, a ``(batch, 1, length, length)`` mask).
+
     Raises:
-        ValueError: If the batch holds no tensor, or its first tensor is a scalar.
+        ValueError: If the batch holds no tensor, or its first tensor is a
+            scalar; for a ``sequence_dim`` that finds no sequence.
 
     Example:
+        >>> ids = torch.empty(8, 128, dtype=torch.long)
+        >>> spec = describe_batch({"input_ids": ids, "labels": ids, "mask": torch.empty(8, 1, 128, 128)}, "auto")
+        >>> spec.seq_len, [s.seq_dims for s in spec.tensor_specs()]
+        (128, [(1,), (1,), (2, 3)])
         >>> spec = describe_batch({"x": torch.empty(8, 3), "y": torch.empty(8, dtype=torch.long)})
         >>> spec.batch_size, [s.shape for s in spec.tensor_specs()]
         (8, [(8, 3), (8,)])
@@ -261,7 +283,43 @@ def describe_batch(batch: Any) -> BatchSpec:
         from torch.utils._pytree import tree_flatten as _tf
 
         treespec = _tf(batch)[1]
-    return BatchSpec(tuple(specs), treespec, batch_size, mapping_type)
+    seq_len, seq_dim = None, None
+    if sequence_dim is not None:
+        seq_len, seq_dim = _sequence_length(tensors, sequence_dim)
+        specs = [
+            dataclasses.replace(spec, seq_dims=tuple(d for d in range(1, len(spec.shape)) if spec.shape[d] == seq_len))
+            if isinstance(spec, TensorSpec) and spec.scales
+            else spec
+            for spec in specs
+        ]
+    return BatchSpec(tuple(specs), treespec, batch_size, mapping_type, seq_len, seq_dim)
+
+
+def _sequence_length(tensors: list[torch.Tensor], sequence_dim: int | str) -> tuple[int, int]:
+    """The sequence length ``sequence_dim`` points at, and the dimension."""
+    if sequence_dim == "auto":
+        for tensor in tensors:
+            if tensor.dim() == 2 and not tensor.dtype.is_floating_point and not tensor.dtype.is_complex:
+                length = int(tensor.shape[1])
+                if length >= 4:
+                    return length, 1
+        raise ValueError(
+            "sequence_dim='auto' found no token ids (an integer tensor of shape (batch, length), length 4 or "
+            "more) in the batch; pass sequence_dim=<the dimension of the first tensor that holds the length>"
+        )
+    if isinstance(sequence_dim, bool) or not isinstance(sequence_dim, int) or sequence_dim < 1:
+        raise ValueError(
+            f"sequence_dim must be 'auto', a dimension >= 1 of the batch's first tensor, or None; got {sequence_dim!r}"
+        )
+    first = tensors[0]
+    if sequence_dim >= first.dim():
+        raise ValueError(
+            f"sequence_dim={sequence_dim} is not a dimension of the batch's first tensor (shape {tuple(first.shape)})"
+        )
+    length = int(first.shape[sequence_dim])
+    if length < 4:
+        raise ValueError(f"the sequence length must be 4 or more for a sequence axis; dim {sequence_dim} is {length}")
+    return length, sequence_dim
 
 
 # ---------------------------------------------------------------------------

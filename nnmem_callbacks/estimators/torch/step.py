@@ -71,7 +71,7 @@ class StepConfig:
 
 
 def make_config(
-    model, batch, optimizer, loss_fn, precision, device, accumulate, clip_val, clip_algorithm
+    model, batch, optimizer, loss_fn, precision, device, accumulate, clip_val, clip_algorithm, sequence_dim=None
 ) -> StepConfig:
     """Checks ``estimate_training``'s arguments and returns the step they define.
 
@@ -82,7 +82,7 @@ def make_config(
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     spec = resolve_precision(precision)
     check_optimizer_spec(optimizer)
-    batch_spec = describe_batch(batch)
+    batch_spec = describe_batch(batch, sequence_dim)
     if loss_fn is not None and not callable(loss_fn):
         raise ValueError(f"loss_fn must be a callable (model, batch) -> scalar loss, got {type(loss_fn).__name__}")
     if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
