@@ -33,11 +33,11 @@ def _batch(length: int, size: int = 2):
 def test_the_peak_at_two_and_four_times_the_length_matches_a_direct_trace(attention):
     model = _gpt2(attention)
     estimate = estimate_training(model, _batch(128), "adamw", loss_fn=_loss, sequence_dim="auto")
-    assert estimate.sequence.traced_lengths == (32, 64, 128, 256)
+    assert estimate.sequence.traced_lengths == (64, 128, 256)
     assert estimate.peak_bytes_at(2, seq_len=128) == estimate.peak_bytes
     # issue 18's target: 3% at two and four times the traced length; elsewhere (other batches, between the short
-    # traces, where a phase's peak moment changes) within 5%
-    cases = ((256, 2, 0.03), (512, 2, 0.03), (256, 4, 0.05), (512, 1, 0.05), (48, 2, 0.05))
+    # traces, eight times the length) within 2%; batch 1, where some ops specialise, 3%
+    cases = ((256, 2, 0.03), (512, 2, 0.03), (256, 4, 0.02), (512, 1, 0.03), (48, 2, 0.02), (1024, 2, 0.02))
     for length, size, within in cases:
         direct = estimate_training(model, _batch(length, size), "adamw", loss_fn=_loss, check_scaling=False)
         predicted = estimate.peak_bytes_at(size, seq_len=length)
@@ -56,7 +56,7 @@ def test_the_math_path_grows_faster_than_flash_attention_and_the_longest_length_
     assert math.peak_bytes_at(2, seq_len=longest) <= budget < math.peak_bytes_at(2, seq_len=longest + 1)
     assert flash.max_sequence_length(budget) > longest
     assert math.max_sequence_length(1024) == 0  # not even a length of 1 fits a kilobyte
-    assert math.to_dict()["sequence"]["traced_lengths"] == [32, 64, 128, 256]
+    assert math.to_dict()["sequence"]["traced_lengths"] == [64, 128, 256]
 
 
 def test_bad_sequence_requests_say_what_is_valid():

@@ -11,11 +11,12 @@ from nnmem_callbacks.cli.compute import (
     gathered_unit_bytes,
     napkin_from_args,
     run_estimate,
+    sequence_summary,
     strategy_from_args,
 )
 from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_OK, checked_value
 from nnmem_callbacks.cli.plots import check_plot_path
-from nnmem_callbacks.cli.render import emit_estimate, make_console
+from nnmem_callbacks.cli.render import emit_estimate, make_console, sequence_text
 from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
 from nnmem_callbacks.core import vocabulary
 from nnmem_callbacks.core.units import format_bytes
@@ -50,6 +51,9 @@ def estimate_command(args: argparse.Namespace) -> int:
         f"nnmem estimate {args.model}: batch {estimate.batch_size}, {estimate.precision}, "
         f"{args.optimizer}, target {target.label}"
     )
+    extra: dict = {}
+    if getattr(args, "seq_len", None) and estimate.sequence is not None:
+        extra["sequence"] = sequence_summary(estimate, args.seq_len, fit)
     emit_estimate(
         estimate,
         fit,
@@ -58,7 +62,10 @@ def estimate_command(args: argparse.Namespace) -> int:
         model=args.model,
         inputs=list(args.input_shape or []),
         optimizer=args.optimizer,
+        **extra,
     )
+    if extra and not args.json:
+        print(sequence_text(extra["sequence"]))
     return _exit_status(args, fit)
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "GpuFit",
     "napkin_from_args",
     "run_estimate",
+    "sequence_summary",
     "strategy_from_args",
 ]
 
@@ -98,7 +99,12 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
             device = f"cuda:{target.gpu.name}" if target.gpu is not None else target.device
             if strategy.kind == "single":
                 estimate = estimate_training(
-                    traced_model, batch, optimizer=args.optimizer, precision=precision, device=device
+                    traced_model,
+                    batch,
+                    optimizer=args.optimizer,
+                    precision=precision,
+                    device=device,
+                    sequence_dim="auto" if getattr(args, "seq_len", None) else None,
                 )
             else:
                 from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
@@ -113,6 +119,32 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     if not estimate.method.startswith("trace"):
         check_forward(model, inputs)
     return estimate
+
+
+def sequence_summary(estimate: MemoryEstimate, seq_len: int, fit: "FitSummary") -> dict[str, Any]:
+    """``--seq-len``: the peak at that length and batch, and the longest length whose peak fits the usable budget.
+
+    The comparison is of the tensor peak; on CUDA the allocator reserve and the context are added as they are at
+    the traced length (their share of the peak), which the notes of the answer say.
+    """
+    batch = estimate.batch_size
+    peak = estimate.peak_bytes_at(batch, seq_len=seq_len)
+    answer: dict[str, Any] = {
+        "traced_seq_len": estimate.sequence.seq_len,
+        "seq_len": seq_len,
+        "batch_size": batch,
+        "peak_bytes": peak,
+        "max_sequence_length": None,
+    }
+    usable = fit.usable_bytes
+    if usable is not None:
+        if fit.compared == "device" and estimate.peak_bytes > 0:
+            ratio = estimate.reserved_bytes_at(batch) / estimate.peak_bytes if estimate.reserved_bytes else 1.0
+            usable = int((usable - estimate.overhead_bytes) / ratio)
+            answer["note"] = "device total at other lengths: the traced length's reserve ratio and context"
+        answer["usable_peak_bytes"] = usable
+        answer["max_sequence_length"] = estimate.max_sequence_length(usable, batch)
+    return answer
 
 
 def _compiled(model: Any, args: argparse.Namespace) -> Any:

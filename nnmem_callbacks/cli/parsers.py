@@ -206,6 +206,15 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         "e.g. --model-arg num_classes=10",
     )
     parser.add_argument(
+        "--seq-len",
+        type=positive_int_arg,
+        default=None,
+        metavar="N",
+        help="also answer at sequence length N and give the longest sequence that fits the budget at the batch: "
+        "the step is traced at the input's own length (token ids, -i input_ids=int64:LEN) and at a quarter, "
+        "half and twice it; e.g. --seq-len 4096",
+    )
+    parser.add_argument(
         "--compile",
         action="store_true",
         help="estimate the torch.compile'd step (Inductor: what it saves for backward, fuses and reuses) "

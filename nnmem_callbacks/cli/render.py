@@ -14,7 +14,7 @@ from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.formatting import breakdown_rows
 from nnmem_callbacks.core.units import format_bytes
 
-__all__ = ["emit_estimate", "estimate_to_json", "make_console", "readable_note", "render_estimate"]
+__all__ = ["emit_estimate", "estimate_to_json", "make_console", "readable_note", "render_estimate", "sequence_text"]
 
 
 def estimate_to_json(estimate: MemoryEstimate, fit: FitSummary, **extra: Any) -> str:
@@ -184,3 +184,24 @@ def emit_estimate(
     render_estimate(estimate, fit, title=title, why=why)
     if args.plot:
         print(f"plot written to {args.plot}")
+
+
+def sequence_text(answer: dict[str, Any]) -> str:
+    """The ``--seq-len`` lines of ``nnmem estimate``.
+
+    Example:
+        >>> print(sequence_text({"traced_seq_len": 128, "seq_len": 512, "batch_size": 4, "peak_bytes": 3 * 2**30,
+        ...                      "max_sequence_length": 700, "usable_peak_bytes": 4 * 2**30}))
+        at sequence length 512 (traced at 128, a quarter, half and twice it): peak 3.00 GiB at batch 4
+        longest sequence that fits 4.00 GiB at batch 4: 700
+    """
+    lines = [
+        f"at sequence length {answer['seq_len']} (traced at {answer['traced_seq_len']}, a quarter, half and twice "
+        f"it): peak {format_bytes(answer['peak_bytes'])} at batch {answer['batch_size']}"
+    ]
+    if answer.get("max_sequence_length") is not None:
+        lines.append(
+            f"longest sequence that fits {format_bytes(answer['usable_peak_bytes'])} at batch "
+            f"{answer['batch_size']}: {answer['max_sequence_length']}"
+        )
+    return "\n".join(lines)

@@ -430,7 +430,7 @@ class MemoryEstimate:
 
         Example:
             >>> from nnmem_callbacks.core.sequence import SequenceCurve, SequencePhase
-            >>> curve = SequenceCurve(128, 4, (SequencePhase("step1/forward", 1_000, (1_000.0, 10.0, 0.5)),))
+            >>> curve = SequenceCurve(128, 4, (SequencePhase("step1/forward", ((1_000.0, 10.0, 0.5, 1_000),)),))
             >>> est = MemoryEstimate(peak_bytes=10_472, breakdown={}, batch_size=4, sequence=curve)
             >>> est.peak_bytes_at(4, seq_len=256), est.max_sequence_length(40_000)
             (36328, 269)

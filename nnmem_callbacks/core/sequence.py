@@ -1,35 +1,38 @@
-"""The sequence length as a second axis of an estimate: each phase's peak as a quadratic in the length.
+"""The sequence length as a second axis of an estimate: each phase's peak as the largest of a few quadratics.
 
-An estimator traces the step at the user's length ``s0`` and at a quarter, a half
-and twice it, at the same batch. Each phase's peak is then a quadratic
-``q(s) = a + b*s + c*s*s``: through the traces at ``s0/2``, ``s0`` and ``2*s0`` for
-lengths above ``s0``, through ``s0/4``, ``s0/2`` and ``s0`` below it (which moment of a
-phase is its peak can change with the length: a fixed workspace at short
-lengths, the activations at long ones). Attention with the math kernel keeps
-``batch x heads x s x s`` scores (the ``c`` term), flash and memory-efficient
-kernels keep only what grows linearly (``c`` near 0), so the curve comes from
-the traces, not from an assumption about the kernel. Against the batch, a phase
-keeps its fixed bytes and scales the rest:
+An estimator traces the step at the user's length ``s0`` and at half and twice
+it, at the same batch. Each moment of a phase (the live bytes after one
+allocation or free) is paired with the same moment of the other traces, which
+gives it a quadratic ``q(s) = a + b*s + c*s*s`` in the length: attention with the
+math kernel keeps ``batch x heads x s x s`` scores (the ``c`` term), flash and
+memory-efficient kernels keep only what grows linearly, so the curve comes from
+the traces, not from an assumption about the kernel. Against the batch,
+a moment keeps its fixed bytes (from the traces at other batch sizes) and
+scales the rest:
 
-    peak_p(batch, s) = fixed_p + batch / b0 * (q_p(s) - fixed_p)
+    bytes_i(batch, s) = fixed_i + batch / b0 * (q_i(s) - fixed_i)
 
-and the step's peak is the largest phase's. At ``s0`` this is the estimate's own
-batch line. Nothing here imports a framework.
+and a phase's peak is its largest moment's (which moment is the peak can change
+with the length: the logits at short lengths, attention at long ones); only the
+moments that are the largest somewhere are kept. At ``s0`` this is the
+estimate's own batch lines. Nothing here imports a framework.
 
 Example:
     >>> curve = SequenceCurve(seq_len=128, batch_size=4, phases=(
-    ...     SequencePhase("forward", fixed_bytes=1_000, coefficients=(1_000.0, 10.0, 0.5)),))  # one curve both ways
-    >>> curve.peak_bytes_at(4, 128)  # 1000 + 1280 + 8192
+    ...     SequencePhase("forward", curves=((1_000.0, 10.0, 0.5, 1_000), (5_000.0, 20.0, 0.0, 1_000))),))
+    >>> curve.peak_bytes_at(4, 128)  # the quadratic: 1000 + 1280 + 8192
     10472
+    >>> curve.peak_bytes_at(4, 16)  # the line is the larger at short lengths
+    5320
     >>> curve.peak_bytes_at(8, 128)  # the batch doubles what is not fixed
     19944
     >>> curve.max_sequence_length(10_472, batch_size=4)
     128
 
 Known limitations:
-    * A quadratic is exact where every tensor's size is a polynomial of degree
-      two or less in the length and the schedule does not change with it;
-      kernel workspaces measured by probes may not follow it.
+    * Exact where every tensor's size is a polynomial of degree two or less in
+      the length and the step runs the same allocations at every length; kernel
+      workspaces measured by probes may not follow it.
     * The tensor peak only: the allocator reserve and the device total at
       another length are not modelled.
 """
@@ -68,21 +71,20 @@ class SequencePhase:
 
     Attributes:
         phase: The phase's name.
-        fixed_bytes: What does not grow with the batch (the phase's batch line at the traced length).
-        coefficients: ``(a, b, c)``: the phase's peak at the traced batch is ``a + b*s + c*s*s`` above the
-            traced length.
-        coefficients_below: The same at and below the traced length (``None``: ``coefficients``).
+        curves: One ``(a, b, c, fixed)`` per kept moment: its live bytes at the traced batch are
+            ``a + b*s + c*s*s``, of which ``fixed`` do not grow with the batch. The phase's peak is the largest.
     """
 
     phase: str
-    fixed_bytes: int
-    coefficients: tuple[float, float, float]
-    coefficients_below: tuple[float, float, float] | None = None
+    curves: tuple[tuple[float, float, float, float], ...]
 
-    def at(self, batch_size: int, seq_len: int, traced_batch: int, below: bool = False) -> int:
-        a, b, c = self.coefficients_below if below and self.coefficients_below is not None else self.coefficients
-        at_traced_batch = a + b * seq_len + c * seq_len * seq_len
-        return int(round(self.fixed_bytes + batch_size / traced_batch * (at_traced_batch - self.fixed_bytes)))
+    def at(self, batch_size: int, seq_len: int, traced_batch: int) -> int:
+        scale = batch_size / traced_batch
+        return int(
+            round(
+                max(fixed + scale * (a + b * seq_len + c * seq_len * seq_len - fixed) for a, b, c, fixed in self.curves)
+            )
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +110,7 @@ class SequenceCurve:
         for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        below = seq_len <= self.seq_len
-        return max(phase.at(batch_size, seq_len, self.batch_size, below) for phase in self.phases)
+        return max(phase.at(batch_size, seq_len, self.batch_size) for phase in self.phases)
 
     def max_sequence_length(self, budget_bytes: int, batch_size: int, limit: int = MAX_SEQUENCE_SEARCH_LIMIT) -> int:
         """The longest sequence whose peak at ``batch_size`` is within ``budget_bytes`` (0: not even a length of 1).
@@ -138,13 +139,5 @@ class SequenceCurve:
             "batch_size": self.batch_size,
             "dim": self.dim,
             "traced_lengths": list(self.traced_lengths),
-            "phases": [
-                {
-                    "phase": p.phase,
-                    "fixed_bytes": p.fixed_bytes,
-                    "coefficients": list(p.coefficients),
-                    "coefficients_below": list(p.coefficients_below) if p.coefficients_below is not None else None,
-                }
-                for p in self.phases
-            ],
+            "phases": [{"phase": p.phase, "curves": [list(curve) for curve in p.curves]} for p in self.phases],
         }

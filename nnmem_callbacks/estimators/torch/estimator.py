@@ -143,7 +143,7 @@ def estimate_training(
             (``est.peak_bytes_at(batch, seq_len=...)``, ``est.max_sequence_length``):
             ``"auto"`` finds token ids of shape ``(batch, length)``, an int names
             the dimension of the batch's first tensor that holds the length.
-            Three more traces, at a quarter, half and twice the length. ``None``: no axis.
+            Two more traces, at half and twice the length. ``None``: no axis.
 
     Returns:
         A :class:`~nnmem_callbacks.core.estimate.MemoryEstimate`.
@@ -502,7 +502,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         def trace_at(length: int) -> TraceResult:
             return run_trace(config, batch_size, steps=1, optimizer_steps=False, session=session, seq_len=length)
 
-        sequence = sequence_curve(config.batch, main, lines, notes, trace_at)
+        sequence = sequence_curve(config.batch, main, lines, notes, trace_at, session.scaling_traces.get("fit"))
     phases = upper_envelope(lines)
     peak_phase = max(main.phase_peaks, key=lambda p: main.phase_peaks[p])
     peak_bytes = main.phase_peaks[peak_phase]
