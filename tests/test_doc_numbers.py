@@ -216,6 +216,15 @@ def _rule_of_thumb_formula(match: re.Match) -> None:
     assert rule_of_thumb_bytes(layer, 4, 10.0) == word * (params_factor * 110 + activation_factor * 10.0 * 4)
 
 
+def _compiled_versus_eager(match: re.Match) -> None:
+    """How much less (GPT-2) and more (bf16 BatchNorm CNN) the compiled step needs than the eager one, from the
+    compile suite's truth and its eager figure: eager = compiled * (1 + eager_error)."""
+    rows = {row["case"]: row for row in result("compile/zen4-avx512.json")["rows"]}
+    less = 1 - 1 / (1 + rows["gpt2"]["eager_error"])
+    more = 1 / (1 + rows["bn_cnn_sgd_bf16"]["eager_error"]) - 1
+    assert (int(match.group(1)), int(match.group(2))) == (round(100 * less), round(100 * more)), (less, more)
+
+
 def _a_name(match: re.Match) -> None:
     """A name, not a figure: QLoRA's quantization is 4-bit by definition."""
 
@@ -238,6 +247,7 @@ class Claim:
 
 #: Every number of the README's prose, with the check that backs it (the reason is each check's docstring).
 CLAIMS = (
+    Claim(r"\((\d+)% less on a GPT-2, (\d+)% more on a bf16 BatchNorm CNN\)", _compiled_versus_eager),
     Claim(r"off by (\d+)-(\d+)% at the median on the runs below", _rule_of_thumb_medians),
     Claim(r"Keras (\d+) \(TensorFlow", _keras_major),
     Claim(r"torch (\d+\.\d+) or newer is required", _torch_minimum),

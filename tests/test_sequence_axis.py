@@ -70,3 +70,27 @@ def test_bad_sequence_requests_say_what_is_valid():
         estimate_training(model, torch.empty(2, 3, 8, 8), "sgd", sequence_dim=4)
     with pytest.raises(ValueError, match="'auto', a dimension >= 1"):
         estimate_training(model, torch.empty(2, 3, 8, 8), "sgd", sequence_dim="rows")
+
+
+def test_the_cli_answers_at_another_length_and_gives_the_longest_that_fits(capsys):
+    import json
+    import os
+
+    from nnmem_callbacks import cli
+
+    factory = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "models.py") + ":gpt2"
+    small = ["-a", "n_layer=1", "-a", "n_embd=64", "-a", "n_head=2", "-a", "vocab_size=512"]
+
+    def run(length, *more):
+        inputs = ["-i", f"input_ids=int64:{length}", "-i", f"labels=int64:{length}"]
+        code = cli.main(["estimate", factory, *small, *inputs, "-b", "2", "--device", "cpu", "--json", *more])
+        assert code in (0, 3)
+        return json.loads(capsys.readouterr().out)
+
+    answer = run(64, "--budget", "64MiB", "--seq-len", "256")["sequence"]
+    direct = run(256)
+    assert answer["traced_seq_len"] == 64 and answer["seq_len"] == 256
+    assert abs(answer["peak_bytes"] - direct["peak_bytes"]) / direct["peak_bytes"] < 0.01
+    longest = answer["max_sequence_length"]
+    assert longest > 64
+    assert run(longest)["peak_bytes"] <= answer["usable_peak_bytes"] * 1.01  # the longest that fits, checked directly
