@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from nnmem_callbacks.core.formatting import first_line
+
 __all__ = [
     "checked_value",
     "CliError",
@@ -40,8 +42,3 @@ def checked_value(check: Any, value: Any, flag: str) -> Any:
 def require_module(module: str, message: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise CliError(message)
-
-
-def first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else ""

@@ -18,7 +18,18 @@ from __future__ import annotations
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.units import format_bytes
 
-__all__ = ["breakdown_rows", "format_breakdown", "format_markdown_breakdown", "format_summary"]
+__all__ = ["breakdown_rows", "first_line", "format_breakdown", "format_markdown_breakdown", "format_summary"]
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, at most 300 characters (for one-line warnings and notes).
+
+    Example:
+        >>> first_line(ValueError("bad shape" + chr(10) + "see the docs"))
+        'bad shape'
+    """
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else ""
 
 
 def breakdown_rows(estimate: MemoryEstimate, *, include_zero: bool = False) -> list[tuple[str, int, float]]:

@@ -17,7 +17,7 @@ from typing import Sequence
 from nnmem_callbacks.core.estimate import Category, PhaseLine, upper_envelope
 from nnmem_callbacks.estimators.torch.tracer import TraceResult
 
-__all__ = ["aligned", "base_phase", "category_line", "event_lines", "paired_lines", "phase_values"]
+__all__ = ["aligned", "base_phase", "category_line", "event_lines", "moment_slopes", "paired_lines", "phase_values"]
 
 
 def base_phase(phase: str) -> str:
@@ -69,6 +69,12 @@ def phase_values(trace: TraceResult, phase: str) -> list[int]:
     return trace.trajectory[start : end + 1]
 
 
+def moment_slopes(main: TraceResult, other: TraceResult, phase: str, span: int) -> list[float]:
+    """Each moment's bytes per sample between ``main`` and ``other``, whose batch is ``span`` samples larger
+    (the phase must be :func:`aligned` between them)."""
+    return [(o - v) / span for o, v in zip(phase_values(other, phase), phase_values(main, phase))]
+
+
 def paired_lines(
     main: TraceResult, other: TraceResult, batch_size: int, other_size: int, low: int, high: int | None
 ) -> tuple[list[PhaseLine], list[str]]:
@@ -95,7 +101,7 @@ def paired_lines(
         slopes = None
         if phase.startswith("step1/") and phase in other.phase_ranges:
             peak_slopes[base] = round((other.phase_peaks[phase] - main.phase_peaks[phase]) / span)
-            candidate = [(o - v) / span for o, v in zip(phase_values(other, phase), values)]
+            candidate = moment_slopes(main, other, phase, span)
             if aligned(main, other, phase) and min(candidate) >= 0:
                 slopes = step1_slopes[base] = candidate
             else:

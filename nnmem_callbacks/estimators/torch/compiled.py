@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from nnmem_callbacks.core.formatting import first_line
 from nnmem_callbacks.estimators.torch import inductor_compat as compat
 from nnmem_callbacks.estimators.torch.step import EstimationInputError, LossFn, StepConfig
 from nnmem_callbacks.estimators.torch.tracer import StorageTracker
@@ -149,6 +150,12 @@ class CompileTarget:
         return lambda: None
 
 
+def _own_step_settings(optimizer: Any) -> compat.CompileSettings | None:
+    """How a ``step`` set on the optimizer instance (``opt.step = torch.compile(opt.step)``) was compiled, or ``None``."""
+    own = vars(optimizer).get("step") if hasattr(optimizer, "__dict__") else None
+    return compat.compile_settings(own) if own is not None else None
+
+
 def eager_step(optimizer: Any) -> Callable[[], Any]:
     """``optimizer.step`` without a ``torch.compile`` set on the instance (an estimate never runs a real compile).
 
@@ -159,8 +166,7 @@ def eager_step(optimizer: Any) -> Callable[[], Any]:
         >>> eager_step(opt).__func__ is type(opt).step
         True
     """
-    own = vars(optimizer).get("step") if hasattr(optimizer, "__dict__") else None
-    if own is not None and compat.compile_settings(own) is not None:
+    if _own_step_settings(optimizer) is not None:
         return type(optimizer).step.__get__(optimizer)
     return optimizer.step
 
@@ -168,12 +174,7 @@ def eager_step(optimizer: Any) -> Callable[[], Any]:
 def _optimizer_step_settings(optimizer: Any) -> compat.CompileSettings | None:
     """How the ``step`` of an optimizer instance (or of one in a list) was ``torch.compile``'d, or ``None``."""
     optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
-    for candidate in optimizers:
-        step = vars(candidate).get("step") if hasattr(candidate, "__dict__") else None
-        settings = compat.compile_settings(step) if step is not None else None
-        if settings is not None:
-            return settings
-    return None
+    return next((s for s in map(_own_step_settings, optimizers) if s is not None), None)
 
 
 def find_compiled(model: nn.Module, loss_fn: LossFn | None, optimizer: Any = None) -> "CompiledStep | None":
@@ -274,7 +275,6 @@ class CompiledStep:
     targets: tuple[CompileTarget, ...]
     problem: str | None = None
     tracker_class: type = CompiledStepTracker
-    _cpu_stand_in: bool = False
     _scope: Any = None
     _stats: Any = None
     _optimizer_backend: Any = None
@@ -298,7 +298,6 @@ class CompiledStep:
             self._fall_back(self.problem, notes, config)
             return None
         stats = compat.FakeCompileStats()
-        self._cpu_stand_in = config.target_device.type == "cuda" and config.trace_device.type != "cuda"
         try:
             compat.check_supported()
             with self._installed(config, stats) as compiled_config:
@@ -306,7 +305,7 @@ class CompiledStep:
         except (EstimationInputError, UnsupportedKernelError):
             raise
         except Exception as error:  # noqa: BLE001 - any failure of the compiled path falls back to the eager step
-            self._fall_back(f"{type(error).__name__}: {_first_line(error)}", notes, config)
+            self._fall_back(f"{type(error).__name__}: {first_line(error)}", notes, config)
             return None
         if (
             stats.frames == 0
@@ -316,7 +315,7 @@ class CompiledStep:
                 "Dynamo compiled no graph of the step (it skips every frame of it, as it will in the real run): the eager step was traced",
             )
             return dataclasses.replace(estimate, method="trace", notes=notes)
-        return dataclasses.replace(estimate, method=self.method, notes=(*estimate.notes, *self._notes(stats)))
+        return dataclasses.replace(estimate, method=self.method, notes=(*estimate.notes, *self._notes(stats, config)))
 
     # -- internals ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -355,8 +354,7 @@ class CompiledStep:
         if id(optimizer) in self._optimizer_steps:
             return self._optimizer_steps[id(optimizer)]
         backend_and_settings = self._optimizer_backend
-        own = vars(optimizer).get("step")
-        own_settings = compat.compile_settings(own) if own is not None else None
+        own_settings = _own_step_settings(optimizer)
         if own_settings is not None and own_settings.backend in compat.FAKE_BACKENDS:
             backend = compat.fake_backend(own_settings, self._stats)
             self._scope.add_backend(backend)
@@ -368,7 +366,7 @@ class CompiledStep:
         self._optimizer_steps[id(optimizer)] = step
         return step
 
-    def _notes(self, stats: compat.FakeCompileStats) -> list[str]:
+    def _notes(self, stats: compat.FakeCompileStats, config: StepConfig) -> list[str]:
         targets = ", ".join(f"{target.label} ({target.settings.describe()})" for target in self.targets)
         backends = {target.settings.backend for target in self.targets}
         done = (
@@ -384,7 +382,7 @@ class CompiledStep:
         elif "aot_eager" in backends:
             done += "; AOTAutograd's partitioned forward and backward graphs ran on fake tensors"
         notes = [done]
-        if self._cpu_stand_in:
+        if config.target_device.type == "cuda" and config.trace_device.type != "cuda":
             notes.append(
                 "no CUDA device here: Inductor's CPU lowering stood in for its CUDA (Triton) lowering; the partition "
                 "and what is saved for backward are the same, but fusion choices, and so the buffers, can differ on "
@@ -403,8 +401,3 @@ class CompiledStep:
         )
         notes.append(message)
         warnings.warn(message, RuntimeWarning, stacklevel=5)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else ""

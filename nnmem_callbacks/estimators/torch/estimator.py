@@ -40,6 +40,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from nnmem_callbacks.allocators import cuda_caching as allocator
 from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine, upper_envelope
+from nnmem_callbacks.core.formatting import first_line
 from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.core.verification import DirectEstimator
 from nnmem_callbacks.estimators.torch import inductor_compat
@@ -207,7 +208,7 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: boo
         except (EstimationInputError, UnsupportedKernelError):
             raise
         except Exception as error:  # noqa: BLE001 - any trace failure goes to the fallback
-            reason = f"{type(error).__name__}: {_first_line(error)}"
+            reason = f"{type(error).__name__}: {first_line(error)}"
             _warn_once(
                 f"nnmem_callbacks could not trace the training step of {type(model).__name__} ({reason}); "
                 f"using the closed-form layer-by-layer estimate instead"
@@ -600,7 +601,7 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], sess
         raise
     except Exception as error:  # noqa: BLE001
         notes.append(
-            f"could not trace at batch sizes {fit_size}/{check_size} ({type(error).__name__}: {_first_line(error)}); "
+            f"could not trace at batch sizes {fit_size}/{check_size} ({type(error).__name__}: {first_line(error)}); "
             f"per-sample bytes assumed from the batch-dependent categories at the peak"
         )
         return []
@@ -650,11 +651,6 @@ def cuda_overhead_bytes(device: torch.device, notes: list[str] | None = None) ->
 
 #: The cuBLAS workspace per thread and stream (see :func:`nnmem_callbacks.hardware.cuda_tables.cublas_workspace_bytes`).
 cublas_workspace_bytes = cuda_tables.cublas_workspace_bytes
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else ""
 
 
 def _warn_once(message: str) -> None:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from nnmem_callbacks.core.estimate import PhaseLine
 from nnmem_callbacks.core.sequence import SequenceCurve, SequencePhase, fit_quadratic
-from nnmem_callbacks.estimators.torch.batch_lines import aligned, base_phase, phase_values
+from nnmem_callbacks.estimators.torch.batch_lines import aligned, base_phase, moment_slopes, phase_values
 from nnmem_callbacks.estimators.torch.tracer import TraceResult
 
 __all__ = ["KEPT_AT", "sequence_curve"]
@@ -120,5 +120,4 @@ def _slopes(main: TraceResult, fit: tuple[int, TraceResult] | None, phase: str, 
     """Each moment's bytes per sample, from the trace at another batch size (``None`` where they do not pair)."""
     if fit is None or fit[0] == batch_size or phase not in fit[1].phase_ranges or not aligned(main, fit[1], phase):
         return None
-    span = fit[0] - batch_size
-    return [(o - v) / span for o, v in zip(phase_values(fit[1], phase), phase_values(main, phase))]
+    return moment_slopes(main, fit[1], phase, fit[0] - batch_size)
