@@ -48,6 +48,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import sys
 import types
 from typing import Any, Callable, Iterator, Mapping
 
@@ -159,6 +160,8 @@ class CompileSettings:
 
 def _optimize_context(obj: Any) -> Any:
     """The ``OptimizeContext`` behind a compiled module or function, or ``None``."""
+    if "torch._dynamo" not in sys.modules:  # nothing was compiled in this process; do not load Dynamo to find out
+        return None
     from torch._dynamo.eval_frame import OptimizedModule
 
     if isinstance(obj, OptimizedModule):
@@ -249,7 +252,7 @@ def force_eager() -> Iterator[None]:
         2.0
     """
     set_stance = getattr(torch.compiler, "set_stance", None)
-    if set_stance is None:  # pragma: no cover - torch < 2.6
+    if set_stance is None or "torch._dynamo" not in sys.modules:  # torch < 2.6, or nothing compiled in this process
         yield
         return
     with set_stance("force_eager"):
