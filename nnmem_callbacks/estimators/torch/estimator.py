@@ -43,7 +43,7 @@ from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine, u
 from nnmem_callbacks.core.formatting import first_line
 from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.core.verification import DirectEstimator
-from nnmem_callbacks.estimators.torch import inductor_compat
+from nnmem_callbacks.estimators.torch import inductor_compat, quantized
 from nnmem_callbacks.estimators.torch.batch_lines import category_line, paired_lines
 from nnmem_callbacks.estimators.torch.compat import eager_library_checks
 from nnmem_callbacks.estimators.torch.compiled import eager_step, find_compiled
@@ -360,8 +360,11 @@ def _run_trace(
     ):
         model.train()
         with fake_mode, tracker:
+            quantized_shared: dict = {}
 
             def make_fake(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
+                if quantized.is_params4bit(tensor):
+                    return quantized.fake_params4bit(tensor, device, tracker.register, quantized_shared)
                 dtype = parameter_dtype(tensor.dtype, precision)
                 fake = torch.empty_strided(tuple(tensor.shape), tensor.stride(), dtype=dtype, device=device)
                 if is_parameter and tensor.requires_grad and (dtype.is_floating_point or dtype.is_complex):

@@ -16,6 +16,11 @@ Two registries live here:
   fake size differs from the real one, such as oneDNN's LSTM workspace, which
   the meta kernel returns empty. ``rule(func, args, kwargs, out) -> out`` returns
   the outputs with the real sizes (as fake tensors).
+* **Decompositions** (``DECOMPOSITIONS[device_type][op] -> impl``): custom ops
+  whose fake kernel returns only the output while the real kernel on that device
+  is Python built from other ops (bitsandbytes' ``gemm_4bit`` dequantizes the
+  weight, then calls ``linear``). The tracer runs ``impl(*args, **kwargs)`` on
+  fake tensors instead, so the temporaries inside are tracked as they happen.
 * **Layer rules** (``LAYER_RULES[module type] -> rule``): for the closed-form
   fallback, the bytes a layer saves for backward given its inputs and output.
   One signature: ``rule(module, inputs, output) -> bytes``. Layers without a
@@ -52,6 +57,8 @@ __all__ = [
     "output_bytes",
     "OUTPUT_RULES",
     "output_rules",
+    "DECOMPOSITIONS",
+    "decompositions",
     "probed",
     "register_layer",
     "register_output",
@@ -104,6 +111,15 @@ def register_output(device_type: str, *ops: Any):
 def output_rules(device_type: str) -> dict[Any, Callable[[Any, tuple, dict, Any], Any]]:
     """The output rules for a device type (empty for unknown types)."""
     return OUTPUT_RULES.get(device_type, {})
+
+
+#: device type -> op overload packet -> the Python implementation that really runs there
+DECOMPOSITIONS: dict[str, dict[Any, Callable[..., Any]]] = {"cpu": {}, "cuda": {}}
+
+
+def decompositions(device_type: str) -> dict[Any, Callable[..., Any]]:
+    """The decompositions for a device type (empty for unknown types)."""
+    return DECOMPOSITIONS.get(device_type, {})
 
 
 @dataclasses.dataclass(frozen=True)

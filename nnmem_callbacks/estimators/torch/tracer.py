@@ -270,6 +270,7 @@ class StorageTracker(TorchDispatchMode):
         self.workspace_ops: Counter = Counter()
         self._rules = _rules.workspace_rules(device_type)
         self._output_rules = _rules.output_rules(device_type)
+        self._decompositions = _rules.decompositions(device_type)
         self._libraries = libraries
         self._library_seen: set = set()
 
@@ -387,6 +388,10 @@ class StorageTracker(TorchDispatchMode):
                 return constant.item()
             self.placeholders += 1
             return True if args[0].dtype == torch.bool else 1
+        decomposition = self._decompositions.get(func.overloadpacket)
+        if decomposition is not None:
+            with self:  # the ops inside allocate, and are tracked, one by one
+                return decomposition(*args, **kwargs)
         memo = self._memo
         if memo is not None:
             key = memo.key(func, args, kwargs)

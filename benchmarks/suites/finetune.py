@@ -1,0 +1,287 @@
+"""Fine-tuning as users do it: LoRA, DoRA, IA3 and QLoRA (bitsandbytes 4-bit) traced against real CPU steps.
+
+Usage::
+
+    python -m benchmarks.suites.finetune --stem zen4-avx512
+    python -m benchmarks.suites.finetune --stem zen4-avx512 --only qlora-nf4-dq   # some cases (name prefixes)
+
+Every case runs in a fresh process (``--worker NAME``): the model is built from a
+``transformers`` config (saved to a temporary folder, then loaded with
+``from_pretrained`` so that transformers' own ``BitsAndBytesConfig`` replacement
+code quantizes it, as it does for users; no weights are downloaded), wrapped by
+``peft``, estimated with ``estimate_training``, then trained for two real steps
+under the profiler. Truth: the peak of live CPU tensor bytes from the profiler's
+allocation events (:func:`benchmarks.common.groundtruth.measure_cpu_peak`) plus
+the quantization state (block scales and code books), which is not a parameter
+or buffer and so is not in that function's baseline. Error = (predicted - truth)
+/ truth. Every case at two sequence lengths. Writes
+``benchmarks/results/finetune/<stem>.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.common.paths import result_dir
+
+__all__ = ["CASES", "main", "measure_case"]
+
+RESULTS = result_dir("finetune")
+LENGTHS = (64, 128)
+BATCH = 4
+MODEL_DIR = os.path.join(os.environ.get("TMPDIR", "/tmp"), "nnmem-finetune-models")
+ATTENTION_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+#: architecture -> (config class name, config fields, LoRA target modules)
+ARCHITECTURES: dict[str, tuple[str, dict[str, Any], list[str]]] = {
+    "gpt2": ("GPT2Config", dict(n_layer=4, n_embd=512, n_head=8, vocab_size=8192, n_positions=512), ["c_attn", "c_proj"]),
+    "llama": (
+        "LlamaConfig",
+        dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=4, vocab_size=8192, max_position_embeddings=512),
+        ATTENTION_MODULES,
+    ),
+    "mistral": (
+        "MistralConfig",
+        dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=2, vocab_size=8192, max_position_embeddings=512, sliding_window=96),
+        ATTENTION_MODULES,
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=2, vocab_size=8192, max_position_embeddings=512),
+        ATTENTION_MODULES + ["gate_proj", "up_proj", "down_proj"],
+    ),
+}  # fmt: skip
+
+#: name -> (architecture, adapter, quantization, options)
+CASES: dict[str, tuple[str, str, dict[str, Any] | None, dict[str, Any]]] = {
+    "gpt2-lora": ("gpt2", "lora", None, {}),
+    "gpt2-dora": ("gpt2", "dora", None, {}),
+    "llama-lora": ("llama", "lora", None, {}),
+    "llama-lora-checkpointing": ("llama", "lora", None, {"checkpointing": True}),
+    "llama-ia3": ("llama", "ia3", None, {}),
+    "mistral-lora": ("mistral", "lora", None, {}),
+    "qwen2-lora-bf16": ("qwen2", "lora", None, {"dtype": "bfloat16"}),
+    "llama-qlora-nf4-dq": ("llama", "lora", {"quant_type": "nf4", "double": True}, {}),
+    "llama-qlora-nf4": ("llama", "lora", {"quant_type": "nf4", "double": False}, {}),
+    "llama-qlora-fp4-dq": ("llama", "lora", {"quant_type": "fp4", "double": True}, {}),
+    "llama-qlora-fp4-fp32-compute": ("llama", "lora", {"quant_type": "fp4", "double": False, "compute": "float32"}, {}),
+    "llama-qlora-nf4-kbit-prepared": ("llama", "lora", {"quant_type": "nf4", "double": True}, {"prepare_kbit": True}),
+    "qwen2-qlora-nf4-dq": ("qwen2", "lora", {"quant_type": "nf4", "double": True}, {}),
+    "mistral-qlora-nf4-dq-8bit-adamw": ("mistral", "lora", {"quant_type": "nf4", "double": True}, {"optimizer": "adamw8bit"}),
+}  # fmt: skip
+
+
+def _saved_model(architecture: str) -> str:
+    import transformers
+
+    class_name, fields, _ = ARCHITECTURES[architecture]
+    path = os.path.join(MODEL_DIR, architecture)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        config = getattr(transformers, class_name)(**fields)
+        torch.manual_seed(0)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
+
+
+def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The case's peft model, built as a user builds it; returns ``(model, options)``."""
+    import peft
+    import transformers
+
+    architecture, adapter, quantization, options = CASES[name]
+    path = _saved_model(architecture)
+    dtype = getattr(torch, options.get("dtype", "float32"))
+    if quantization is not None:
+        compute = getattr(torch, quantization.get("compute", "bfloat16"))
+        config = transformers.BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=quantization["quant_type"],
+            bnb_4bit_use_double_quant=quantization["double"],
+            bnb_4bit_compute_dtype=compute,
+        )
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, quantization_config=config, device_map="cpu", dtype=compute
+        )
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if options.get("prepare_kbit"):
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+    elif options.get("checkpointing"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    targets = ARCHITECTURES[architecture][2]
+    if adapter in ("lora", "dora"):
+        adapter_config = peft.LoraConfig(
+            r=16, lora_alpha=32, target_modules=targets, use_dora=adapter == "dora", task_type="CAUSAL_LM",
+            fan_in_fan_out=architecture == "gpt2",
+        )  # fmt: skip
+    elif adapter == "ia3":
+        adapter_config = peft.IA3Config(
+            target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"]
+        )
+    else:
+        raise ValueError(f"unknown adapter {adapter!r}")
+    model = peft.get_peft_model(model, adapter_config)
+    model.train()
+    return model, options
+
+
+def make_optimizer(name: str):
+    def build_optimizer(parameters: Any) -> torch.optim.Optimizer:
+        trainable = [p for p in parameters if p.requires_grad]
+        if name == "adamw8bit":
+            import bitsandbytes
+
+            return bitsandbytes.optim.AdamW8bit(trainable, lr=1e-4)
+        return torch.optim.AdamW(trainable, lr=1e-4)
+
+    return build_optimizer
+
+
+def _loss(model: Any, batch: Any) -> Any:
+    return model(**batch).loss
+
+
+def quantization_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The block scales, offsets and code books of bitsandbytes' 4-bit weights."""
+    out = []
+    for parameter in model.parameters():
+        state = getattr(parameter, "quant_state", None)
+        while state is not None:
+            out += [t for t in (state.absmax, state.code, getattr(state, "offset", None)) if t is not None]
+            state = state.state2
+    return out
+
+
+def measure_case(name: str, length: int) -> dict[str, Any]:
+    """One case in this process: estimate, then two real steps under the profiler."""
+    from benchmarks.common import groundtruth
+    from nnmem_callbacks.torch import estimate_training
+
+    model, options = build(name)
+    optimizer = make_optimizer(options.get("optimizer", "adamw"))
+    torch.manual_seed(1)
+    ids = torch.randint(0, 8192, (BATCH, length))
+    batch = {"input_ids": ids, "labels": ids}
+    started = time.perf_counter()
+    estimate = estimate_training(model, batch, optimizer=optimizer, loss_fn=_loss, check_scaling=False)
+    seconds = time.perf_counter() - started
+    state_bytes = groundtruth.live_bytes(quantization_state_tensors(model), "cpu")
+    truth = groundtruth.measure_cpu_peak(model, batch, optimizer, _loss, copy_model=False)
+    measured = truth["peak_bytes"] + state_bytes
+    return {
+        "case": name,
+        "length": length,
+        "batch": BATCH,
+        "method": estimate.method,
+        "predicted_bytes": estimate.peak_bytes,
+        "measured_bytes": measured,
+        "quantization_state_bytes": state_bytes,
+        "error": (estimate.peak_bytes - measured) / measured,
+        "measured_phase": truth["peak_phase"],
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "estimate_seconds": round(seconds, 2),
+        "notes": [note for note in estimate.notes if "workspaces" not in note],
+    }
+
+
+def render(rows: list[dict[str, Any]], meta: dict[str, Any], stem: str, summary: dict[str, Any]) -> str:
+    lines = [
+        f"# Fine-tuning (LoRA, DoRA, IA3, QLoRA) against real CPU steps: {stem}",
+        "",
+        f"`{meta['command']}` at {meta['commit']}, {meta['date']}; torch {meta['torch']}, transformers "
+        f"{meta['transformers']}, peft {meta['peft']}, bitsandbytes {meta['bitsandbytes']}; {meta['cpu']}, "
+        f"{meta['cpu_capability']}.",
+        "",
+        f"Batch {BATCH}; truth = peak live tensor bytes of two real AdamW steps (profiler allocation events) plus the "
+        "4-bit weights' quantization state. Error = (predicted - truth) / truth.",
+        "",
+        "| case | length | method | predicted | measured | error | estimate |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        if "error_text" in row:
+            lines.append(f"| {row['case']} | {row.get('length', '')} | failed: {row['error_text'][:120]} | | | | |")
+            continue
+        lines.append(
+            f"| {row['case']} | {row['length']} | {row['method']} | {row['predicted_bytes'] / 2**20:,.2f} MiB | "
+            f"{row['measured_bytes'] / 2**20:,.2f} MiB | {100 * row['error']:+.2f}% | {row['estimate_seconds']:.1f} s |"
+        )
+    lines += [
+        "",
+        f"{summary['n']} rows, {summary['traced']} traced: median |error| {summary['median_abs_error_pct']:.2f}%, "
+        f"worst {summary['worst_abs_error_pct']:.2f}%.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stem", default="cpu", help="result file name (the host, such as zen4-avx512)")
+    parser.add_argument("--only", nargs="*", help="run only the cases whose names start with these")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(measure_case(args.worker, args.length)), flush=True)
+        return 0
+    import bitsandbytes
+    import peft
+    import transformers
+
+    from benchmarks.common.isolated import run_worker
+    from benchmarks.tools.provenance import commit_stamp, write_result
+
+    names = [n for n in CASES if not args.only or any(n.startswith(p) for p in args.only)]
+    rows = []
+    for name in names:
+        for length in LENGTHS:
+            row = run_worker("benchmarks.suites.finetune", ["--worker", name, "--length", str(length)])
+            row.setdefault("case", name)
+            row.setdefault("length", length)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    good = [row for row in rows if "error" in row]
+    errors = [abs(row["error"]) for row in good]
+    meta = {
+        "commit": commit_stamp("nnmem_callbacks", "benchmarks"),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "bitsandbytes": bitsandbytes.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "command": "python -m benchmarks.suites.finetune --stem " + args.stem,
+    }
+    summary = {
+        "n": len(rows),
+        "traced": sum(1 for row in good if row["method"].startswith("trace")),
+        "median_abs_error_pct": round(100 * statistics.median(errors), 4) if errors else None,
+        "worst_abs_error_pct": round(100 * max(errors), 4) if errors else None,
+    }
+    write_result(
+        str(RESULTS),
+        args.stem,
+        {"meta": meta, "summary": summary, "rows": rows},
+        render(rows, meta, args.stem, summary),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
