@@ -1,4 +1,4 @@
-"""Fine-tuning as users do it: LoRA, DoRA, IA3 and QLoRA (bitsandbytes 4-bit) traced against real CPU steps.
+"""Fine-tuning as users do it: LoRA, DoRA, IA3, QLoRA (bitsandbytes 4-bit) and mixture-of-experts models against real CPU steps.
 
 Usage::
 
@@ -63,6 +63,20 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], list[str]]] = {
              num_key_value_heads=2, vocab_size=8192, max_position_embeddings=512),
         ATTENTION_MODULES + ["gate_proj", "up_proj", "down_proj"],
     ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+             num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2, vocab_size=8192,
+             max_position_embeddings=512),
+        ATTENTION_MODULES,
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=256, shared_expert_intermediate_size=512,
+             num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, num_experts=8,
+             num_experts_per_tok=2, vocab_size=8192, max_position_embeddings=512),
+        ATTENTION_MODULES,
+    ),
 }  # fmt: skip
 
 #: name -> (architecture, adapter, quantization, options)
@@ -80,6 +94,11 @@ CASES: dict[str, tuple[str, str, dict[str, Any] | None, dict[str, Any]]] = {
     "llama-qlora-fp4-fp32-compute": ("llama", "lora", {"quant_type": "fp4", "double": False, "compute": "float32"}, {}),
     "llama-qlora-nf4-kbit-prepared": ("llama", "lora", {"quant_type": "nf4", "double": True}, {"prepare_kbit": True}),
     "qwen2-qlora-nf4-dq": ("qwen2", "lora", {"quant_type": "nf4", "double": True}, {}),
+    "mixtral-full": ("mixtral", "full", None, {}),
+    "mixtral-batched-mm-full": ("mixtral", "full", None, {"experts": "batched_mm"}),
+    "mixtral-lora": ("mixtral", "lora", None, {}),
+    "mixtral-full-one-sided-routing": ("mixtral", "full", None, {"routing": "one-sided"}),
+    "qwen2-moe-full": ("qwen2_moe", "full", None, {}),
     "mistral-qlora-nf4-dq-8bit-adamw": ("mistral", "lora", {"quant_type": "nf4", "double": True}, {"optimizer": "adamw8bit"}),
 }  # fmt: skip
 
@@ -116,13 +135,19 @@ def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
             path, quantization_config=config, device_map="cpu", dtype=compute
         )
     else:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        extra = {"experts_implementation": options["experts"]} if "experts" in options else {}
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
     if options.get("prepare_kbit"):
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
     elif options.get("checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
+    if options.get("routing") == "one-sided":
+        _route_every_token_to_the_first_experts(model)
     targets = ARCHITECTURES[architecture][2]
+    if adapter == "full":
+        model.train()
+        return model, options
     if adapter in ("lora", "dora"):
         adapter_config = peft.LoraConfig(
             r=16, lora_alpha=32, target_modules=targets, use_dora=adapter == "dora", task_type="CAUSAL_LM",
@@ -137,6 +162,20 @@ def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
     model = peft.get_peft_model(model, adapter_config)
     model.train()
     return model, options
+
+
+def _route_every_token_to_the_first_experts(model: torch.nn.Module) -> None:
+    """The most unbalanced routing top-k allows: every token to experts 0..k-1 (for estimate and truth alike)."""
+    for module in model.modules():
+        if type(module).__name__.endswith("TopKRouter"):
+            original = module.forward
+
+            def forward(hidden_states: torch.Tensor, original: Any = original) -> Any:
+                logits, scores, indices = original(hidden_states)
+                first = torch.arange(indices.shape[-1], device=indices.device).expand_as(indices)
+                return logits, scores, first.to(indices.dtype)
+
+            module.forward = forward
 
 
 def make_optimizer(name: str):

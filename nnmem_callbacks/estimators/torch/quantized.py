@@ -77,9 +77,8 @@ def install_rules() -> None:
     implementation = _default_gemm_4bit()
     if implementation is None:
         return
-    packet = torch.ops.bitsandbytes.gemm_4bit
     for device_type in ("cpu", "cuda"):
-        rules.DECOMPOSITIONS[device_type].setdefault(packet, implementation)
+        rules.register_decomposition(device_type, torch.ops.bitsandbytes.gemm_4bit)(implementation)
 
 
 def _default_gemm_4bit() -> Callable[..., Any] | None:

@@ -59,6 +59,7 @@ __all__ = [
     "output_rules",
     "DECOMPOSITIONS",
     "decompositions",
+    "register_decomposition",
     "probed",
     "register_layer",
     "register_output",
@@ -120,6 +121,33 @@ DECOMPOSITIONS: dict[str, dict[Any, Callable[..., Any]]] = {"cpu": {}, "cuda": {
 def decompositions(device_type: str) -> dict[Any, Callable[..., Any]]:
     """The decompositions for a device type (empty for unknown types)."""
     return DECOMPOSITIONS.get(device_type, {})
+
+
+def register_decomposition(device_type: str, *ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Registers the Python implementation that really runs for ops on a device type."""
+
+    def decorator(implementation: Callable[..., Any]) -> Callable[..., Any]:
+        for op in ops:
+            DECOMPOSITIONS[device_type].setdefault(op, implementation)
+        return implementation
+
+    return decorator
+
+
+def _grouped_mm_output(mat_a: Any, mat_b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
+    """``aten._grouped_mm`` on CPU (mixture-of-experts layers): the output, in every dtype.
+
+    The meta kernel checks the CUDA kernel's dtype rule (bf16 only) and fails
+    for fp32, which the CPU kernel runs (one ``mm`` per group into the output).
+    The output is made as the meta kernel makes it, without the check.
+    """
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+
+    return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+
+
+if hasattr(aten, "_grouped_mm"):
+    register_decomposition("cpu", aten._grouped_mm)(_grouped_mm_output)
 
 
 @dataclasses.dataclass(frozen=True)
