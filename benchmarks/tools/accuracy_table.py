@@ -46,7 +46,7 @@ def _keras(summary: dict[str, Any]) -> tuple[int, float, float, str, float]:
     )
 
 
-def _compiled(summary: dict[str, Any]) -> tuple[int, float, float, str, float | None]:
+def _plain(summary: dict[str, Any]) -> tuple[int, float, float, str, float | None]:
     return summary["n"], summary["median_abs_error_pct"], summary["worst_abs_error_pct"], "-", None
 
 
@@ -84,7 +84,15 @@ ROWS = (
         "16 compiled steps (Inductor): GPT-2, BERT, ViT, Llama from configs, CNNs, MLP-Mixer; graph breaks, "
         "compiled loss and optimizer",
         "compile/zen4-avx512.json",
-        _compiled,
+        _plain,
+    ),
+    Row(
+        "PyTorch, fine-tuning",
+        "CPU (Zen 4, AVX-512)",
+        "LoRA, DoRA, IA3, QLoRA (bitsandbytes nf4/fp4), 8-bit AdamW, Mixtral and Qwen2-MoE, from `transformers` "
+        "configs at two lengths",
+        "finetune/zen4-avx512.json",
+        _plain,
     ),
     Row(
         "Keras / TensorFlow",

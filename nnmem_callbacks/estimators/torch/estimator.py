@@ -208,7 +208,7 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: boo
         except (EstimationInputError, UnsupportedKernelError):
             raise
         except Exception as error:  # noqa: BLE001 - any trace failure goes to the fallback
-            reason = f"{type(error).__name__}: {first_line(error)}"
+            reason = f"{type(error).__name__}: {first_line(error)}{_trace_failure_hint(model, error)}"
             _warn_once(
                 f"nnmem_callbacks could not trace the training step of {type(model).__name__} ({reason}); "
                 f"using the closed-form layer-by-layer estimate instead"
@@ -297,6 +297,20 @@ def run_trace(
         return _run_trace(
             config, batch_size, steps=steps, optimizer_steps=optimizer_steps, session=session, seq_len=seq_len
         )
+
+
+def _trace_failure_hint(model: nn.Module, error: Exception) -> str:
+    """What the user can do about a known cause of a failed trace ("" when none is known)."""
+    if any(type(parameter).__name__ == "Int8Params" for parameter in model.parameters()):
+        return "; bitsandbytes 8-bit weights (Linear8bitLt, load_in_8bit) are not traced yet"
+    if type(error).__name__ == "DynamicOutputShapeException":
+        if any(type(module).__name__.endswith(("Experts", "SparseMoeBlock", "MoE")) for module in model.modules()):
+            return (
+                "; a mixture-of-experts layer that loops over experts picks each expert's tokens by value. "
+                "transformers' default experts_implementation='grouped_mm' (and 'batched_mm') traces, and its "
+                "memory does not depend on the routing"
+            )
+    return ""
 
 
 @contextlib.contextmanager
