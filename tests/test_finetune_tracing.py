@@ -192,18 +192,75 @@ def test_a_7b_qlora_estimate_from_meta_tensors_does_not_allocate_the_model():
     assert int(rss_rise) < 2**30, f"peak RSS rose by {int(rss_rise) / 2**30:.2f} GiB"
 
 
-def test_8bit_weights_fall_back_with_a_warning_that_names_them():
-    class Int8Model(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.quantized = bnb.nn.Linear8bitLt(64, 128, has_fp16_weights=False)
-            self.head = torch.nn.Linear(128, 4)
+class Int8Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quantized = bnb.nn.Linear8bitLt(256, 512, has_fp16_weights=False)
+        self.head = torch.nn.Linear(512, 10)
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.head(self.quantized(x).float())
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.nn.functional.gelu(self.quantized(x)).float())
 
+
+@pytest.mark.parametrize("ran_before", [False, True])
+def test_8bit_weights_are_traced_and_their_state_is_left_alone(ran_before):
+    torch.manual_seed(0)
     model = Int8Model().to("cpu")  # quantizes the 8-bit weight
-    with pytest.warns(RuntimeWarning, match="8-bit weights"):
-        estimate = estimate_training(model, torch.randn(8, 64), optimizer=_adamw, loss_fn=_loss, check_scaling=False)
-    assert estimate.method != "trace"
-    assert any("Linear8bitLt" in note for note in estimate.notes)
+    batch = torch.randn(64, 256)
+    if ran_before:  # the layer's first forward moves CB and SCB from the weight into its state
+        model(batch)
+    layer = model.quantized
+    state, weight = layer.state, layer.weight
+    before = (state.CB, state.SCB, weight.CB, weight.SCB, weight.data.clone())
+    estimate = estimate_training(model, batch, optimizer=_adamw, loss_fn=_loss, check_scaling=False)
+    assert estimate.method == "trace", estimate.notes
+    assert layer.state is state and layer.weight is weight
+    after = (state.CB, state.SCB, weight.CB, weight.SCB)
+    assert all(a is b for a, b in zip(after, before)) and torch.equal(weight.data, before[4])
+    scales = state.SCB if state.SCB is not None else weight.SCB  # not a parameter: outside the truth's baseline
+    truth = measure_cpu_peak(model, batch, _adamw, _loss, copy_model=False)["peak_bytes"] + scales.nbytes
+    assert abs(estimate.peak_bytes - truth) / truth < 0.01, (estimate.peak_bytes, truth)
+
+
+def test_a_paged_optimizer_is_traced_unpaged_and_a_cuda_estimate_says_where_its_state_lives():
+    model = _qlora("nf4", True)
+    batch = torch.randn(16, 256)
+
+    def paged(parameters):
+        return bnb.optim.PagedAdamW8bit([p for p in parameters if p.requires_grad], lr=1e-3)
+
+    def plain(parameters):
+        return bnb.optim.AdamW8bit([p for p in parameters if p.requires_grad], lr=1e-3)
+
+    on_cpu = estimate_training(model, batch, optimizer=paged, loss_fn=_loss, check_scaling=False)
+    assert (
+        on_cpu.peak_bytes
+        == estimate_training(model, batch, optimizer=plain, loss_fn=_loss, check_scaling=False).peak_bytes
+    )
+    assert not any("unified memory" in note for note in on_cpu.notes)
+    for_cuda = estimate_training(model, batch, optimizer=paged, loss_fn=_loss, device="cuda", check_scaling=False)
+    assert any("PagedAdamW8bit" in note and "unified memory" in note for note in for_cuda.notes)
+
+
+def test_torchao_int8_weights_are_traced_at_their_packed_bytes():
+    quantization = pytest.importorskip("torchao.quantization")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 10))
+    quantization.quantize_(model[0], quantization.Int8WeightOnlyConfig())
+    model[0].weight.requires_grad_(False)
+    weight = model[0].weight
+    batch = torch.randn(64, 256)
+    estimate = estimate_training(model, batch, optimizer=_adamw, loss_fn=_loss, check_scaling=False)
+    assert estimate.method == "trace" and model[0].weight is weight
+    assert estimate.breakdown["parameters"] < 256 * 512 * 2  # int8 and scales, not the fp32 weight (512 KiB)
+    truth = measure_cpu_peak(model, batch, _adamw, _loss, copy_model=False)["peak_bytes"]
+    assert abs(estimate.peak_bytes - truth) / truth < 0.01, (estimate.peak_bytes, truth)
+
+
+def test_layers_of_other_quantizers_are_named_in_a_note():
+    class HQQLinear(torch.nn.Linear):  # stands for hqq's layer class: only its name is read
+        pass
+
+    model = torch.nn.Sequential(HQQLinear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    estimate = estimate_training(model, torch.randn(4, 16), check_scaling=False)
+    assert any("HQQ (1 layers)" in note and "not yet compared" in note for note in estimate.notes)

@@ -94,3 +94,20 @@ def test_the_cli_answers_at_another_length_and_gives_the_longest_that_fits(capsy
     longest = answer["max_sequence_length"]
     assert longest > 64
     assert run(longest)["peak_bytes"] <= answer["usable_peak_bytes"] * 1.01  # the longest that fits, checked directly
+
+
+def test_the_cli_says_which_gpu_fits_at_a_length(capsys):
+    import json
+    import os
+
+    from nnmem_callbacks import cli
+
+    factory = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "models.py") + ":gpt2"
+    small = ["-a", "n_layer=1", "-a", "n_embd=64", "-a", "n_head=2", "-a", "vocab_size=512"]
+    inputs = ["-i", "input_ids=int64:64", "-i", "labels=int64:64"]
+    assert cli.main(["estimate", factory, *small, *inputs, "-b", "2", "--seq-len", "100000", "--json"]) in (0, 3)
+    rows = json.loads(capsys.readouterr().out)["sequence"]["gpus"]
+    by_memory = sorted(rows, key=lambda row: row["memory_bytes"])
+    lengths = [row["max_sequence_length"] for row in by_memory]
+    assert lengths == sorted(lengths) and lengths[-1] > lengths[0] > 64  # more memory, longer sequences
+    assert all(row["fits"] == (row["max_sequence_length"] >= 100000) for row in rows)

@@ -94,7 +94,12 @@ def live_bytes(tensors: Iterable[torch.Tensor], device_type: str | None = None) 
         tensors: Any tensors; grads of parameters are not followed.
         device_type: Only count storages on this device type (``"cpu"``, ``"cuda"``).
     """
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     seen: dict[tuple[str, int], int] = {}
+    tensors = list(tensors)
+    while any(is_traceable_wrapper_subclass(t) for t in tensors):  # torchao's quantized weights: their inner tensors
+        tensors = [inner for t in tensors for inner in _flattened(t)]
     for t in tensors:
         if t.device.type == "meta" or (device_type is not None and t.device.type != device_type):
             continue
@@ -104,6 +109,14 @@ def live_bytes(tensors: Iterable[torch.Tensor], device_type: str | None = None) 
             continue
         seen[key] = max(seen.get(key, 0), st.nbytes())
     return sum(seen.values())
+
+
+def _flattened(tensor: torch.Tensor) -> list[torch.Tensor]:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    return [getattr(tensor, name) for name in tensor.__tensor_flatten__()[0]]
 
 
 def _state_tensors(model: nn.Module, batch: Any, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Fine-tuning as users do it: LoRA, DoRA, IA3, QLoRA (bitsandbytes 4-bit) and mixture-of-experts models against real CPU steps.
+"""Fine-tuning as users do it: LoRA, DoRA, IA3, prompt tuning, QLoRA, 8-bit weights and optimizers, MoE, against real CPU steps.
 
 Usage::
 
@@ -12,8 +12,9 @@ code quantizes it, as it does for users; no weights are downloaded), wrapped by
 ``peft``, estimated with ``estimate_training``, then trained for two real steps
 under the profiler. Truth: the peak of live CPU tensor bytes from the profiler's
 allocation events (:func:`benchmarks.common.groundtruth.measure_cpu_peak`) plus
-the quantization state (block scales and code books), which is not a parameter
-or buffer and so is not in that function's baseline. Error = (predicted - truth)
+the quantization state (block scales and code books; 8-bit row scales), which is
+not a parameter or buffer and so is not in that function's baseline. Paged
+optimizers fall back to ordinary state on CPU (bitsandbytes warns). Error = (predicted - truth)
 / truth. Every case at two sequence lengths. Writes
 ``benchmarks/results/finetune/<stem>.{json,md}``.
 """
@@ -94,6 +95,13 @@ CASES: dict[str, tuple[str, str, dict[str, Any] | None, dict[str, Any]]] = {
     "llama-qlora-fp4-fp32-compute": ("llama", "lora", {"quant_type": "fp4", "double": False, "compute": "float32"}, {}),
     "llama-qlora-nf4-kbit-prepared": ("llama", "lora", {"quant_type": "nf4", "double": True}, {"prepare_kbit": True}),
     "qwen2-qlora-nf4-dq": ("qwen2", "lora", {"quant_type": "nf4", "double": True}, {}),
+    "llama-lora-8bit-weights": ("llama", "lora", {"bits": 8}, {}),
+    "llama-lora-torchao-int8-weights": ("llama", "lora", None, {"torchao": "int8"}),
+    "llama-qlora-nf4-paged-adamw-8bit": ("llama", "lora", {"quant_type": "nf4", "double": True}, {"optimizer": "paged_adamw8bit"}),
+    "llama-lora-paged-adamw-32bit": ("llama", "lora", None, {"optimizer": "paged_adamw32bit"}),
+    "llama-lora-adafactor": ("llama", "lora", None, {"optimizer": "adafactor"}),
+    "llama-lora-fused-adamw": ("llama", "lora", None, {"optimizer": "adamw_fused"}),
+    "llama-prompt-tuning": ("llama", "prompt", None, {}),
     "mixtral-full": ("mixtral", "full", None, {}),
     "mixtral-batched-mm-full": ("mixtral", "full", None, {"experts": "batched_mm"}),
     "mixtral-lora": ("mixtral", "lora", None, {}),
@@ -123,7 +131,10 @@ def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
     architecture, adapter, quantization, options = CASES[name]
     path = _saved_model(architecture)
     dtype = getattr(torch, options.get("dtype", "float32"))
-    if quantization is not None:
+    if quantization is not None and quantization.get("bits") == 8:
+        config = transformers.BitsAndBytesConfig(load_in_8bit=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=config, device_map="cpu")
+    elif quantization is not None:
         compute = getattr(torch, quantization.get("compute", "bfloat16"))
         config = transformers.BitsAndBytesConfig(
             load_in_4bit=True,
@@ -137,6 +148,14 @@ def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
     else:
         extra = {"experts_implementation": options["experts"]} if "experts" in options else {}
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
+    if options.get("torchao") == "int8":
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        def in_layers(module: torch.nn.Module, name: str) -> bool:
+            return isinstance(module, torch.nn.Linear) and ".layers." in f".{name}"
+
+        quantize_(model, Int8WeightOnlyConfig(), filter_fn=in_layers)
+        model.requires_grad_(False)
     if options.get("prepare_kbit"):
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
     elif options.get("checkpointing"):
@@ -153,6 +172,8 @@ def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
             r=16, lora_alpha=32, target_modules=targets, use_dora=adapter == "dora", task_type="CAUSAL_LM",
             fan_in_fan_out=architecture == "gpt2",
         )  # fmt: skip
+    elif adapter == "prompt":
+        adapter_config = peft.PromptTuningConfig(num_virtual_tokens=16, task_type="CAUSAL_LM")
     elif adapter == "ia3":
         adapter_config = peft.IA3Config(
             target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"]
@@ -181,11 +202,20 @@ def _route_every_token_to_the_first_experts(model: torch.nn.Module) -> None:
 def make_optimizer(name: str):
     def build_optimizer(parameters: Any) -> torch.optim.Optimizer:
         trainable = [p for p in parameters if p.requires_grad]
-        if name == "adamw8bit":
+        if name in ("adamw8bit", "paged_adamw8bit", "paged_adamw32bit"):
             import bitsandbytes
 
-            return bitsandbytes.optim.AdamW8bit(trainable, lr=1e-4)
-        return torch.optim.AdamW(trainable, lr=1e-4)
+            kind = {
+                "adamw8bit": "AdamW8bit",
+                "paged_adamw8bit": "PagedAdamW8bit",
+                "paged_adamw32bit": "PagedAdamW32bit",
+            }
+            return getattr(bitsandbytes.optim, kind[name])(trainable, lr=1e-4)
+        if name == "adafactor":
+            from transformers.optimization import Adafactor
+
+            return Adafactor(trainable, lr=1e-4, relative_step=False, scale_parameter=False)
+        return torch.optim.AdamW(trainable, lr=1e-4, fused=name == "adamw_fused")
 
     return build_optimizer
 
@@ -195,8 +225,15 @@ def _loss(model: Any, batch: Any) -> Any:
 
 
 def quantization_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The block scales, offsets and code books of bitsandbytes' 4-bit weights."""
+    """The block scales, offsets and code books of bitsandbytes' 4-bit weights, and the row scales of 8-bit ones."""
     out = []
+    for module in model.modules():
+        state = getattr(module, "state", None)
+        weight = getattr(module, "weight", None)
+        scales = getattr(state, "SCB", None) if state is not None else None
+        scales = scales if scales is not None else getattr(weight, "SCB", None)
+        if isinstance(scales, torch.Tensor):
+            out.append(scales)
     for parameter in model.parameters():
         state = getattr(parameter, "quant_state", None)
         while state is not None:

@@ -162,6 +162,71 @@ def transformer_case(
     )
 
 
+#: The 7B shape of Llama 2: layers, hidden, heads, ffn, vocab.
+LLAMA_7B = (32, 4096, 32, 11008, 32000)
+
+
+def _llama_lora(quantization: str, checkpointing: bool) -> Callable[[], torch.nn.Module]:
+    def make() -> torch.nn.Module:
+        import peft
+        import transformers
+
+        layers, hidden, heads, ffn, vocab = LLAMA_7B
+        config = transformers.LlamaConfig(
+            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=ffn,
+            vocab_size=vocab, max_position_embeddings=4096, use_cache=False,
+        )  # fmt: skip
+        with torch.device("meta"):
+            model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+        if quantization != "none":
+            from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+
+            quantized = transformers.BitsAndBytesConfig(
+                load_in_4bit=quantization == "4bit",
+                load_in_8bit=quantization == "8bit",
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=torch.bfloat16,
+            )
+            model = replace_with_bnb_linear(model, quantization_config=quantized, modules_to_not_convert=["lm_head"])
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        adapters = peft.LoraConfig(r=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+        return peft.get_peft_model(model, adapters)
+
+    return make
+
+
+def lora_case(name: str, quantization: str, checkpointing: bool, seq: int = 2048, batch: int = 1) -> Case:
+    """Llama-2-7B-shaped LoRA / QLoRA from meta tensors; the trace keeps the model's dtypes (bf16 base, fp32 adapters
+    as peft makes them), which is what the napkin's ``bf16-true`` means for a fine-tune."""
+    layers, hidden, heads, ffn, vocab = LLAMA_7B
+    recompute = "full" if checkpointing else "none"
+    return Case(
+        name,
+        f"Llama-7B shape, LoRA r=16 on q,k,v,o, base {quantization}, s={seq} b={batch}, adamw, "
+        f"checkpointing {'on' if checkpointing else 'off'}",
+        _llama_lora(quantization, checkpointing),
+        _tokens(batch, seq),
+        lambda device: napkin.lora_estimate(
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            ffn=ffn,
+            vocab=vocab,
+            seq_len=seq,
+            batch_size=batch,
+            quantization=quantization,
+            recompute=recompute,
+            optimizer="adamw",
+            precision="bf16-true",
+            device=device,
+        ),  # fmt: skip
+        "adamw",
+        "32-true",
+    )
+
+
 def mlp_case(name: str, widths: list[int], batch: int, optimizer: str, precision: str) -> Case:
     return Case(
         name,
@@ -183,6 +248,10 @@ CASES = [
     transformer_case("bert-base 16-mixed", "bert", 12, 768, 12, 30522, 128, 32, "adamw", "16-mixed"),
     mlp_case("mlp seed", [1000, 100, 100, 100, 100, 10], 256, "sgd", "32-true"),
     mlp_case("mlp 784-512-512-10", [784, 512, 512, 10], 128, "adam", "16-mixed"),
+    lora_case("7B QLoRA nf4, checkpointing", "4bit", True),
+    lora_case("7B QLoRA nf4", "4bit", False, seq=512),
+    lora_case("7B LoRA 8-bit base, checkpointing", "8bit", True),
+    lora_case("7B LoRA bf16 base, checkpointing", "none", True),
 ]
 
 

@@ -136,14 +136,35 @@ def sequence_summary(estimate: MemoryEstimate, seq_len: int, fit: "FitSummary") 
         "peak_bytes": peak,
         "max_sequence_length": None,
     }
+    ratio = 1.0
+    if estimate.peak_bytes > 0 and estimate.reserved_bytes:
+        ratio = estimate.reserved_bytes_at(batch) / estimate.peak_bytes
+
+    def tensor_share(device_usable: int) -> int:  # the tensor peak allowed when the device total must fit
+        return int((device_usable - estimate.overhead_bytes) / ratio)
+
     usable = fit.usable_bytes
     if usable is not None:
         if fit.compared == "device" and estimate.peak_bytes > 0:
-            ratio = estimate.reserved_bytes_at(batch) / estimate.peak_bytes if estimate.reserved_bytes else 1.0
-            usable = int((usable - estimate.overhead_bytes) / ratio)
+            usable = tensor_share(usable)
             answer["note"] = "device total at other lengths: the traced length's reserve ratio and context"
         answer["usable_peak_bytes"] = usable
         answer["max_sequence_length"] = estimate.max_sequence_length(usable, batch)
+    if fit.gpus:  # which GPU fits at this length: each one's longest length at the batch
+        rows = []
+        for gpu in fit.gpus:
+            budget = resolve_budget(None, capacity_bytes=gpu.memory_bytes, margin=fit.margin)
+            allowed = tensor_share(int(budget * (1 - planning_margin(None, fit.margin))))
+            rows.append(
+                {
+                    "name": gpu.name,
+                    "memory_bytes": gpu.memory_bytes,
+                    "fits": peak <= allowed,
+                    "max_sequence_length": estimate.max_sequence_length(allowed, batch) if allowed > 0 else 0,
+                }
+            )
+        answer["gpus"] = rows
+        answer["note"] = "device total at other lengths: the traced length's reserve ratio and context"
     return answer
 
 
@@ -248,6 +269,8 @@ def napkin_from_args(args: argparse.Namespace, device: str = "cuda") -> MemoryEs
     common = dict(optimizer=args.optimizer, precision=args.precision, device=device)
     layers = args.layers
     try:
+        if getattr(args, "lora_rank", None) is not None:
+            return _lora_from_args(args, common)
         if args.hidden is not None:
             missing = [
                 flag
@@ -275,7 +298,7 @@ def napkin_from_args(args: argparse.Namespace, device: str = "cuda") -> MemoryEs
                 arch=args.arch,
                 max_positions=args.max_positions,
                 recompute=args.recompute,
-                attention=args.attention,
+                attention=args.attention or "eager",
                 activation=args.activation,
                 dropout=not args.no_dropout,
                 **common,
@@ -302,6 +325,44 @@ def napkin_from_args(args: argparse.Namespace, device: str = "cuda") -> MemoryEs
     raise CliError(
         "nnmem calc needs one of: transformer (--layers L --hidden H --heads A --seq-len S [--vocab V]), "
         "MLP (--layers 1000,100,10) or counts (--params N --activations N); see `nnmem calc --help`"
+    )
+
+
+def _lora_from_args(args: argparse.Namespace, common: dict[str, Any]) -> MemoryEstimate:
+    """``nnmem calc --lora-rank R ...``: LoRA / QLoRA of a Llama-style decoder."""
+    needed = (
+        ("--layers", args.layers),
+        ("--hidden", args.hidden),
+        ("--heads", args.heads),
+        ("--seq-len", args.seq_len),
+        ("--ffn", args.ffn),
+        ("--vocab", args.vocab or None),
+    )
+    missing = [flag for flag, value in needed if value is None]
+    if missing:
+        raise CliError(
+            f"LoRA mode (--lora-rank) also needs {', '.join(missing)}; e.g. --layers 32 --hidden 4096 --heads 32 "
+            f"--ffn 11008 --vocab 32000 --seq-len 2048"
+        )
+    if not args.layers.strip().isdigit():
+        raise CliError(f"--layers {args.layers!r}: with --lora-rank, give the number of layers, e.g. --layers 32")
+    if args.recompute == "selective":
+        raise CliError("--recompute selective: LoRA mode models full (gradient checkpointing) or none")
+    return napkin.lora_estimate(
+        layers=int(args.layers),
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        vocab=args.vocab,
+        ffn=args.ffn,
+        lora_rank=args.lora_rank,
+        lora_targets=[name.strip() for name in args.lora_targets.split(",") if name.strip()],
+        quantization=args.quantize,
+        recompute=args.recompute,
+        attention=args.attention or "flash",
+        **common,
     )
 
 

@@ -50,6 +50,8 @@ modes (picked from the options given):
   transformer  --layers L --hidden H --heads A --seq-len S [--vocab V] [--arch gpt|bert]
   mlp          --layers 1000,100,100,10   (layer widths, input first)
   counts       --params N --activations N [--input-size N]   (activation elements per sample)
+  lora         --lora-rank R with the transformer options and --ffn: LoRA / QLoRA of a Llama-style decoder
+               [--kv-heads K] [--lora-targets q,k,v,o] [--quantize none|4bit|8bit] [--recompute full|none]
 
 examples:
   nnmem calc --layers 1000,100,100,100,100,10 --batch-size 256 --optimizer sgd
@@ -58,6 +60,8 @@ examples:
       --batch-size 32 --optimizer adamw
   nnmem calc --layers 24 --hidden 1024 --heads 16 --vocab 50257 --seq-len 1024 --batch-size 8 \\
       --precision bf16-mixed --recompute selective --device h100
+  nnmem calc --lora-rank 16 --quantize 4bit --layers 32 --hidden 4096 --heads 32 --ffn 11008 \
+      --vocab 32000 --seq-len 2048 --recompute full --precision bf16-true --device a100-40gb
 """
     + "\n"
     + _EXIT_STATUS
@@ -307,9 +311,9 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--attention",
         choices=napkin.ATTENTION,
-        default="eager",
+        default=None,
         help="eager: attention scores are kept (the published formula); flash: fused "
-        "kernel (SDPA flash/memory-efficient) (default: eager)",
+        "kernel (SDPA flash/memory-efficient) (default: eager; flash with --lora-rank)",
     )
     parser.add_argument(
         "--activation",
@@ -319,6 +323,34 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         "(tanh GELU written as elementwise ops, HF GPT-2's default) (default: gelu)",
     )
     parser.add_argument("--no-dropout", action="store_true", help="dropout off: no 1-byte masks are kept")
+    parser.add_argument(
+        "--lora-rank",
+        type=positive_int_arg,
+        default=None,
+        metavar="R",
+        help="LoRA / QLoRA of a Llama-style decoder (RMSNorm, gated MLP, untied head): the adapters' rank, "
+        "e.g. --lora-rank 16",
+    )
+    parser.add_argument(
+        "--lora-targets",
+        default="q,k,v,o",
+        metavar="NAMES",
+        help=f"layers with adapters, from {','.join(napkin.LORA_TARGETS)} (default: q,k,v,o)",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=napkin.QUANTIZATIONS,
+        default="none",
+        help="the frozen base's linear layers with --lora-rank: none, 4bit (QLoRA, nf4 with double "
+        "quantization) or 8bit (default: none)",
+    )
+    parser.add_argument(
+        "--kv-heads",
+        type=positive_int_arg,
+        default=None,
+        metavar="K",
+        help="key/value heads with --lora-rank (grouped-query attention; default: --heads), e.g. --kv-heads 8",
+    )
     parser.add_argument(
         "--params",
         type=count_arg,

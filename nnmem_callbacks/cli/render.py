@@ -204,4 +204,11 @@ def sequence_text(answer: dict[str, Any]) -> str:
             f"longest sequence that fits {format_bytes(answer['usable_peak_bytes'])} at batch "
             f"{answer['batch_size']}: {answer['max_sequence_length']}"
         )
+    if answer.get("gpus"):
+        lines.append(f"which GPU fits length {answer['seq_len']} at batch {answer['batch_size']}:")
+        for row in answer["gpus"]:
+            lines.append(
+                f"  {row['name']:<24} {format_bytes(row['memory_bytes']):>10}  {'fits' if row['fits'] else 'no':<4}  "
+                f"longest length {row['max_sequence_length']:,}"
+            )
     return "\n".join(lines)

@@ -36,6 +36,7 @@ apply them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -46,7 +47,16 @@ from nnmem_callbacks.adapters.common import Guard, compared_prediction, predicte
 from nnmem_callbacks.adapters.lightning import actions, estimation, planning, ranks, trainer_io
 from nnmem_callbacks.adapters.lightning import summary as report
 from nnmem_callbacks.core.estimate import MemoryEstimate
-from nnmem_callbacks.core.plan import POLICIES, MemoryBudgetExceeded, Plan, check_budget, check_margin, check_policy
+from nnmem_callbacks.core.plan import (
+    POLICIES,
+    MemoryBudgetExceeded,
+    Plan,
+    check_budget,
+    check_margin,
+    check_policy,
+    describe_plan,
+)
+from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.hardware import devices
 from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
 from nnmem_callbacks.monitoring import meters as monitor
@@ -112,6 +122,12 @@ class MemoryBudgetCallbackMixin:
             (and, with ``budget=None``, below the free memory).
         batch_size_attr: Name of the attribute holding the per-device batch
             size that ``train_dataloader`` uses.
+        seq_len_attr: Name of the attribute holding the sequence length the
+            loaders pad or cut to (``max_length``...). The estimate then gets a
+            sequence axis (the batch's ``(batch, length)`` token ids), the
+            warning gives the longest length that fits at the batch, and
+            ``shrink`` shortens the sequence (keeping the batch) instead of
+            shrinking the batch.
 
     Raises:
         ValueError: For an unknown policy, a negative margin or an invalid
@@ -148,6 +164,7 @@ class MemoryBudgetCallbackMixin:
         policy: str = "warn",
         margin: float = 0.05,
         batch_size_attr: str = "batch_size",
+        seq_len_attr: str | None = None,
     ) -> None:
         if not isinstance(policy, str) or policy not in self.POLICIES:
             check_policy(policy)  # raises with the list of valid policies
@@ -157,6 +174,9 @@ class MemoryBudgetCallbackMixin:
         if not isinstance(batch_size_attr, str) or not batch_size_attr:
             raise ValueError(f"batch_size_attr must be a non-empty attribute name, got {batch_size_attr!r}")
         self.batch_size_attr = batch_size_attr
+        if seq_len_attr is not None and (not isinstance(seq_len_attr, str) or not seq_len_attr):
+            raise ValueError(f"seq_len_attr must be None or a non-empty attribute name, got {seq_len_attr!r}")
+        self.seq_len_attr = seq_len_attr
         self._restored: dict[str, Any] | None = None
         self._strategy_reading: StrategyReading | None = None
         # the estimate made in setup under a sharding strategy (before it wraps the model), its reason and batch
@@ -184,6 +204,7 @@ class MemoryBudgetCallbackMixin:
         self._miss_warned = False
         self._fit_started = False
         self._device_kind = "cpu"
+        self._seq_len: tuple[int, int] | None = None  # (configured, trained with) when shrink shortened the sequence
 
     def state_dict(self) -> dict[str, Any]:
         """The decisions taken at fit start, as plain values (saved in checkpoints)."""
@@ -198,6 +219,7 @@ class MemoryBudgetCallbackMixin:
             "predicted_peak_bytes": predicted_peak(self.estimate, self._train_batch_size),
             "budget_bytes": plan.budget_bytes if plan else None,
             "decision": plan.decision if plan else (self.failure or ""),
+            "seq_len": list(self._seq_len) if self._seq_len else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -265,10 +287,14 @@ class MemoryBudgetCallbackMixin:
 
         if self._restored is not None and self._restored.get("applied"):
             self._apply_restored(trainer, pl_module)
+        elif self.seq_len_attr is not None and not plan.fits and self._shorten(trainer, pl_module, facts):
+            pass  # the sequence was shortened and the run estimated and planned again at that length
         else:
             decision = actions.decide(
                 plan, estimate, facts.batch_size, policy=self.policy, batch_size_attr=self.batch_size_attr
             )
+            if decision.message and self.seq_len_attr is not None:
+                decision = dataclasses.replace(decision, message=decision.message + self._longest_sequence_line())
             self._apply(trainer, pl_module, decision)
         self._restored = None
         self.summary = summary = self._summary()
@@ -436,7 +462,9 @@ class MemoryBudgetCallbackMixin:
         """``(estimate, failure reason, the batch it was made on)``; never raises."""
         batch = trainer_io.first_train_batch(trainer, pl_module, self._ns)
         with self._ns.isolate_rng():
-            estimate, reason = estimation.estimate_module(pl_module, batch, facts)
+            estimate, reason = estimation.estimate_module(
+                pl_module, batch, facts, sequence_dim="auto" if self.seq_len_attr is not None else None
+            )
         return estimate, reason, batch
 
     def _plan(
@@ -497,8 +525,76 @@ class MemoryBudgetCallbackMixin:
         if decision.message:
             self._guard.warn(decision.message)
 
+    def _longest_sequence_line(self) -> str:
+        """The warning's line on the sequence (``seq_len_attr``): the longest length that fits at the batch."""
+        assert self.plan is not None and self.estimate is not None
+        longest = planning.longest_sequence(self.estimate, self.plan, self._device_kind)
+        if longest is None:
+            return (
+                f"\n`{self.seq_len_attr}`: the estimate has no sequence axis (no (batch, length) token ids in the "
+                "batch, or a sharded strategy)"
+            )
+        return (
+            f"\nLongest sequence that fits at batch size {self.estimate.batch_size}: {longest} "
+            f"(`{self.seq_len_attr}`; traced at {self.estimate.sequence.seq_len})."
+        )
+
+    def _shorten(self, trainer: pl.Trainer, pl_module: pl.LightningModule, facts: TrainerFacts) -> bool:
+        """``shrink`` with ``seq_len_attr``: sets the longest sequence that fits, then estimates and plans again.
+
+        Returns whether it did; ``False`` leaves the batch plan to act (with the reason warned when it is not
+        the policy's choice).
+        """
+        if self.policy != "shrink":
+            return False
+        assert self.plan is not None and self.estimate is not None
+        longest = planning.longest_sequence(self.estimate, self.plan, facts.device_kind)
+        current = trainer_io.read_setting(pl_module, self._ns, self.seq_len_attr)
+        blocker = None
+        if longest is None:
+            blocker = (
+                "the estimate has no sequence axis (no (batch, length) token ids in the batch, or a sharded strategy)"
+            )
+        elif not facts.batch_size.loaders_from_module:
+            blocker = "the train dataloaders were passed straight to `trainer.fit(...)`, so they cannot be rebuilt"
+        elif not isinstance(current, int) or isinstance(current, bool):
+            blocker = f"`{self.seq_len_attr}` is {current!r}, not a length on the model, its hparams or the datamodule"
+        elif current != self.estimate.sequence.seq_len:
+            blocker = (
+                f"`{self.seq_len_attr}` is {current} but the first batch's sequence has length "
+                f"{self.estimate.sequence.seq_len}; name the attribute the loaders cut or pad to"
+            )
+        elif longest < 1:
+            blocker = "not even a sequence of length 1 fits at this batch size"
+        if blocker is not None:
+            self._guard.warn(f"MemoryBudgetCallback: cannot shorten the sequence: {blocker}; shrinking the batch.")
+            return False
+        before = describe_plan(self.plan, self.estimate)
+        trainer_io.set_loader_setting(trainer, pl_module, self._ns, self.seq_len_attr, longest)
+        self._seq_len = (int(current), int(longest))
+        estimate, reason, batch = self._estimate(trainer, pl_module, facts)
+        if estimate is None:
+            self._guard.warn(
+                f"MemoryBudgetCallback(policy='shrink') set `{self.seq_len_attr}` {current} -> {longest}, but could not "
+                f"estimate the run again ({reason}); training goes on at that length."
+            )
+            self._applied = True
+            return True
+        self.estimate, self.plan = estimate, self._plan(pl_module, estimate, batch, facts)
+        self._train_batch_size = estimate.batch_size
+        self._applied = True
+        self._guard.warn(
+            f"MemoryBudgetCallback(policy='shrink') changed the run: `{self.seq_len_attr}` {current} -> {longest} "
+            f"(batch size {estimate.batch_size} kept). Predicted peak now "
+            f"{format_bytes(predicted_peak(estimate, estimate.batch_size))}.\n{before}"
+        )
+        return True
+
     def _apply_restored(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         restored = self._restored or {}
+        if self.seq_len_attr is not None and restored.get("seq_len"):
+            trainer_io.set_loader_setting(trainer, pl_module, self._ns, self.seq_len_attr, restored["seq_len"][1])
+            self._seq_len = (int(restored["seq_len"][0]), int(restored["seq_len"][1]))
         if restored.get("batch_size") is None:
             return
         if trainer_io.batch_size_attr_found(pl_module, self._ns, self.batch_size_attr):

@@ -226,7 +226,12 @@ def sum_outputs(out: Any) -> Any:
 
 
 def estimate_module(
-    pl_module: pl.LightningModule, batch: TrainBatch, facts: TrainerFacts, *, precision: Any = None
+    pl_module: pl.LightningModule,
+    batch: TrainBatch,
+    facts: TrainerFacts,
+    *,
+    precision: Any = None,
+    sequence_dim: int | str | None = None,
 ) -> tuple[MemoryEstimate | None, str | None]:
     """The estimate of ``pl_module``'s training step on ``batch``, or why there is none; never raises.
 
@@ -235,6 +240,7 @@ def estimate_module(
         batch: One train batch, or why there is none (then ``example_input_array`` serves).
         facts: The trainer's facts: optimizers, precision, accumulation, clipping, device and strategy.
         precision: Another precision to estimate at (the ``bf16-mixed`` offer); default: the trainer's.
+        sequence_dim: Give the estimate a sequence-length axis (``"auto"``; single device only).
 
     Returns:
         ``(estimate, None)``, or ``(None, why)``.
@@ -245,7 +251,7 @@ def estimate_module(
         return None, f"no batch to estimate with ({type(error).__name__}: {error})"
     precision = facts.precision if precision is None else precision
     try:
-        return run_estimator(pl_module, inputs, loss_fn, facts, precision), None
+        return run_estimator(pl_module, inputs, loss_fn, facts, precision, sequence_dim), None
     except Exception as error:  # noqa: BLE001 - never harm the run
         return None, f"the estimator failed on {source}: {type(error).__name__}: {error}"
 
@@ -275,7 +281,12 @@ def batch_and_loss(pl_module: pl.LightningModule, batch: TrainBatch) -> tuple[An
 
 
 def run_estimator(
-    pl_module: pl.LightningModule, inputs: Any, loss_fn: Callable[[Any, Any], Any], facts: TrainerFacts, precision: Any
+    pl_module: pl.LightningModule,
+    inputs: Any,
+    loss_fn: Callable[[Any, Any], Any],
+    facts: TrainerFacts,
+    precision: Any,
+    sequence_dim: int | str | None = None,
 ) -> MemoryEstimate:
     """Runs the estimator with the trainer's optimizers, precision, accumulation and clipping."""
     optimizers = list(facts.optimizers) or configured_optimizers(pl_module)
@@ -294,7 +305,7 @@ def run_estimator(
     reading = facts.strategy
     try:
         if reading is None or reading.strategy is None or reading.strategy.kind == "single":
-            return estimate_training(pl_module, inputs, **kwargs)
+            return estimate_training(pl_module, inputs, sequence_dim=sequence_dim, **kwargs)
         units = units_for(pl_module, reading)
         return estimate_per_rank(pl_module, inputs, strategy=reading.strategy, units=units, **kwargs)
     finally:

@@ -13,6 +13,8 @@ what only the training device and the trainer's settings say:
   :func:`offers_bf16` says so; the callback then estimates again under
   ``bf16-mixed``, and :func:`with_bf16_offer` makes the plan again, under the
   same budget, with that estimate as an alternative.
+* :func:`longest_sequence` is the longest sequence length whose step fits the
+  plan's usable budget at the configured batch (``seq_len_attr``).
 
 Example:
     >>> from nnmem_callbacks.core.estimate import MemoryEstimate
@@ -31,7 +33,15 @@ from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import Plan, make_plan, planning_margin, resolve_budget
 from nnmem_callbacks.hardware import devices
 
-__all__ = ["device_budget", "FP32_PRECISIONS", "includes_reserve", "offers_bf16", "plan_on_device", "with_bf16_offer"]
+__all__ = [
+    "device_budget",
+    "FP32_PRECISIONS",
+    "includes_reserve",
+    "longest_sequence",
+    "offers_bf16",
+    "plan_on_device",
+    "with_bf16_offer",
+]
 
 #: The trainer precisions that train in full precision (where ``bf16-mixed`` is offered).
 FP32_PRECISIONS = {"32-true", "32", 32}
@@ -119,3 +129,26 @@ def with_bf16_offer(
         alternatives={"bf16-mixed": bf16},
         include_reserve=includes_reserve(estimate, device_kind),
     )
+
+
+def longest_sequence(estimate: MemoryEstimate, plan: Plan, device_kind: str) -> int | None:
+    """The longest sequence length that fits ``plan``'s usable budget at the estimate's batch (``None``: no axis).
+
+    On CUDA the plan compares the device total; the tensor peak allowed is the
+    usable budget less the context, shrunk by the traced length's reserve ratio.
+
+    Example:
+        >>> est = MemoryEstimate(peak_bytes=2**20, breakdown={"activations": 2**20}, batch_size=8)
+        >>> plan = make_plan(est, 2**19, "warn", 0.0)
+        >>> longest_sequence(est, plan, "cpu") is None  # an estimate without a sequence axis
+        True
+    """
+    if estimate.sequence is None:
+        return None
+    usable = plan.usable_bytes
+    if includes_reserve(estimate, device_kind) and estimate.peak_bytes > 0:
+        ratio = estimate.reserved_bytes_at(estimate.batch_size) / estimate.peak_bytes
+        usable = int((usable - estimate.overhead_bytes) / ratio)
+    if usable <= 0:
+        return 0
+    return estimate.max_sequence_length(usable, estimate.batch_size)

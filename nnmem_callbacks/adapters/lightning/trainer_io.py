@@ -198,8 +198,22 @@ def set_batch_size(
     trainer: pl.Trainer, pl_module: pl.LightningModule, ns: Namespace, batch_size_attr: str, batch_size: int
 ) -> None:
     """Sets the batch size wherever Lightning keeps it and has the fit loop rebuild its loaders."""
-    ns.lightning_setattr(pl_module, batch_size_attr, int(batch_size))
+    set_loader_setting(trainer, pl_module, ns, batch_size_attr, batch_size)
+
+
+def set_loader_setting(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, ns: Namespace, attr: str, value: int
+) -> None:
+    """Sets an attribute the loaders read (batch size, sequence length) wherever Lightning keeps it; rebuilds them."""
+    ns.lightning_setattr(pl_module, attr, int(value))
     reset_dataloaders(trainer)
+
+
+def read_setting(pl_module: pl.LightningModule, ns: Namespace, attr: str) -> Any:
+    """The value of ``attr`` on the model, ``hparams``, the datamodule or its ``hparams``; ``None`` when absent."""
+    if not ns.lightning_hasattr(pl_module, attr):
+        return None
+    return ns.lightning_getattr(pl_module, attr)
 
 
 def set_accumulation(trainer: pl.Trainer, accumulate_grad_batches: int) -> None:

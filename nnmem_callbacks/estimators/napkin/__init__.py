@@ -41,6 +41,7 @@ from nnmem_callbacks.estimators.napkin.estimates import (
     transformer_params,
 )
 from nnmem_callbacks.estimators.napkin.explain import dominant_terms, explain, what_if
+from nnmem_callbacks.estimators.napkin.finetune import LORA_TARGETS, QUANTIZATIONS, lora_estimate
 
 __all__ = [
     "ACTIVATIONS",
@@ -57,6 +58,9 @@ __all__ = [
     "dominant_terms",
     "explain",
     "korthikanti_layer_bytes",
+    "LORA_TARGETS",
+    "lora_estimate",
+    "QUANTIZATIONS",
     "mlp_estimate",
     "params_estimate",
     "transformer_estimate",

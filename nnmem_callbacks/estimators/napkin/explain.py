@@ -8,6 +8,7 @@ from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.estimators.napkin.common import OPTIMIZER_STATE
 from nnmem_callbacks.estimators.napkin.estimates import mlp_estimate, params_estimate, transformer_estimate
+from nnmem_callbacks.estimators.napkin.finetune import lora_estimate
 
 __all__ = ["dominant_terms", "explain", "what_if"]
 
@@ -21,6 +22,8 @@ def _rebuild(estimate: MemoryEstimate, **changes: Any) -> MemoryEstimate | None:
     batch = spec.pop("batch_size", estimate.batch_size)
     if kind == "transformer":
         return transformer_estimate(batch_size=batch, **spec)
+    if kind == "lora":
+        return lora_estimate(batch_size=batch, **spec)
     if kind == "mlp":
         widths = spec.pop("widths")
         return mlp_estimate(widths, batch, **spec)
@@ -63,6 +66,11 @@ def what_if(estimate: MemoryEstimate) -> list[tuple[str, MemoryEstimate]]:
             options.append(
                 ("recompute=full: keep only each layer's input (activation checkpointing)", {"recompute": "full"})
             )
+    if spec["kind"] == "lora":
+        if spec["quantization"] != "4bit":
+            options.append(("quantize=4bit: QLoRA, the frozen base in 4 bits", {"quantization": "4bit"}))
+        if spec["recompute"] == "none":
+            options.append(("recompute=full: gradient checkpointing, each layer's input kept", {"recompute": "full"}))
     if estimate.batch_size >= 2:
         half = estimate.batch_size // 2
         options.append(

@@ -219,7 +219,15 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: boo
                 estimate = cuda_libraries.complete_closed_form(
                     estimate, config.model, config.target_device, _reduced_dtype(config)
                 )
-    estimate = dataclasses.replace(estimate, notes=(*estimate.notes, *probes.notes()))
+    unchecked = quantized.unchecked_quantizers(model)
+    if unchecked:
+        listed = ", ".join(f"{library} ({count} layers)" for library, count in unchecked.items())
+        notes_quantized = (
+            f"quantized layers of {listed}: traced as their Python is written, not yet compared with real steps",
+        )
+    else:
+        notes_quantized = ()
+    estimate = dataclasses.replace(estimate, notes=(*estimate.notes, *notes_quantized, *probes.notes()))
     extra = dict(estimate.extra)
     extra["kernel_probes"] = {
         "probed": probes.probed,
@@ -301,8 +309,6 @@ def run_trace(
 
 def _trace_failure_hint(model: nn.Module, error: Exception) -> str:
     """What the user can do about a known cause of a failed trace ("" when none is known)."""
-    if any(type(parameter).__name__ == "Int8Params" for parameter in model.parameters()):
-        return "; bitsandbytes 8-bit weights (Linear8bitLt, load_in_8bit) are not traced yet"
     if type(error).__name__ == "DynamicOutputShapeException":
         if any(type(module).__name__.endswith(("Experts", "SparseMoeBlock", "MoE")) for module in model.modules()):
             return (
@@ -338,6 +344,8 @@ class TraceSession:
         self.cuda_emulation: EmulationReport | None = None  # filled by the traces of a CUDA target without CUDA
         #: The traces at other batch sizes, by role (``"fit"``, ``"check"``): ``(batch_size, trace)``.
         self.scaling_traces: dict[str, tuple[int, TraceResult]] = {}
+        #: Class names of bitsandbytes paged optimizers met by the traces (traced unpaged; see ``_run_trace``).
+        self.paged_optimizers: set[str] = set()
         #: ``(batch size, sequence length)`` at which a compiled step has been run once (compiled) before its traces.
         self.compiled_batch_sizes: set[tuple[int, int | None]] = set()
 
@@ -375,10 +383,22 @@ def _run_trace(
         model.train()
         with fake_mode, tracker:
             quantized_shared: dict = {}
+            int8_scales: dict[int, torch.Tensor] = {}
+            state_scales = {  # the scales of an 8-bit layer that has run live in its state
+                id(module.weight): module.state.SCB
+                for module in model.modules()
+                if quantized.is_int8_params(getattr(module, "weight", None)) and hasattr(module, "state")
+            }
 
             def make_fake(tensor: torch.Tensor, is_parameter: bool) -> torch.Tensor:
                 if quantized.is_params4bit(tensor):
                     return quantized.fake_params4bit(tensor, device, tracker.register, quantized_shared)
+                if quantized.is_wrapper_subclass(tensor):  # torchao's quantized tensors and the like
+                    return quantized.fake_wrapper_subclass(tensor, fake_mode, tracker.register)
+                if quantized.is_int8_params(tensor):
+                    return quantized.fake_int8_params(
+                        tensor, device, tracker.register, int8_scales, state_scales.get(id(tensor))
+                    )
                 dtype = parameter_dtype(tensor.dtype, precision)
                 fake = torch.empty_strided(tuple(tensor.shape), tensor.stride(), dtype=dtype, device=device)
                 if is_parameter and tensor.requires_grad and (dtype.is_floating_point or dtype.is_complex):
@@ -388,6 +408,8 @@ def _run_trace(
 
             originals = list(model.parameters())  # unique, in registration order
             with swapped_tensors(model, make_fake) as fake_of:
+                if int8_scales:
+                    quantized.traced_8bit_states(model, int8_scales)
                 unique_params = [fake_of[id(parameter)] for parameter in originals]
                 trainable = [p for p in unique_params if p.requires_grad]
                 fake_batch, batch_tensors = config.batch.build(
@@ -400,6 +422,10 @@ def _run_trace(
                     if optimizer_steps
                     else []
                 )
+                for optimizer in optimizers:
+                    if getattr(optimizer, "is_paged", False):  # bitsandbytes: never cudaMallocManaged in a trace
+                        optimizer.is_paged = False
+                        session.paged_optimizers.add(type(optimizer).__name__)
                 tracker.mark(optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
                 all_params = [p for p in fake_of.values() if p.requires_grad]
                 scaler_state = None
@@ -496,6 +522,12 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         )
     session = TraceSession(libraries)
     main = run_trace(config, batch_size, session=session)
+    if session.paged_optimizers and config.target_device.type == "cuda":
+        notes.append(
+            f"{', '.join(sorted(session.paged_optimizers))}: the paged optimizer's state is counted as optimizer "
+            "state; on CUDA bitsandbytes keeps the state of tensors of 1e5 elements or more in unified memory, "
+            "outside the caching allocator, so max_memory_allocated does not show it (the GPU holds it while paged in)"
+        )
     if main.placeholders:
         notes.append(
             f"{main.placeholders} .item()/bool() call(s) on traced values got placeholder values; "

@@ -1,4 +1,4 @@
-"""bitsandbytes' 4-bit weights on fake tensors: QLoRA steps are traced, not guessed.
+"""Quantized weights on fake tensors (bitsandbytes 4- and 8-bit, torchao): QLoRA steps are traced, not guessed.
 
 A ``Params4bit`` cannot be re-made around a fake tensor (it is a tensor
 subclass, and a fake tensor already owns its Python object), so the trace puts
@@ -22,14 +22,19 @@ the dequantized weight is tracked while it lives. The backward pass
 (``MatMul4Bit.backward``) dequantizes again, through ops whose fake kernels
 give the real sizes.
 
+Other quantizers: torchao's quantized weights (wrapper tensor subclasses) are
+rebuilt around fake inner tensors and traced through their own ops (int8
+weight-only: exact on CPU). Layers of HQQ, GPTQ, AWQ, quanto and fine-grained
+FP8 are traced as their Python is written and named in a note, unchecked.
+
 Known limitations:
     * On CUDA, bitsandbytes uses a fused kernel without the dequantized weight
       for inputs of at most 1536 rows (GPU-dependent); the trace counts the
       dequantize-and-``linear`` path, so it errs high by one dequantized
       weight there. Not yet checked on a GPU.
-    * ``Linear8bitLt`` / ``Int8Params`` and bitsandbytes' 4-bit embeddings are
-      not emulated yet: a model holding them falls back to the closed form,
-      with a note.
+    * ``Linear8bitLt`` is traced on CPU's path (``MatMul8bitFp``: dequantize,
+      then ``linear``); CUDA's int8 matmul path is not modelled. bitsandbytes'
+      4-bit embeddings are not emulated.
     * The version-dependent parts (``QuantState``'s fields, the CPU
       ``gemm_4bit`` composition) are read from the installed bitsandbytes;
       tested against 0.50.
@@ -46,7 +51,20 @@ import torch
 from nnmem_callbacks.core.estimate import Category
 from nnmem_callbacks.estimators.torch import rules
 
-__all__ = ["fake_params4bit", "install_rules", "is_params4bit", "quantized_weight_count"]
+__all__ = [
+    "UNCHECKED_QUANTIZED_LAYERS",
+    "unchecked_quantizers",
+    "fake_wrapper_subclass",
+    "inner_tensors",
+    "is_wrapper_subclass",
+    "fake_int8_params",
+    "fake_params4bit",
+    "install_rules",
+    "is_int8_params",
+    "is_params4bit",
+    "quantized_weight_count",
+    "traced_8bit_states",
+]
 
 #: bitsandbytes' second-level block size for double-quantized scales (``quantize_blockwise(absmax, blocksize=256)``)
 NESTED_BLOCKSIZE = 256
@@ -55,15 +73,47 @@ CODE_4BIT_ENTRIES = 16
 CODE_8BIT_ENTRIES = 256
 
 
+#: Quantized layers of other libraries, by class name: traced as their Python is written, never compared with a
+#: real step here (their kernels need CUDA or packages the project does not test with).
+UNCHECKED_QUANTIZED_LAYERS = {
+    "HQQLinear": "HQQ",
+    "QuantLinear": "GPTQ (auto-gptq / gptqmodel)",
+    "TorchQuantLinear": "GPTQ (gptqmodel)",
+    "ExllamaV2QuantLinear": "GPTQ (exllama v2)",
+    "MarlinQuantLinear": "GPTQ (Marlin)",
+    "WQLinear_GEMM": "AWQ",
+    "WQLinear_GEMV": "AWQ",
+    "WQLinear": "AWQ",
+    "QLinear": "quanto",
+    "FP8Linear": "fine-grained FP8",
+}
+
+
+def unchecked_quantizers(model: torch.nn.Module) -> dict[str, int]:
+    """``library -> layer count`` of quantized layers whose estimate has not been checked against real steps."""
+    found: dict[str, int] = {}
+    for module in model.modules():
+        library = UNCHECKED_QUANTIZED_LAYERS.get(type(module).__name__)
+        if library is not None:
+            found[library] = found.get(library, 0) + 1
+    return found
+
+
 def is_params4bit(tensor: Any) -> bool:
     """Whether ``tensor`` is a bitsandbytes ``Params4bit`` (without importing bitsandbytes)."""
     kind = type(tensor)
     return kind.__name__ == "Params4bit" and kind.__module__.startswith("bitsandbytes")
 
 
+def is_int8_params(tensor: Any) -> bool:
+    """Whether ``tensor`` is a bitsandbytes ``Int8Params`` (the weight of ``Linear8bitLt``)."""
+    kind = type(tensor)
+    return kind.__name__ == "Int8Params" and kind.__module__.startswith("bitsandbytes")
+
+
 def quantized_weight_count(model: torch.nn.Module) -> int:
-    """How many of ``model``'s parameters are bitsandbytes 4-bit weights."""
-    return sum(1 for parameter in model.parameters() if is_params4bit(parameter))
+    """How many of ``model``'s parameters are bitsandbytes 4-bit or 8-bit weights."""
+    return sum(1 for parameter in model.parameters() if is_params4bit(parameter) or is_int8_params(parameter))
 
 
 def install_rules() -> None:
@@ -180,3 +230,91 @@ def fake_params4bit(
     packed.quant_storage = storage_dtype
     packed.bnb_quantized = True
     return packed
+
+
+def fake_int8_params(
+    weight: torch.Tensor,
+    device: torch.device,
+    register: Callable[[torch.Tensor, Category], None],
+    scales: dict[int, torch.Tensor],
+    state_scales: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A fake tensor standing for an ``Int8Params`` of 8-bit weights (``has_fp16_weights=False``).
+
+    Its bytes are the int8 weight and one float32 scale per output row (``SCB``),
+    quantized or not yet (a weight still in 16 or 32 bits is counted as it will be
+    once quantized). The scales go to ``scales[id(fake)]`` for
+    :func:`traced_8bit_states`; ``CB`` and ``SCB`` on the fake are ``None``, as
+    on a weight whose layer has already run (its state holds them).
+
+    Args:
+        weight: The layer's ``Int8Params``.
+        device: Where the fakes live.
+        register: The tracker's ``register(tensor, category)``.
+        scales: One dict per trace.
+        state_scales: The layer state's ``SCB`` when the layer has run (the weight's is then ``None``).
+    """
+    if getattr(weight, "has_fp16_weights", False):  # trained in 16 bits: an ordinary weight
+        fake = torch.empty_strided(tuple(weight.shape), weight.stride(), dtype=weight.dtype, device=device)
+        fake.requires_grad_(weight.requires_grad)
+        register(fake, Category.PARAMETERS)
+        return fake
+    rows = weight.shape[0]
+    fake = torch.empty(tuple(weight.shape), dtype=torch.int8, device=device)
+    register(fake, Category.PARAMETERS)
+    known = state_scales if state_scales is not None else getattr(weight, "SCB", None)
+    scale = torch.empty((known.numel() if known is not None else rows,), dtype=torch.float32, device=device)
+    register(scale, Category.PARAMETERS)
+    fake.CB, fake.SCB, fake.has_fp16_weights = None, None, False
+    scales[id(fake)] = scale
+    return fake
+
+
+def traced_8bit_states(model: torch.nn.Module, scales: dict[int, torch.Tensor]) -> None:
+    """Gives every 8-bit layer a copy of its ``MatmulLtState`` that holds the fakes.
+
+    ``Linear8bitLt.forward`` reads and writes ``self.state`` (``CB``, ``SCB``,
+    ``is_training``); the copy keeps the user's state untouched, and the
+    module attribute is put back by :func:`~nnmem_callbacks.estimators.torch.guards.preserved_module_state`.
+    Call it inside that guard, after the weights are swapped.
+    """
+    import copy
+
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        scale = scales.get(id(weight)) if weight is not None else None
+        if scale is None or not hasattr(module, "state"):
+            continue
+        state = copy.copy(module.state)
+        state.CB, state.SCB = weight, scale
+        module.state = state
+
+
+def is_wrapper_subclass(tensor: Any) -> bool:
+    """Whether ``tensor`` is a traceable wrapper subclass (torchao's quantized weights): its bytes are its inner tensors."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return type(tensor) not in (torch.Tensor, torch.nn.Parameter) and is_traceable_wrapper_subclass(tensor)
+
+
+def inner_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold a wrapper subclass's bytes (recursively); ``[tensor]`` for a plain one."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    out: list[torch.Tensor] = []
+    for name in names:
+        out += inner_tensors(getattr(tensor, name))
+    return out
+
+
+def fake_wrapper_subclass(
+    tensor: torch.Tensor, fake_mode: Any, register: Callable[[torch.Tensor, Category], None]
+) -> torch.Tensor:
+    """The subclass rebuilt around fake inner tensors (``FakeTensorMode.from_tensor``); the inner ones are counted."""
+    fake = fake_mode.from_tensor(tensor)
+    for inner in inner_tensors(fake):
+        register(inner, Category.PARAMETERS)
+    return fake
