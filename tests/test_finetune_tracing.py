@@ -114,14 +114,18 @@ def test_gemm_4bit_runs_its_cpu_composition_in_the_trace():
     assert peak_with - peak_without > dequantized * 0.9, (peak_with, peak_without)
 
 
-def test_a_mixture_of_experts_step_in_fp32_is_traced():
+def _tiny_mixtral(**implementation):
     transformers = pytest.importorskip("transformers")
     config = transformers.MixtralConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
         num_local_experts=4, num_experts_per_tok=2, vocab_size=512, max_position_embeddings=128,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(config)
+    return transformers.MixtralForCausalLM._from_config(config, **implementation)
+
+
+def test_a_mixture_of_experts_step_in_fp32_is_traced():
+    model = _tiny_mixtral()
     ids = torch.randint(0, 512, (4, 32))
     batch = {"input_ids": ids, "labels": ids}
 
@@ -135,12 +139,7 @@ def test_a_mixture_of_experts_step_in_fp32_is_traced():
 
 
 def test_a_per_expert_loop_falls_back_with_a_note_that_says_what_traces():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.MixtralConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-        num_local_experts=4, num_experts_per_tok=2, vocab_size=512, max_position_embeddings=128,
-    )  # fmt: skip
-    model = transformers.MixtralForCausalLM._from_config(config, experts_implementation="eager")
+    model = _tiny_mixtral(experts_implementation="eager")
     ids = torch.randint(0, 512, (2, 16))
     with pytest.warns(RuntimeWarning, match="could not trace"):
         estimate = estimate_training(model, {"input_ids": ids, "labels": ids}, loss_fn=lambda m, b: m(**b).loss)

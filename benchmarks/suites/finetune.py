@@ -3,7 +3,8 @@
 Usage::
 
     python -m benchmarks.suites.finetune --stem zen4-avx512
-    python -m benchmarks.suites.finetune --stem zen4-avx512 --only qlora-nf4-dq   # some cases (name prefixes)
+    python -m benchmarks.suites.finetune --stem zen4-avx512 --only llama-qlora   # some cases (name prefixes)
+    python -m benchmarks.suites.finetune --stem h100 --device cuda               # on a GPU machine
 
 Every case runs in a fresh process (``--worker NAME``): the model is built from a
 ``transformers`` config (saved to a temporary folder, then loaded with
@@ -123,8 +124,8 @@ def _saved_model(architecture: str) -> str:
     return path
 
 
-def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The case's peft model, built as a user builds it; returns ``(model, options)``."""
+def build(name: str, device: str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The case's peft model, built as a user builds it on ``device``; returns ``(model, options)``."""
     import peft
     import transformers
 
@@ -133,7 +134,7 @@ def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
     dtype = getattr(torch, options.get("dtype", "float32"))
     if quantization is not None and quantization.get("bits") == 8:
         config = transformers.BitsAndBytesConfig(load_in_8bit=True)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=config, device_map="cpu")
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=config, device_map=device)
     elif quantization is not None:
         compute = getattr(torch, quantization.get("compute", "bfloat16"))
         config = transformers.BitsAndBytesConfig(
@@ -143,11 +144,11 @@ def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
             bnb_4bit_compute_dtype=compute,
         )
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, quantization_config=config, device_map="cpu", dtype=compute
+            path, quantization_config=config, device_map=device, dtype=compute
         )
     else:
         extra = {"experts_implementation": options["experts"]} if "experts" in options else {}
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra).to(device)
     if options.get("torchao") == "int8":
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
@@ -242,29 +243,38 @@ def quantization_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return out
 
 
-def measure_case(name: str, length: int) -> dict[str, Any]:
-    """One case in this process: estimate, then two real steps under the profiler."""
+def measure_case(name: str, length: int, device: str = "cpu") -> dict[str, Any]:
+    """One case in this process. CPU: estimate, then two real steps under the profiler. CUDA: the real steps first
+    (``max_memory_allocated`` in a fresh process, as the accuracy suite measures), then the estimate."""
     from benchmarks.common import groundtruth
     from nnmem_callbacks.torch import estimate_training
 
-    model, options = build(name)
+    model, options = build(name, device)
     optimizer = make_optimizer(options.get("optimizer", "adamw"))
     torch.manual_seed(1)
-    ids = torch.randint(0, 8192, (BATCH, length))
+    ids = torch.randint(0, 8192, (BATCH, length), device=device)
     batch = {"input_ids": ids, "labels": ids}
+    state_bytes = 0
+    if device.startswith("cuda"):  # the quantization state is on the device before the peak statistics are reset
+        truth = groundtruth.measure_cuda_peak(model, batch, optimizer, _loss)
+        measured = truth["peak_bytes"]
     started = time.perf_counter()
-    estimate = estimate_training(model, batch, optimizer=optimizer, loss_fn=_loss, check_scaling=False)
+    estimate = estimate_training(model, batch, optimizer=optimizer, loss_fn=_loss, check_scaling=False, device=device)
     seconds = time.perf_counter() - started
-    state_bytes = groundtruth.live_bytes(quantization_state_tensors(model), "cpu")
-    truth = groundtruth.measure_cpu_peak(model, batch, optimizer, _loss, copy_model=False)
-    measured = truth["peak_bytes"] + state_bytes
+    if not device.startswith("cuda"):
+        state_bytes = groundtruth.live_bytes(quantization_state_tensors(model), "cpu")
+        truth = groundtruth.measure_cpu_peak(model, batch, optimizer, _loss, copy_model=False)
+        measured = truth["peak_bytes"] + state_bytes
     return {
         "case": name,
         "length": length,
         "batch": BATCH,
+        "device": device,
         "method": estimate.method,
         "predicted_bytes": estimate.peak_bytes,
         "measured_bytes": measured,
+        "predicted_reserved_bytes": estimate.reserved_bytes,
+        "measured_reserved_bytes": truth.get("reserved_bytes"),
         "quantization_state_bytes": state_bytes,
         "error": (estimate.peak_bytes - measured) / measured,
         "measured_phase": truth["peak_phase"],
@@ -276,14 +286,15 @@ def measure_case(name: str, length: int) -> dict[str, Any]:
 
 def render(rows: list[dict[str, Any]], meta: dict[str, Any], stem: str, summary: dict[str, Any]) -> str:
     lines = [
-        f"# Fine-tuning (LoRA, DoRA, IA3, QLoRA) against real CPU steps: {stem}",
+        f"# Fine-tuning (LoRA, DoRA, IA3, prompt tuning, QLoRA, 8-bit, MoE) against real steps on "
+        f"{meta.get('device', 'cpu')}: {stem}",
         "",
         f"`{meta['command']}` at {meta['commit']}, {meta['date']}; torch {meta['torch']}, transformers "
         f"{meta['transformers']}, peft {meta['peft']}, bitsandbytes {meta['bitsandbytes']}; {meta['cpu']}, "
         f"{meta['cpu_capability']}.",
         "",
-        f"Batch {BATCH}; truth = peak live tensor bytes of two real AdamW steps (profiler allocation events) plus the "
-        "4-bit weights' quantization state. Error = (predicted - truth) / truth.",
+        f"Batch {BATCH}; truth = peak live tensor bytes of two real steps (CPU: profiler allocation events plus the "
+        "quantization state; CUDA: `max_memory_allocated`). Error = (predicted - truth) / truth.",
         "",
         "| case | length | method | predicted | measured | error | estimate |",
         "|---|---:|---|---:|---:|---:|---:|",
@@ -310,9 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="run only the cases whose names start with these")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (truth: max_memory_allocated)")
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(measure_case(args.worker, args.length)), flush=True)
+        print(json.dumps(measure_case(args.worker, args.length, args.device)), flush=True)
         return 0
     import bitsandbytes
     import peft
@@ -325,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in names:
         for length in LENGTHS:
-            row = run_worker("benchmarks.suites.finetune", ["--worker", name, "--length", str(length)])
+            row = run_worker(
+                "benchmarks.suites.finetune", ["--worker", name, "--length", str(length), "--device", args.device]
+            )
             row.setdefault("case", name)
             row.setdefault("length", length)
             rows.append(row)
@@ -342,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "command": "python -m benchmarks.suites.finetune --stem " + args.stem,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "command": f"python -m benchmarks.suites.finetune --stem {args.stem}"
+        + (f" --device {args.device}" if args.device != "cpu" else ""),
     }
     summary = {
         "n": len(rows),

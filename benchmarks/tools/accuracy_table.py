@@ -89,8 +89,8 @@ ROWS = (
     Row(
         "PyTorch, fine-tuning",
         "CPU (Zen 4, AVX-512)",
-        "LoRA, DoRA, IA3, QLoRA (bitsandbytes nf4/fp4), 8-bit AdamW, Mixtral and Qwen2-MoE, from `transformers` "
-        "configs at two lengths",
+        "LoRA, DoRA, IA3, prompt tuning, QLoRA (nf4/fp4), 8-bit weights, 8-bit and paged optimizers, torchao, "
+        "Mixtral and Qwen2-MoE, from `transformers` configs at two lengths",
         "finetune/zen4-avx512.json",
         _plain,
     ),

@@ -335,7 +335,8 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         "--lora-targets",
         default="q,k,v,o",
         metavar="NAMES",
-        help=f"layers with adapters, from {','.join(napkin.LORA_TARGETS)} (default: q,k,v,o)",
+        help=f"layers with adapters, from {','.join(napkin.LORA_TARGETS)} (default: q,k,v,o), "
+        "e.g. --lora-targets q,k,v,o,gate,up,down",
     )
     parser.add_argument(
         "--quantize",
