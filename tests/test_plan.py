@@ -170,3 +170,37 @@ def test_the_accumulate_policy_checks_each_batch_at_the_accumulation_it_would_tr
     checked = plan.verification.checks[0]
     assert (checked.batch_size, checked.traced_bytes) == (32, accumulated.peak_bytes)
     assert not plan.fits and plan.accumulate_grad_batches == 1  # no accumulation of this model fits: none is set
+
+
+def test_the_accumulate_suggestion_counts_the_gradients_that_stay_through_the_micro_batches():
+    import torch
+    from torch import nn
+
+    from nnmem_callbacks.core.plan import make_plan
+    from nnmem_callbacks.estimators.torch.estimator import estimate_training
+
+    def loss(m, batch):
+        return nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+    def batch(n, width):
+        return (torch.empty(n, width), torch.zeros(n, dtype=torch.long))
+
+    def suggestions(model, width, size):
+        estimate = estimate_training(model, batch(size, width), optimizer="sgd", loss_fn=loss)
+        plan = make_plan(estimate, estimate.peak_bytes_at(size // 2) + 1, "warn", margin=0.0)
+        accumulated = estimate_training(
+            model, batch(size // 2, width), optimizer="sgd", loss_fn=loss, accumulate_grad_batches=2
+        )
+        return estimate, [s for s in plan.suggestions if s.kind == "accumulate"], accumulated
+
+    torch.manual_seed(0)
+    # activations dominate: half the batch twice saves memory, and the saving promised is what the step keeps
+    wide = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    estimate, (suggestion,), accumulated = suggestions(wide, 64, 2048)
+    assert "with gradient accumulation x2" in suggestion.text
+    promised = estimate.peak_bytes - suggestion.saving_bytes
+    assert accumulated.peak_bytes <= promised < 1.05 * accumulated.peak_bytes
+    # parameters dominate: 256 x 2 keeps more than 512 x 1 (the first micro-batch's gradients), so no such offer
+    heavy = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    estimate, offered, accumulated = suggestions(heavy, 1024, 512)
+    assert accumulated.peak_bytes > estimate.peak_bytes and offered == []

@@ -28,6 +28,7 @@ from nnmem_callbacks.core.units import format_bytes, parse_bytes
 from nnmem_callbacks.core.verification import Verification, verify_batch_size
 
 __all__ = [
+    "accumulated_gradient_bytes",
     "check_budget",
     "check_margin",
     "check_policy",
@@ -411,6 +412,31 @@ def checkpointing_saving(estimate: MemoryEstimate, num_blocks: int | None = None
     return max(0, int(activations - 2 * activations / blocks))
 
 
+def accumulated_gradient_bytes(estimate: MemoryEstimate, batch_size: int) -> int:
+    """What accumulating gradients adds to the peak at ``batch_size``: from the second micro-batch on, forward and
+    backward run beside the gradients of the first.
+
+    An estimate traced with accumulation (its phases include the second micro-batch, ``.../forward.2``) has them
+    already: 0. Otherwise the largest forward or backward line plus all gradients, less the peak of the lines
+    (an upper bound: in backward some of the gradients are already counted).
+
+    Example:
+        >>> from nnmem_callbacks.core.estimate import PhaseLine
+        >>> lines = (PhaseLine("step2/forward", 100, 10), PhaseLine("step2/optimizer", 130, 0))
+        >>> est = MemoryEstimate(peak_bytes=140, breakdown={}, batch_size=4, phases=lines, peak_phase="step2/forward",
+        ...                      phase_breakdowns={"step2/optimizer": {"gradients": 30}})
+        >>> accumulated_gradient_bytes(est, 4)  # forward 140 + gradients 30, against a peak of 140
+        30
+    """
+    if any(".2" in line.phase for line in estimate.phases):
+        return 0
+    gradients = max((dict(b).get(str(Category.GRADIENTS), 0) for b in estimate.phase_breakdowns.values()), default=0)
+    running = [line.at(batch_size) for line in estimate.phases if "forward" in line.phase or "backward" in line.phase]
+    if not gradients or not running:
+        return 0
+    return max(0, max(running) + gradients - max(line.at(batch_size) for line in estimate.phases))
+
+
 def suggest(
     estimate: MemoryEstimate,
     budget_bytes: int,
@@ -426,15 +452,16 @@ def suggest(
     if 1 <= max_fitting_batch_size < estimate.batch_size:
         factor = math.ceil(estimate.batch_size / max_fitting_batch_size)
         smaller = max(1, math.ceil(estimate.batch_size / factor))  # smaller * factor >= batch_size
-        saving = current - measure(smaller)
-        suggestions.append(
-            Suggestion(
-                "accumulate",
-                saving,
-                f"batch size {smaller} with gradient accumulation x{factor} keeps the effective batch "
-                f"of {smaller * factor} and saves {format_bytes(saving)}",
+        saving = current - measure(smaller) - accumulated_gradient_bytes(estimate, smaller)
+        if saving > 0:
+            suggestions.append(
+                Suggestion(
+                    "accumulate",
+                    saving,
+                    f"batch size {smaller} with gradient accumulation x{factor} keeps the effective batch "
+                    f"of {smaller * factor} and saves {format_bytes(saving)}",
+                )
             )
-        )
     activations = estimate.breakdown[str(Category.ACTIVATIONS)]
     if activations >= 0.3 * estimate.peak_bytes:
         saving = checkpointing_saving(estimate)
