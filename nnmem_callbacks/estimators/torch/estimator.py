@@ -50,7 +50,7 @@ from nnmem_callbacks.estimators.torch.compiled import eager_step, find_compiled
 from nnmem_callbacks.estimators.torch.cuda import libraries as cuda_libraries
 from nnmem_callbacks.estimators.torch.cuda.cudnn_rnn import cudnn_rnn_emulation
 from nnmem_callbacks.estimators.torch.cuda.emulation import EmulationReport, cuda_kernel_emulation
-from nnmem_callbacks.estimators.torch.fallback import estimate_closed_form
+from nnmem_callbacks.estimators.torch.fallback import estimate_closed_form, trace_failure_hint
 from nnmem_callbacks.estimators.torch.guards import preserved_module_state, preserved_rng, swapped_tensors
 from nnmem_callbacks.estimators.torch.inputs import optimizer_label
 from nnmem_callbacks.estimators.torch.scaled_log import build_allocation_log
@@ -208,7 +208,7 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: boo
         except (EstimationInputError, UnsupportedKernelError):
             raise
         except Exception as error:  # noqa: BLE001 - any trace failure goes to the fallback
-            reason = f"{type(error).__name__}: {first_line(error)}{_trace_failure_hint(model, error)}"
+            reason = f"{type(error).__name__}: {first_line(error)}{trace_failure_hint(model, error)}"
             _warn_once(
                 f"nnmem_callbacks could not trace the training step of {type(model).__name__} ({reason}); "
                 f"using the closed-form layer-by-layer estimate instead"
@@ -219,14 +219,7 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: boo
                 estimate = cuda_libraries.complete_closed_form(
                     estimate, config.model, config.target_device, _reduced_dtype(config)
                 )
-    unchecked = quantized.unchecked_quantizers(model)
-    if unchecked:
-        listed = ", ".join(f"{library} ({count} layers)" for library, count in unchecked.items())
-        notes_quantized = (
-            f"quantized layers of {listed}: traced as their Python is written, not yet compared with real steps",
-        )
-    else:
-        notes_quantized = ()
+    notes_quantized = quantized.unchecked_notes(model)
     estimate = dataclasses.replace(estimate, notes=(*estimate.notes, *notes_quantized, *probes.notes()))
     extra = dict(estimate.extra)
     extra["kernel_probes"] = {
@@ -305,18 +298,6 @@ def run_trace(
         return _run_trace(
             config, batch_size, steps=steps, optimizer_steps=optimizer_steps, session=session, seq_len=seq_len
         )
-
-
-def _trace_failure_hint(model: nn.Module, error: Exception) -> str:
-    """What the user can do about a known cause of a failed trace ("" when none is known)."""
-    if type(error).__name__ == "DynamicOutputShapeException":
-        if any(type(module).__name__.endswith(("Experts", "SparseMoeBlock", "MoE")) for module in model.modules()):
-            return (
-                "; a mixture-of-experts layer that loops over experts picks each expert's tokens by value. "
-                "transformers' default experts_implementation='grouped_mm' (and 'batched_mm') traces, and its "
-                "memory does not depend on the routing"
-            )
-    return ""
 
 
 @contextlib.contextmanager

@@ -353,4 +353,16 @@ def _probe_batch(config, probe_size: int, device: torch.device) -> Any:
     return tree_unflatten(leaves, config.batch.treespec)
 
 
-__all__ = ["estimate_closed_form"]
+__all__ = ["estimate_closed_form", "trace_failure_hint"]
+
+
+def trace_failure_hint(model: nn.Module, error: Exception) -> str:
+    """What the user can do about a known cause of a failed trace, to append to the reason ("" when none is known)."""
+    if type(error).__name__ == "DynamicOutputShapeException":
+        if any(type(module).__name__.endswith(("Experts", "SparseMoeBlock", "MoE")) for module in model.modules()):
+            return (
+                "; a mixture-of-experts layer that loops over experts picks each expert's tokens by value. "
+                "transformers' default experts_implementation='grouped_mm' (and 'batched_mm') traces, and its "
+                "memory does not depend on the routing"
+            )
+    return ""

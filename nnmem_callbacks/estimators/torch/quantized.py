@@ -53,6 +53,7 @@ from nnmem_callbacks.estimators.torch import rules
 
 __all__ = [
     "UNCHECKED_QUANTIZED_LAYERS",
+    "unchecked_notes",
     "unchecked_quantizers",
     "fake_wrapper_subclass",
     "inner_tensors",
@@ -97,6 +98,15 @@ def unchecked_quantizers(model: torch.nn.Module) -> dict[str, int]:
         if library is not None:
             found[library] = found.get(library, 0) + 1
     return found
+
+
+def unchecked_notes(model: torch.nn.Module) -> tuple[str, ...]:
+    """The estimate's note on quantized layers of other libraries (none when the model has none)."""
+    unchecked = unchecked_quantizers(model)
+    if not unchecked:
+        return ()
+    listed = ", ".join(f"{library} ({count} layers)" for library, count in unchecked.items())
+    return (f"quantized layers of {listed}: traced as their Python is written, not yet compared with real steps",)
 
 
 def is_params4bit(tensor: Any) -> bool:
