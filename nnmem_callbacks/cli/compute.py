@@ -136,17 +136,10 @@ def sequence_summary(estimate: MemoryEstimate, seq_len: int, fit: "FitSummary") 
         "peak_bytes": peak,
         "max_sequence_length": None,
     }
-    ratio = 1.0
-    if estimate.peak_bytes > 0 and estimate.reserved_bytes:
-        ratio = estimate.reserved_bytes_at(batch) / estimate.peak_bytes
-
-    def tensor_share(device_usable: int) -> int:  # the tensor peak allowed when the device total must fit
-        return int((device_usable - estimate.overhead_bytes) / ratio)
-
     usable = fit.usable_bytes
     if usable is not None:
         if fit.compared == "device" and estimate.peak_bytes > 0:
-            usable = tensor_share(usable)
+            usable = estimate.tensor_share_of_device(usable)
             answer["note"] = "device total at other lengths: the traced length's reserve ratio and context"
         answer["usable_peak_bytes"] = usable
         answer["max_sequence_length"] = estimate.max_sequence_length(usable, batch)
@@ -154,7 +147,7 @@ def sequence_summary(estimate: MemoryEstimate, seq_len: int, fit: "FitSummary") 
         rows = []
         for gpu in fit.gpus:
             budget = resolve_budget(None, capacity_bytes=gpu.memory_bytes, margin=fit.margin)
-            allowed = tensor_share(int(budget * (1 - planning_margin(None, fit.margin))))
+            allowed = estimate.tensor_share_of_device(int(budget * (1 - planning_margin(None, fit.margin))))
             rows.append(
                 {
                     "name": gpu.name,

@@ -439,6 +439,20 @@ class MemoryEstimate:
         _check_batch_size(batch)
         return self._sequence_curve().max_sequence_length(int(budget_bytes), batch)
 
+    def tensor_share_of_device(self, device_bytes: int) -> int:
+        """The tensor peak allowed when the device total must stay within ``device_bytes``: less the context, shrunk
+        by the estimate's reserve ratio at its own batch (other lengths keep the traced length's ratio).
+
+        Example:
+            >>> est = MemoryEstimate(peak_bytes=100, breakdown={}, batch_size=1, reserved_bytes=125, overhead_bytes=50)
+            >>> est.tensor_share_of_device(300)
+            200
+        """
+        ratio = 1.0
+        if self.peak_bytes > 0 and self.reserved_bytes:
+            ratio = self.reserved_bytes_at(self.batch_size) / self.peak_bytes
+        return int((device_bytes - self.overhead_bytes) / ratio)
+
     # -- views -------------------------------------------------------------
     @property
     def static_bytes(self) -> int:

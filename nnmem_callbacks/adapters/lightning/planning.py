@@ -147,8 +147,7 @@ def longest_sequence(estimate: MemoryEstimate, plan: Plan, device_kind: str) -> 
         return None
     usable = plan.usable_bytes
     if includes_reserve(estimate, device_kind) and estimate.peak_bytes > 0:
-        ratio = estimate.reserved_bytes_at(estimate.batch_size) / estimate.peak_bytes
-        usable = int((usable - estimate.overhead_bytes) / ratio)
+        usable = estimate.tensor_share_of_device(usable)
     if usable <= 0:
         return 0
     return estimate.max_sequence_length(usable, estimate.batch_size)
