@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import platform
+import sys
 
 import pytest
 import torch
@@ -202,6 +204,26 @@ def test_probes_over_the_memory_cap_are_refused_and_noted(tmp_path):
         assert session.peak(CONV, args, {}, out) is None
     assert session.kernel_runs == 0
     assert any("not probed" in note and "probe cap" in note and "aten.convolution" in note for note in session.notes())
+
+
+def test_the_cap_counts_the_kernels_measured_peak_not_only_its_outputs(monkeypatch, tmp_path):
+    # a kernel whose workspace is many times its output (a convolution's im2col columns): 1 MB per sample
+    calls = _synthetic(monkeypatch, lambda n: 1_000_000 * n)
+    args, out = _conv_call(32)
+    inputs_and_outputs_at_4 = sum(t.numel() * t.element_size() for t in (args[0], args[1], out)) * 4 // 32
+    session = ProbeSession("cpu", ProbeSettings(memory_cap_bytes=3_000_000), cache=False)
+    session.batch_size = 32
+    assert inputs_and_outputs_at_4 < session.cap  # the old check would have run n = 4
+    assert session.peak(CONV, args, {}, out) == 32_000_000  # extrapolated along 1..2
+    assert calls == [1, 2]  # n = 4 would take 4 MB: refused before it runs
+    assert any("interpolated or extrapolated" in note and "probe cap" in note for note in session.notes())
+
+
+def test_probes_hand_freed_heap_pages_back():
+    from nnmem_callbacks.probes.runner import release_freed_memory
+
+    # glibc (the Linux hosts this runs on) has malloc_trim; elsewhere the call says there is nothing to do
+    assert release_freed_memory() is (sys.platform.startswith("linux") and "glibc" in platform.libc_ver()[0])
 
 
 def test_probing_stops_when_the_time_budget_is_spent(tmp_path):

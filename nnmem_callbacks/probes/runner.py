@@ -35,6 +35,7 @@ __all__ = [
     "native_stderr_silenced",
     "ProfilerBusy",
     "real_tensor",
+    "release_freed_memory",
     "UNSUPPORTED_MESSAGES",
     "UnsupportedKernelError",
 ]
@@ -276,6 +277,33 @@ def real_tensor(like: torch.Tensor, shape: Sequence[int] | None = None, device: 
     strides = dense_strides(shape, tuple(int(s) for s in like.stride()))
     tensor = torch.empty_strided(shape, strides, dtype=like.dtype, device=device)
     return tensor.zero_()
+
+
+def release_freed_memory() -> bool:
+    """Hands the C heap's free pages back to the system (glibc's ``malloc_trim``); ``False`` where there is none.
+
+    A probe's real tensors are freed when it ends, but glibc keeps freed heap pages (and, once a large block
+    has been freed, serves blocks up to 32 MiB from the heap rather than from fresh mappings), so a run of
+    probes at growing sizes would raise the process's resident memory by the sum of their sizes rather than
+    the largest one.
+    """
+    global _malloc_trim
+    if _malloc_trim is None:
+        _malloc_trim = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                _malloc_trim = ctypes.CDLL(None).malloc_trim  # glibc only; musl has none
+            except (OSError, AttributeError):
+                pass
+    if _malloc_trim is False:
+        return False
+    _malloc_trim(0)
+    return True
+
+
+_malloc_trim: Any = None
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ from nnmem_callbacks.probes.runner import (
     isolated,
     kernel_peak,
     real_tensor,
+    release_freed_memory,
 )
 
 __all__ = [
@@ -244,8 +245,15 @@ class ProbeSession:
                 real.append(value)
         return real
 
-    def _probe_bytes(self, args: tuple, out: Any, plan: _Plan, n: int) -> int:
-        """Inputs plus outputs of a probe at ``n`` (outputs scaled from the traced ones)."""
+    def _probe_bytes(self, args: tuple, out: Any, plan: _Plan, n: int, curve: Curve | None = None) -> int:
+        """What a probe at ``n`` holds at its peak: its inputs, plus the kernel's own peak (outputs included).
+
+        The kernel's peak is unknown before the first probe of an op shape: its outputs (scaled from the traced
+        ones) stand for it then. Once points of ``curve`` are measured, the peak at ``n`` is read from them
+        (proportionally from one point, along the curve from two or more), and the larger of that and the
+        outputs counts: a kernel whose workspace is several times its output is stopped before it runs at a
+        size whose workspace would pass the cap.
+        """
         dims = {index: dim for index, dim in plan.scaled}
         total = 0
         factor = 1.0
@@ -258,8 +266,14 @@ class ProbeSession:
                     size = int(size * factor)
                 total += size
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        total += int(sum(_nbytes(t) for t in outs if isinstance(t, torch.Tensor)) * factor)
-        return total
+        kernel = int(sum(_nbytes(t) for t in outs if isinstance(t, torch.Tensor)) * factor)
+        if curve is not None and curve.points:
+            if len(curve.points) == 1:
+                (measured_at, measured), = curve.points.items()
+                kernel = max(kernel, int(measured * n / measured_at))
+            else:
+                kernel = max(kernel, curve.at(n))
+        return total + kernel
 
     # -- probing -------------------------------------------------------------------
     def _curve(self, plan: _Plan) -> Curve:
@@ -297,6 +311,7 @@ class ProbeSession:
                 result, peak = kernel_peak(lambda: func(*real, **kwargs), strict=True)  # noqa: F821 - called before the del
                 del result, real
         finally:
+            release_freed_memory()
             self.seconds += time.perf_counter() - started
         self.kernel_runs += 1
         return peak
@@ -325,8 +340,8 @@ class ProbeSession:
             if not wanted:
                 break
             n = wanted[0]
-            if self._probe_bytes(args, out, plan, n) > self.cap:
-                stopped = f"inputs and outputs over the {self.cap / MiB:.0f} MiB probe cap"
+            if self._probe_bytes(args, out, plan, n, curve) > self.cap:
+                stopped = f"inputs and kernel peak over the {self.cap / MiB:.0f} MiB probe cap"
                 break
             if self.seconds > self.settings.time_budget_s:
                 stopped = f"the {self.settings.time_budget_s:g} s probe time budget was spent"
