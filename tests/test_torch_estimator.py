@@ -630,6 +630,25 @@ def test_fast_dispatch_runs_in_place_metadata_ops_every_time():
             assert x.as_strided_((3, 2), (2, 1)).shape == (3, 2) and x.stride() == (2, 1)
 
 
+def test_metadata_queries_are_counted_but_never_memoised():
+    """prim.device (asked by C++ for every gradient the autograd engine handles), size, stride and storage_offset
+    go straight to the fake mode: counted as ops, no memo entry, no storage."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nnmem_callbacks.estimators.torch.tracer import OpMemo, StorageTracker
+
+    mode = FakeTensorMode()
+    tracker = StorageTracker("cpu", memo=OpMemo(mode))
+    with mode, tracker:
+        weight = torch.empty(4, 4, requires_grad=True)
+        (torch.empty(3, 4) @ weight).sum().backward()
+        assert weight.grad.device == torch.device("cpu")
+    funcs = {key[0] for key in tracker._memo.entries}
+    assert torch.ops.aten.mm.default in funcs
+    assert not funcs & {torch.ops.prim.device.default, torch.ops.aten.size.default, torch.ops.aten.stride.default}
+    assert tracker.op_count > len(tracker._memo.entries)
+
+
 class _Recurrent(nn.Module):
     def __init__(self, cls, num_layers, bidirectional):
         super().__init__()

@@ -132,7 +132,7 @@ def profile_case(name: str) -> list[str]:
     lines = [
         f"## {name}",
         "",
-        f"One warm estimate: {total:.3f} s, {est.extra.get('ops')} ops in the main trace; {ops} dispatched in all "
+        f"One warm estimate: {total:.3f} s, {est.extra.get('ops')} ops in the main trace; {ops} reached the op memo "
         f"(op memo: "
         + ", ".join(f"{k} {v}" for k, v in served.most_common())
         + f"); {1e6 * total / ops:.0f} us per op.",

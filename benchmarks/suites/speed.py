@@ -249,8 +249,8 @@ def first_estimates() -> dict[str, Any]:
     return result
 
 
-def probe_memory() -> dict[str, Any]:
-    return _in_fresh_process("probe-memory", cache_dir=tempfile.mkdtemp(prefix="nnmem-speed-cache-"))
+def probe_memory(checkout: Path = ROOT) -> dict[str, Any]:
+    return _in_fresh_process("probe-memory", checkout=checkout, cache_dir=tempfile.mkdtemp(prefix="nnmem-speed-cache-"))
 
 
 def lora_7b(against: Path | None, repeats: int) -> dict[str, Any]:
@@ -413,9 +413,16 @@ def to_markdown(result: dict[str, Any]) -> list[str]:
     memory = result.get("probe_memory")
     if memory and "error" not in memory:
         rise, cap = memory["peak_rss_rise_bytes"], memory["probe_cap_bytes"]
+        against = result.get("probe_memory_against") or {}
+        before = (
+            f"; {against['peak_rss_rise_bytes'] / 2**20:.0f} MiB with {result['lora_7b']['against']}"
+            if "peak_rss_rise_bytes" in against and result.get("lora_7b")
+            else ""
+        )
         lines.append(
-            f"| probe memory: peak-RSS rise of a cold ResNet-50 estimate at 512 x 3 x 512 x 512 | {rise / 2**20:.0f} MiB | "
-            f"probe cap {cap / 2**20:.0f} MiB | {rise / cap:.2f} of the cap |"
+            f"| probe memory: peak-RSS rise of a cold ResNet-50 estimate at 512 x 3 x 512 x 512 | {rise / 2**20:.0f} MiB "
+            f"({memory['kernel_probes'].get('probed', 0)} op shapes probed{before}) | probe cap {cap / 2**20:.0f} MiB | "
+            f"{rise / cap:.2f} of the cap |"
         )
     return lines
 
@@ -468,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["lora_7b"] = lora_7b(args.against, 3)
     if "memory" in parts:
         result["probe_memory"] = probe_memory()
+        if args.against is not None:
+            result["probe_memory_against"] = probe_memory(args.against)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"{args.stem}.json").write_text(json.dumps(result, indent=1, default=str))
     lines = to_markdown(result)
