@@ -113,3 +113,31 @@ def test_a_wrong_attribute_falls_back_to_the_batch(tmp_path):
     recorder, messages = _fit(tmp_path, callback, datamodule, limit_train_batches=1)
     assert any("cannot shorten the sequence" in message for message in messages)
     assert datamodule.max_length == 256 and datamodule.batch_size < 4  # the batch plan acted instead
+
+
+def test_resume_keeps_the_shortened_sequence(tmp_path):
+    estimate = _estimate(tmp_path, 256)
+    budget = int(estimate.peak_bytes_at(4, seq_len=128) / 0.95) + 1
+    callback = MemoryBudgetCallback(budget=budget, policy="shrink", seq_len_attr="max_length")
+    datamodule = Tokens(max_length=256)
+    recorder = LengthRecorder()
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, limit_train_batches=2), callbacks=[callback, recorder])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyLM(), datamodule=datamodule)
+    shortened = datamodule.max_length
+    assert shortened < 256
+    checkpoint = str(tmp_path / "run.ckpt")
+    trainer.save_checkpoint(checkpoint)
+
+    # a resumed run with a budget that fits everything: the checkpoint's decision is kept, not planned again
+    resumed = MemoryBudgetCallback(budget="1TiB", policy="shrink", seq_len_attr="max_length")
+    datamodule = Tokens(max_length=256)
+    recorder = LengthRecorder()
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=2, limit_train_batches=2), callbacks=[resumed, recorder])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyLM(), datamodule=datamodule, ckpt_path=checkpoint)
+    assert datamodule.max_length == shortened
+    assert recorder.shapes and set(recorder.shapes) == {(4, shortened)}
+    assert resumed.state_dict()["seq_len"] == [256, shortened]
