@@ -219,6 +219,19 @@ def test_the_cap_counts_the_kernels_measured_peak_not_only_its_outputs(monkeypat
     assert any("interpolated or extrapolated" in note and "probe cap" in note for note in session.notes())
 
 
+def test_a_workspace_that_jumps_once_is_still_probed_up_to_the_batch(monkeypatch):
+    # oneDNN's AVX2 convolution backward at 512 channels: 9 MB at one sample, 81 MB from two samples on. The cap
+    # check scales the largest point in proportion (162 MB at four samples), not the jump's slope (225 MB): the
+    # kernel is probed on and found flat, not extrapolated along the jump (2.2 GB at 32 samples).
+    calls = _synthetic(monkeypatch, lambda n: 9_000_000 if n == 1 else 81_000_000)
+    args, out = _conv_call(32)
+    session = ProbeSession("cpu", ProbeSettings(memory_cap_bytes=240_000_000), cache=False)
+    session.batch_size = 32
+    assert session.peak(CONV, args, {}, out) == 81_000_000
+    assert 4 in calls and max(calls) == 32
+    assert not session.extrapolated
+
+
 def test_probes_hand_freed_heap_pages_back():
     from nnmem_callbacks.probes.runner import release_freed_memory
 

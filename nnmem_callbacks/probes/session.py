@@ -257,10 +257,9 @@ class ProbeSession:
         """What a probe at ``n`` holds at its peak: its inputs, plus the kernel's own peak (outputs included).
 
         The kernel's peak is unknown before the first probe of an op shape: its outputs (scaled from the traced
-        ones) stand for it then. Once points of ``curve`` are measured, the peak at ``n`` is read from them
-        (proportionally from one point, along the curve from two or more), and the larger of that and the
-        outputs counts: a kernel whose workspace is several times its output is stopped before it runs at a
-        size whose workspace would pass the cap.
+        ones) stand for it then. Once points of ``curve`` are measured, the peak at ``n`` is scaled in proportion
+        from the largest of them, and the larger of that and the outputs counts: a kernel whose workspace is
+        several times its output is stopped before it runs at a size whose workspace would pass the cap.
         """
         dims = {index: dim for index, dim in plan.scaled}
         total = 0
@@ -276,11 +275,12 @@ class ProbeSession:
         outs = out if isinstance(out, (tuple, list)) else (out,)
         kernel = int(sum(_nbytes(t) for t in outs if isinstance(t, torch.Tensor)) * factor)
         if curve is not None and curve.points:
-            if len(curve.points) == 1:
-                (measured_at, measured), = curve.points.items()
-                kernel = max(kernel, int(measured * n / measured_at))
-            else:
-                kernel = max(kernel, curve.at(n))
+            # in proportion from the largest point: a kernel's bytes grow at most in proportion to the batch from any
+            # point when they are a fixed part plus a per-sample part; the last segment's slope would not do, as a
+            # workspace that jumps between two small sizes and then stays (oneDNN's AVX2 convolution backward: 9 MB
+            # at one sample, 81 MB from two on) would be extrapolated past the cap and never probed again
+            largest = max(curve.points)
+            kernel = max(kernel, int(curve.points[largest] * n / largest))
         return total + kernel
 
     # -- probing -------------------------------------------------------------------
