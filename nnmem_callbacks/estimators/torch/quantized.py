@@ -205,32 +205,29 @@ def fake_params4bit(
 
     blocks = math.ceil(math.prod(shape) / blocksize)
     code = fake((CODE_4BIT_ENTRIES,), torch.float32)
-    if nested:
-        inner = QuantState(
+    # made in the order bitsandbytes makes them: the nested state (8-bit block scales' own fp32 scales, the shared
+    # code book), then the block scales, then the offset
+    state2 = (
+        QuantState(
             absmax=fake((math.ceil(blocks / NESTED_BLOCKSIZE),), torch.float32),
             code=_shared_code(shared, fake),
             blocksize=NESTED_BLOCKSIZE,
             dtype=torch.float32,
         )
-        fake_state = QuantState(
-            absmax=fake((blocks,), torch.uint8),
-            shape=torch.Size(shape),
-            code=code,
-            blocksize=blocksize,
-            quant_type=quant_type,
-            dtype=dtype,
-            offset=fake((), torch.float32),
-            state2=inner,
-        )
-    else:
-        fake_state = QuantState(
-            absmax=fake((blocks,), torch.float32),
-            shape=torch.Size(shape),
-            code=code,
-            blocksize=blocksize,
-            quant_type=quant_type,
-            dtype=dtype,
-        )
+        if nested
+        else None
+    )
+    absmax = fake((blocks,), torch.uint8 if nested else torch.float32)
+    nested_parts = {"offset": fake((), torch.float32), "state2": state2} if nested else {}
+    fake_state = QuantState(
+        absmax=absmax,
+        shape=torch.Size(shape),
+        code=code,
+        blocksize=blocksize,
+        quant_type=quant_type,
+        dtype=dtype,
+        **nested_parts,
+    )
     packed = torch.empty_strided(packed_shape, packed_stride, dtype=packed_dtype, device=device)
     register(packed, Category.PARAMETERS)
     packed.quant_state = fake_state

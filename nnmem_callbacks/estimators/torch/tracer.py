@@ -402,7 +402,8 @@ class StorageTracker(TorchDispatchMode):
                 return constant.item()
             self.placeholders += 1
             return True if args[0].dtype == torch.bool else 1
-        decomposition = self._decompositions.get(func.overloadpacket)
+        packet = func.overloadpacket
+        decomposition = self._decompositions.get(packet)
         if decomposition is not None:
             with self:  # the ops inside allocate, and are tracked, one by one
                 return decomposition(*args, **kwargs)
@@ -419,7 +420,6 @@ class StorageTracker(TorchDispatchMode):
                 out = memo.replay(entry, args, kwargs)
         else:
             out = func(*args, **kwargs)
-        packet = func.overloadpacket
         output_rule = self._output_rules.get(packet)
         if output_rule is not None:
             out = output_rule(func, args, kwargs, out)
@@ -428,7 +428,7 @@ class StorageTracker(TorchDispatchMode):
         if rule is not None:
             nbytes = rule(func, args, kwargs, out)
             if nbytes:
-                self._workspace(int(nbytes), str(func.overloadpacket))
+                self._workspace(int(nbytes), str(packet))
         libraries = self._libraries
         if isinstance(out, torch.Tensor):
             self._storage_key(out)
