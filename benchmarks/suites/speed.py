@@ -39,7 +39,6 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +50,9 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 import torch  # noqa: E402
 
+from benchmarks.common.isolated import run_worker  # noqa: E402
 from benchmarks.common.paths import ROOT, result_dir  # noqa: E402
+from benchmarks.tools.provenance import commit_stamp, head_commit, write_result  # noqa: E402
 
 __all__ = ["RESULTS_DIR", "TARGETS", "main"]
 
@@ -91,13 +92,15 @@ def _gpt2_small() -> tuple[Any, Any, Any, Any]:
 CASES = {"resnet50 b32": _resnet50, "gpt2-small 8x128": _gpt2_small}
 
 
-def _estimate(model: Any, batch: Any, make_opt: Any, loss_fn: Any, **kwargs: Any) -> tuple[float, Any]:
+def _estimate(
+    model: Any, batch: Any, make_opt: Any, loss_fn: Any, precision: str = "32-true", **kwargs: Any
+) -> tuple[float, Any]:
     from nnmem_callbacks import estimate_training
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         started = time.perf_counter()
-        est = estimate_training(model, batch, optimizer=make_opt, loss_fn=loss_fn, precision="32-true", **kwargs)
+        est = estimate_training(model, batch, optimizer=make_opt, loss_fn=loss_fn, precision=precision, **kwargs)
     return time.perf_counter() - started, est
 
 
@@ -195,45 +198,25 @@ def _worker_probe_memory() -> dict[str, Any]:
 
 
 def _worker_lora_7b() -> dict[str, Any]:
-    """(In a fresh process, with whichever checkout is on the path) one 7B-shaped LoRA estimate for a CUDA device."""
+    """(In a fresh process, with whichever checkout ``--package-from`` names) one 7B-shaped LoRA estimate for a CUDA device."""
+    import nnmem_callbacks
     from benchmarks.suites import napkin_vs_trace
-    from nnmem_callbacks import estimate_training
 
     case = next(c for c in napkin_vs_trace.CASES if c.name == "7B LoRA bf16 base, checkpointing")
-    model, batch = case.make_model(), case.make_batch()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        started = time.perf_counter()
-        est = estimate_training(model, batch, optimizer=case.optimizer, precision=case.precision, device="cuda")
-    import nnmem_callbacks
-
-    return {"seconds": time.perf_counter() - started, "peak_bytes": est.peak_bytes, "package": nnmem_callbacks.__file__}
+    seconds, est = _estimate(case.make_model(), case.make_batch(), case.optimizer, None, case.precision, device="cuda")
+    return {"seconds": seconds, "peak_bytes": est.peak_bytes, "package": nnmem_callbacks.__file__}
 
 
 WORKERS = {"first-estimates": _worker_first_estimates, "probe-memory": _worker_probe_memory, "lora-7b": _worker_lora_7b}
 
 
 def _in_fresh_process(worker: str, *, checkout: Path = ROOT, cache_dir: str | None = None) -> dict[str, Any]:
+    """A worker's record (``{"error_text": ...}`` when it failed), run with ``nnmem_callbacks`` from ``checkout``."""
     env = dict(os.environ)
     if cache_dir is not None:
         env["NNMEM_CACHE_DIR"] = cache_dir
-    # nnmem_callbacks from `checkout`, the benchmarks (this worker) from this one
-    bootstrap = (
-        f"import sys; sys.path.insert(0, {str(checkout)!r}); import nnmem_callbacks; sys.path[0] = {str(ROOT)!r}; "
-        f"from benchmarks.suites.speed import main; sys.exit(main(['--worker', {worker!r}]))"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", bootstrap],
-        cwd=tempfile.gettempdir(),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode or not lines:
-        return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]}
-    return json.loads(lines[-1])
+    arguments = ["--worker", worker, "--package-from", str(checkout)]
+    return run_worker("benchmarks.suites.speed", arguments, env=env, timeout=1800)
 
 
 def first_estimates() -> dict[str, Any]:
@@ -241,10 +224,10 @@ def first_estimates() -> dict[str, Any]:
     cold = _in_fresh_process("first-estimates", cache_dir=cache)
     warm_cache = _in_fresh_process("first-estimates", cache_dir=cache)
     result: dict[str, Any] = {"empty_cache": cold, "filled_cache": warm_cache}
-    if "error" not in cold:
+    if "error_text" not in cold:
         first, second = (run["seconds"] for run in cold["runs"])
         result["cold_over_warm"] = first / second
-    if "error" not in warm_cache:
+    if "error_text" not in warm_cache:
         first, second = (run["seconds"] for run in warm_cache["runs"])
         result["first_of_process_over_warm"] = first / second
     return result
@@ -268,8 +251,7 @@ def probe_memory(checkout: Path = ROOT) -> dict[str, Any]:
 
 def _describe(checkout: Path) -> str:
     """``<path> (<short commit>)`` of a checkout."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True)
-    return f"{checkout} ({commit.stdout.strip() or 'not a git checkout'})"
+    return f"{checkout} ({head_commit(checkout) or 'not a git checkout'})"
 
 
 def lora_7b(against: Path | None, repeats: int) -> dict[str, Any]:
@@ -401,7 +383,7 @@ def to_markdown(result: dict[str, Any]) -> list[str]:
             f"{row['memtracker_median_s']:.3f} s | {_verdict(row.get('ratio'), TARGETS['memtracker_ratio'], True)} |"
         )
     first = result.get("first_estimates")
-    if first and "error" not in first.get("empty_cache", {"error": 1}):
+    if first and "runs" in first.get("empty_cache", {}) and "runs" in first.get("filled_cache", {}):
         runs = first["empty_cache"]["runs"]
         probes = runs[0]["kernel_probes"]
         lines.append(
@@ -459,7 +441,6 @@ def _meta() -> dict[str, Any]:
         transformers_version = transformers.__version__
     except ImportError:
         transformers_version = None
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -468,7 +449,7 @@ def _meta() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu_threads": torch.get_num_threads(),
         "cpu": cpu,
-        "commit": commit.strip(),
+        "commit": commit_stamp(),
         "load_average_1min_at_start": round(os.getloadavg()[0], 2),
     }
 
@@ -484,8 +465,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--parts", default="memtracker,first,lightning,lora,memory", help="e.g. memtracker,lora")
     parser.add_argument("--stem", default="cpu", help="the result's file name: the host (e.g. zen4-avx512)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--package-from", type=Path, help=argparse.SUPPRESS)  # a worker's nnmem_callbacks checkout
     args = parser.parse_args(argv)
     if args.worker:
+        if args.package_from is not None:  # before anything imports nnmem_callbacks (nothing above does)
+            sys.path.insert(0, str(args.package_from))
         print(json.dumps(WORKERS[args.worker](), default=str))
         return 0
     parts = set(args.parts.split(","))
@@ -502,10 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["probe_memory"] = probe_memory()
         if args.against is not None:
             result["probe_memory_against"] = probe_memory(args.against)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{args.stem}.json").write_text(json.dumps(result, indent=1, default=str))
     lines = to_markdown(result)
-    (RESULTS_DIR / f"{args.stem}.md").write_text("\n".join(lines) + "\n")
+    write_result(str(RESULTS_DIR), args.stem, result, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
