@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -287,23 +288,24 @@ def release_freed_memory() -> bool:
     probes at growing sizes would raise the process's resident memory by the sum of their sizes rather than
     the largest one.
     """
-    global _malloc_trim
-    if _malloc_trim is None:
-        _malloc_trim = False
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-
-                _malloc_trim = ctypes.CDLL(None).malloc_trim  # glibc only; musl has none
-            except (OSError, AttributeError):
-                pass
-    if _malloc_trim is False:
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    _malloc_trim(0)
+    trim(0)
     return True
 
 
-_malloc_trim: Any = None
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``; ``None`` off Linux and on C libraries without it (musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 @contextlib.contextmanager
