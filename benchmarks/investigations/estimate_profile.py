@@ -24,12 +24,14 @@ import copy
 import cProfile
 import io
 import pstats
+import statistics
 import sys
 import time
 import warnings
 from typing import Any, Sequence
 
 import torch
+from torch.utils._pytree import tree_map
 
 from benchmarks.common.paths import result_dir
 
@@ -44,15 +46,7 @@ def _floor(model: Any, batch: Any, make_opt: Any, loss_fn: Any, steps: int = 4) 
     fake_model = copy.deepcopy(model)
     with mode:
         fake_model = fake_model.to_empty(device="cpu")
-        fake_batch = (
-            {k: torch.empty_like(v) for k, v in batch.items()}
-            if isinstance(batch, dict)
-            else tuple(torch.empty_like(t) for t in batch)
-        )
-        if isinstance(fake_batch, dict):
-            fake_batch = {k: v.zero_() for k, v in fake_batch.items()}
-        else:
-            fake_batch = tuple(t.zero_() for t in fake_batch)
+        fake_batch = tree_map(torch.zeros_like, batch)
         optimizer = make_opt(fake_model.parameters())
         times: dict[str, list[float]] = collections.defaultdict(list)
         for _ in range(steps):
@@ -66,7 +60,7 @@ def _floor(model: Any, batch: Any, make_opt: Any, loss_fn: Any, steps: int = 4) 
             times["forward"].append(forward - started)
             times["backward"].append(backward - forward)
             times["optimizer"].append(time.perf_counter() - backward)
-    return {k: sorted(v[1:])[len(v[1:]) // 2] for k, v in times.items()}  # the first step warms the cache
+    return {k: statistics.median(v[1:]) for k, v in times.items()}  # the first step warms the cache
 
 
 def profile_case(name: str) -> list[str]:
