@@ -41,9 +41,35 @@ def conv_model() -> keras.Model:
     return model
 
 
-def test_check_batch_size_halves_and_respects_the_cap():
+def _pipeline(model, batch_size, counted=False):
+    from nnmem_callbacks.estimators.keras.common import input_specs
+    from nnmem_callbacks.estimators.keras.tensorflow.fit_pipeline import pipeline_bytes
+
+    x_specs, y_specs, _ = input_specs(model)
+    return pipeline_bytes(x_specs, y_specs, batch_size, counted=counted)
+
+
+def test_the_estimate_counts_the_batches_fits_pipeline_holds(monkeypatch):
+    from nnmem_callbacks.estimators.keras.tensorflow import fit_pipeline
+
+    model = conv_model()
+    pipeline = {n: _pipeline(model, n) for n in (16, 64)}
+    counted_pipeline = _pipeline(model, 16, counted=True)
+    with_pipeline = estimate_training(model, batch_size=16, check_steps=False, probe_kernels=False)
+    monkeypatch.setattr(fit_pipeline, "INPUT_PIPELINE_BATCHES", 0)
+    without = estimate_training(model, batch_size=16, check_steps=False, probe_kernels=False)
+    batch_bytes = 16 * 400 * 4 * 4  # the float32 inputs of one batch, at least
+    assert pipeline[16] >= 2 * batch_bytes and pipeline[64] == 4 * pipeline[16]
+    assert with_pipeline.peak_bytes - without.peak_bytes == pipeline[16]
+    assert with_pipeline.breakdown["inputs"] - without.breakdown["inputs"] == pipeline[16]
+    assert with_pipeline.peak_bytes_at(64) - without.peak_bytes_at(64) == pipeline[64]
+    counted = with_pipeline.extra["tf_allocator_peak_bytes"] - without.extra["tf_allocator_peak_bytes"]
+    assert counted == with_pipeline.extra["fit_pipeline_bytes"] == counted_pipeline > 0
+
+
+def test_check_batch_size_is_the_batch_halved_under_the_cap():
     per_sample = 10 << 20
-    assert tf_step_check.check_batch_size(64, lambda n: n * per_sample, memory_cap=1 << 40) == 32
+    assert tf_step_check.check_batch_size(64, lambda n: n * per_sample, memory_cap=1 << 40) == 64
     assert tf_step_check.check_batch_size(64, lambda n: n * per_sample, memory_cap=100 << 20) == 8
     assert tf_step_check.check_batch_size(1, lambda n: n * per_sample, memory_cap=1 << 40) == 1
     assert tf_step_check.check_batch_size(64, lambda n: (1 << 30) + n, memory_cap=1 << 29) is None
@@ -84,6 +110,20 @@ def test_the_run_nearest_the_replay_is_applied_and_the_rest_goes_to_the_upper_bo
     assert StepCorrection(skewed, 90).offset == 10
 
 
+def test_checked_at_the_batch_the_largest_run_is_the_estimate():
+    from nnmem_callbacks.estimators.keras.tensorflow.graph import StepCorrection
+
+    # each run is one fit epoch's peak at the batch predicted; a user's epoch has more steps than the check's
+    runs = StepMeasurement(batch_size=4, runs=(100, 140, 120), seconds=0.0, allocator="bfc")
+    for replay in (90, 125, 170):
+        at_batch = StepCorrection(runs, replay, batch_size=4)
+        assert at_batch.at_the_batch
+        assert (at_batch.replay_bytes + at_batch.offset, at_batch.headroom) == (140, 0)
+    # checked at a smaller batch (the batch was over the cap): the run nearest the replay, as before
+    smaller = StepCorrection(runs, 90, batch_size=8)
+    assert not smaller.at_the_batch and smaller.offset == 10
+
+
 def test_the_doubt_grows_with_the_distance_from_the_checked_batch():
     from nnmem_callbacks.estimators.keras.tensorflow.graph import EXTRAPOLATION_DOUBT, StepCorrection
 
@@ -102,8 +142,8 @@ def test_the_check_corrects_the_replay_by_the_real_steps():
     plain = estimate_training(model, batch_size=16, check_steps=False)
     checked = estimate_training(model, batch_size=16)
     extra = checked.extra
-    assert extra["step_check_batch_size"] == 8
-    first = StepMeasurement(8, tuple(extra["step_check_runs"][: tf_step_check.DEFAULT_REPEATS]), 0.0, "bfc")
+    assert extra["step_check_batch_size"] == 16
+    first = StepMeasurement(16, tuple(extra["step_check_runs"][: tf_step_check.DEFAULT_REPEATS]), 0.0, "bfc")
     # 3 runs, or 7 where the first 3 disagreed about the side of the replay (real runs: either can happen)
     more = tf_step_check.unsettled(first, extra["step_check_replay_bytes"])
     expected_runs = tf_step_check.DEFAULT_REPEATS + (tf_step_check.EXTRA_REPEATS if more else 0)
@@ -113,27 +153,28 @@ def test_the_check_corrects_the_replay_by_the_real_steps():
     difference = extra["step_check_difference_bytes"]
     assert difference == int(np.median(runs)) - extra["step_check_replay_bytes"]
     offset = extra["step_check_offset_bytes"]
-    assert offset == min((run - extra["step_check_replay_bytes"] for run in runs), key=abs)
+    assert offset == max(runs) - extra["step_check_replay_bytes"]  # checked at the batch: the largest run
     # the replay is the same with and without the check; the check shifts every batch size by the offset
-    assert extra["replay_peak_bytes"] == plain.peak_bytes
+    assert extra["replay_peak_bytes"] + _pipeline(model, 16) == plain.peak_bytes
     assert checked.peak_bytes == plain.peak_bytes + offset
     assert extra["tf_allocator_peak_bytes"] == plain.extra["tf_allocator_peak_bytes"] + offset
     assert checked.peak_bytes_at(32) == plain.peak_bytes_at(32) + offset
     assert sum(checked.breakdown.values()) == checked.peak_bytes
     spread = max(runs) - extra["step_check_replay_bytes"] - offset  # the largest run above the corrected replay
     assert checked.upper_bytes_at(16) >= checked.peak_bytes + spread
-    # beyond the runs' spread, the upper bound doubts the extrapolation from batch 8: |difference| there, plus half
+    # beyond the runs' spread, the upper bound doubts the extrapolation from batch 16: |difference| there, plus half
     # the replay's growth beyond it
-    slope = (plain.peak_bytes_at(32) - plain.peak_bytes_at(16)) / 16
+    # (the replay's growth: the pipeline's batches are counted, not doubted)
+    slope = (plain.peak_bytes_at(32) - plain.peak_bytes_at(16) - _pipeline(model, 32) + _pipeline(model, 16)) / 16
     for n in (16, 32):
-        doubt = abs(difference) + 0.5 * slope * (n - 8)
+        doubt = abs(difference) + 0.5 * slope * (n - 16)
         widened = (checked.upper_bytes_at(n) - checked.peak_bytes_at(n)) - (
             plain.upper_bytes_at(n) - plain.peak_bytes_at(n)
         )
         assert abs(widened - (spread + doubt)) <= 4096, (n, widened, spread, doubt)
-    assert any("the upper bound allows" in note and "batch 8" in note for note in checked.notes)
+    assert any("the upper bound allows" in note and "batch 16" in note for note in checked.notes)
     assert any(
-        "checked by real steps" in note and "batch 8" in note and "added at every batch size" in note
+        "checked by real steps" in note and "batch 16" in note and "added at every batch size" in note
         for note in checked.notes
     )
     assert not any("checked by real steps" in note for note in plain.notes)
@@ -219,7 +260,7 @@ def test_runs_that_disagree_about_the_side_of_the_replay_are_measured_again(monk
     checked = estimate_training(model, batch_size=16)
     assert asked == [tf_step_check.DEFAULT_REPEATS, tf_step_check.EXTRA_REPEATS]
     assert len(checked.extra["step_check_runs"]) == tf_step_check.DEFAULT_REPEATS + tf_step_check.EXTRA_REPEATS
-    assert checked.extra["step_check_offset_bytes"] == -50_000  # the run nearest the replay, of all 7
+    assert checked.extra["step_check_offset_bytes"] == 300_000  # the largest run at the batch, of all 7
     assert any(f"{tf_step_check.EXTRA_REPEATS} more were measured" in note for note in checked.notes)
 
 
@@ -232,7 +273,7 @@ def test_runs_that_agree_about_the_side_of_the_replay_are_measured_once(monkeypa
     )
     checked = estimate_training(model, batch_size=16)
     assert asked == [tf_step_check.DEFAULT_REPEATS]
-    assert checked.extra["step_check_offset_bytes"] == 500_000  # every run took at least 500 kB more
+    assert checked.extra["step_check_offset_bytes"] == 520_000  # the largest run at the batch
     assert not any("more were measured" in note for note in checked.notes)
 
 
@@ -248,7 +289,7 @@ def test_further_runs_that_fail_leave_the_first_runs_with_a_warning(monkeypatch)
 
     _fake_measurements(monkeypatch, runs)
     checked = estimate_training(model, batch_size=16)
-    assert checked.extra["step_check_offset_bytes"] == -50_000  # the nearest of the first 3
+    assert checked.extra["step_check_offset_bytes"] == 300_000  # the largest of the first 3
     assert any(note.startswith("warning: the step check's further runs failed") for note in checked.notes)
 
 

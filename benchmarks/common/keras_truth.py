@@ -8,11 +8,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from benchmarks.common.keras_cases import build_case
-
 __all__ = [
     "state_bytes",
     "measure_tensorflow",
+    "measure_tensorflow_fit",
     "measure_jax",
     "measure_jax_device",
     "measure_torch_cuda",
@@ -52,6 +51,44 @@ def measure_tensorflow(model: Any, x: Any, y: Any) -> dict[str, Any]:
         "measured_steady_bytes": windows["steady"]["measured"],
         "persistent_growth_first_steps": windows["first"]["growth"],
         "truth": "tf get_memory_info('CPU:0') peak delta + counted state",
+    }
+
+
+def measure_tensorflow_fit(name: str) -> dict[str, Any]:
+    """The ``fit`` truth (issue #46): the allocator's peak over a warm ``fit`` epoch, less the data beyond one batch.
+
+    In this fresh process: the level before the model is built, then the case's model compiled with
+    :data:`~benchmarks.common.keras_blind_cases.FIT_BATCHES` batches of data, ``fit`` for two epochs (the first
+    traces the step, builds the optimizer and warms the allocator), and the peak of the second epoch above that
+    level, less ``fit``'s copy of the data beyond one batch. What the Keras callback compares its prediction with.
+    """
+    import tensorflow as tf
+
+    from benchmarks.common.keras_blind_cases import FIT_BATCHES, build_fit_case
+    from nnmem_callbacks.estimators.keras.tensorflow.step_check import dataset_beyond_one_batch
+
+    level_before = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
+    model, x, y, batch = build_fit_case(name, FIT_BATCHES)
+    info = tf.config.experimental.get_memory_info
+    peaks = {}
+
+    class SecondEpoch(__import__("keras").callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            if epoch == 1:
+                tf.config.experimental.reset_memory_stats("CPU:0")
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            peaks[epoch] = int(info("CPU:0")["peak"])
+
+    model.fit(x, y, batch_size=batch, epochs=2, verbose=0, callbacks=[SecondEpoch()])
+    leaves = list(x) if isinstance(x, (list, tuple)) else [x]
+    data = dataset_beyond_one_batch(leaves + [y], FIT_BATCHES)
+    return {
+        "measured_bytes": peaks[1] - level_before - data,
+        "level_before_bytes": level_before,
+        "dataset_beyond_one_batch_bytes": data,
+        "truth": f"fit: allocator peak of epoch 2 of {FIT_BATCHES} batches above the level before the model, less "
+        "the data beyond one batch",
     }
 
 
@@ -237,11 +274,23 @@ def measure_torch(model: Any, x: Any, y: Any) -> dict[str, Any]:
     return {"measured_bytes": int(state + peak), "truth": "torch profiler allocation events over 2 steps + state bytes"}
 
 
-def measure_worker(name: str) -> dict[str, Any]:
-    """The truth alone, in a process that never ran the estimator (TensorFlow; JAX and torch on a GPU)."""
+def measure_worker(name: str, truth: str = "steps") -> dict[str, Any]:
+    """The truth alone, in a process that never ran the estimator (TensorFlow; JAX and torch on a GPU).
+
+    ``truth="fit"`` (TensorFlow): :func:`measure_tensorflow_fit`; ``"steps"``: the first two ``train_on_batch`` steps.
+    """
     import keras
 
-    model, x, y, batch = build_case(name)
+    if truth == "fit" and keras.backend.backend() == "tensorflow":
+        from benchmarks.common.keras_blind_cases import BLIND_CASES
+        from benchmarks.common.keras_cases import CASES
+
+        batch = (BLIND_CASES.get(name) or CASES[name])[0]
+        return {"case": name, "batch_size": batch, **measure_tensorflow_fit(name)}
+
+    from benchmarks.common.keras_blind_cases import build_any_case
+
+    model, x, y, batch = build_any_case(name)
     backend = keras.backend.backend()
     if backend == "jax":
         return {"case": name, "batch_size": batch, **measure_jax_device(model, x, y, batch)}

@@ -75,7 +75,8 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common.keras_cases import CASES, build_case, rule_of_thumb
+from benchmarks.common.keras_blind_cases import BLIND_CASES, JUDGED_CASES, TUNE_CASES, build_any_case, describe
+from benchmarks.common.keras_cases import CASES, rule_of_thumb
 from benchmarks.common.keras_env import gpu_environment, host_fingerprint, mode_environment
 from benchmarks.common.keras_results import summarize, to_markdown
 from benchmarks.common.keras_truth import device_name, measure_jax, measure_tensorflow, measure_torch, measure_worker
@@ -87,16 +88,16 @@ __all__ = ["BACKENDS", "worker", "run_isolated", "run_repeated", "main"]
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
-def worker(name: str, part: str = "both") -> dict[str, Any]:
+def worker(name: str, part: str = "both", truth: str = "fit") -> dict[str, Any]:
     """One case in this process: ``part`` is ``"both"``, ``"estimate"`` or ``"measure"`` (TensorFlow)."""
     import keras
 
     from nnmem_callbacks.keras import estimate_training
 
     if part == "measure":
-        return measure_worker(name)
+        return measure_worker(name, truth)
     backend = keras.backend.backend()
-    model, x, y, batch = build_case(name)
+    model, x, y, batch = build_any_case(name)
     started = time.perf_counter()
     estimate = estimate_training(model, batch, x=x, y=y)
     seconds = time.perf_counter() - started
@@ -104,7 +105,7 @@ def worker(name: str, part: str = "both") -> dict[str, Any]:
         "case": name,
         "backend": backend,
         "batch_size": batch,
-        "description": CASES[name][1],
+        "description": describe(name),
         "method": estimate.method,
         "estimate_s": round(seconds, 2),
         "predicted_peak_bytes": int(estimate.peak_bytes),
@@ -165,6 +166,7 @@ def run_isolated(
     part: str = "both",
     device: str = "cpu",
     autotune_cache: str | None = None,
+    truth: str = "fit",
 ) -> dict[str, Any]:
     """Runs one case in a fresh process (TensorFlow's allocator keeps memory across models).
 
@@ -182,7 +184,12 @@ def run_isolated(
     from benchmarks.common.isolated import run_worker
 
     started = time.perf_counter()
-    row = run_worker("benchmarks.suites.keras_accuracy", ["--worker", name, "--part", part], env=env, timeout=timeout)
+    row = run_worker(
+        "benchmarks.suites.keras_accuracy",
+        ["--worker", name, "--part", part, "--truth", truth],
+        env=env,
+        timeout=timeout,
+    )
     if "error_text" in row:
         return {"case": name, "backend": backend, **row}
     row["wall_s"] = round(time.perf_counter() - started, 1)
@@ -190,7 +197,7 @@ def run_isolated(
 
 
 def run_repeated(
-    name: str, backend: str, repeats: int, onednn: str | None = None, device: str = "cpu"
+    name: str, backend: str, repeats: int, onednn: str | None = None, device: str = "cpu", truth: str = "fit"
 ) -> dict[str, Any]:
     """Runs a case ``repeats`` times (fresh processes); the truth is the median measurement.
 
@@ -205,7 +212,7 @@ def run_repeated(
         import tempfile
 
         cache = tempfile.mkdtemp(prefix=f"nnmem-xla-autotune-{name}-") if device == "gpu" else None
-        kwargs = {"onednn": onednn, "device": device, "autotune_cache": cache}
+        kwargs = {"onednn": onednn, "device": device, "autotune_cache": cache, "truth": truth}
         estimate = run_isolated(name, backend, part="estimate", **kwargs)
         if "error_text" in estimate:
             return estimate
@@ -242,7 +249,21 @@ def run_repeated(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=BACKENDS, default="tensorflow")
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--cases", help="comma-separated case names (default: those of --set)")
+    parser.add_argument(
+        "--set",
+        choices=("developed", "tune", "judged"),
+        default="developed",
+        help="the 23 models the estimator was developed on, or issue #46's tuning or judged models "
+        "(benchmarks.common.keras_blind_cases)",
+    )
+    parser.add_argument(
+        "--truth",
+        choices=("fit", "steps"),
+        default="fit",
+        help="TensorFlow: fit = the peak of a warm fit epoch less the data beyond one batch (what the callback "
+        "compares with); steps = the first two train_on_batch steps of a fresh model",
+    )
     parser.add_argument(
         "--out", default=str(RESULTS), help="the results folder (the run goes to OUT/keras_<backend>_<device>/)"
     )
@@ -293,17 +314,20 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if args.worker:
-        print(json.dumps(worker(args.worker, args.part)), flush=True)
+        print(json.dumps(worker(args.worker, args.part, args.truth)), flush=True)
         return 0
     started = time.perf_counter()
+    sets = {"developed": CASES, "tune": TUNE_CASES, "judged": JUDGED_CASES}
+    if args.cases is None:
+        args.cases = ",".join(sets[args.set])
     names = [c for c in args.cases.split(",") if c]
-    unknown = sorted(set(names) - set(CASES))
+    unknown = sorted(set(names) - set(CASES) - set(BLIND_CASES))
     if unknown:
-        parser.error(f"unknown case(s) {', '.join(unknown)}; valid cases: {', '.join(CASES)}")
+        parser.error(f"unknown case(s) {', '.join(unknown)}; valid cases: {', '.join([*CASES, *BLIND_CASES])}")
     onednn = args.onednn if args.backend == "tensorflow" else None
 
     def run_case(name: str) -> dict[str, Any]:
-        row = run_repeated(name, args.backend, args.repeats, onednn=onednn, device=args.device)
+        row = run_repeated(name, args.backend, args.repeats, onednn=onednn, device=args.device, truth=args.truth)
         print(json.dumps({k: v for k, v in row.items() if k != "notes"}), flush=True)
         return row
 
@@ -339,7 +363,13 @@ def main(argv: list[str] | None = None) -> int:
 
         meta["tensorflow"] = tf.__version__
         meta["TF_ENABLE_ONEDNN_OPTS"] = args.onednn if args.onednn is not None else "host default"
-        meta["truth"] = "median of the fresh processes' allocator peaks; range and every run in the JSON"
+        meta["truth"] = "median of the fresh processes' allocator peaks; range and every run in the JSON; " + (
+            "fit: the peak of fit's second epoch of 8 batches above the level before the model, less the data "
+            "beyond one batch"
+            if args.truth == "fit"
+            else "steps: the first two train_on_batch steps of a fresh model"
+        )
+        meta["truth_window"] = args.truth
     write_result(
         out_dir,
         name,

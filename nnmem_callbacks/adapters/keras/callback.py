@@ -36,6 +36,7 @@ from nnmem_callbacks.core.plan import (
     planning_margin,
     resolve_budget,
 )
+from nnmem_callbacks.estimators.keras.tensorflow.fit_pipeline import INPUT_PIPELINE_BATCHES
 from nnmem_callbacks.hardware import devices
 from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
 from nnmem_callbacks.monitoring import meters as monitor
@@ -44,10 +45,6 @@ from nnmem_callbacks.monitoring.tensorboard import EventWriter
 __all__ = ["INPUT_PIPELINE_BATCHES", "JAX_LOOKAHEAD_BATCHES", "log", "MemoryBudgetCallback"]
 
 log = logging.getLogger(__name__)
-
-#: Batches that fit's ``tf.data`` pipeline holds beyond the one being trained on
-#: (the prefetch buffer and the batch being assembled), as measured on CPU.
-INPUT_PIPELINE_BATCHES = 2
 
 #: Batches that Keras' JAX ``fit`` holds on an accelerator beyond the one being trained on:
 #: ``JAXEpochIterator._one_batch_ahead_iterator`` starts the next batch's transfer before the
@@ -320,11 +317,16 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             if "tf_allocator_peak_bytes" in extra and self.estimate.batch_size == size:
                 peak = int(extra["tf_allocator_peak_bytes"])
                 resident = int(extra.get("tf_allocator_static_bytes", 0))
-            # fit's tf.data pipeline prefetches: about INPUT_PIPELINE_BATCHES more batches are alive
+            # fit's tf.data pipeline prefetches: about INPUT_PIPELINE_BATCHES more batches are alive (the graph
+            # replay's estimate counts them already, in its lines and its allocator figure)
             batch_inputs = self._batch_input_bytes(size)
             pipeline = (
-                sum(_tf_counted(batch_inputs // max(self._num_inputs(), 1)) for _ in range(self._num_inputs()))
-                * INPUT_PIPELINE_BATCHES
+                0
+                if "fit_pipeline_bytes" in extra
+                else (
+                    sum(_tf_counted(batch_inputs // max(self._num_inputs(), 1)) for _ in range(self._num_inputs()))
+                    * INPUT_PIPELINE_BATCHES
+                )
             )
             return max(self._meter.baseline - resident, 0) + peak + pipeline
         if (
