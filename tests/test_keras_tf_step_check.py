@@ -110,15 +110,15 @@ def test_the_run_nearest_the_replay_is_applied_and_the_rest_goes_to_the_upper_bo
     assert StepCorrection(skewed, 90).offset == 10
 
 
-def test_checked_at_the_batch_the_largest_run_is_the_estimate():
+def test_checked_at_the_batch_the_median_run_is_the_estimate():
     from nnmem_callbacks.estimators.keras.tensorflow.graph import StepCorrection
 
-    # each run is one fit epoch's peak at the batch predicted; a user's epoch has more steps than the check's
+    # each run is one fit epoch's peak at the batch predicted: their median estimates the median real run
     runs = StepMeasurement(batch_size=4, runs=(100, 140, 120), seconds=0.0, allocator="bfc")
     for replay in (90, 125, 170):
         at_batch = StepCorrection(runs, replay, batch_size=4)
         assert at_batch.at_the_batch
-        assert (at_batch.replay_bytes + at_batch.offset, at_batch.headroom) == (140, 0)
+        assert (at_batch.replay_bytes + at_batch.offset, at_batch.headroom) == (120, 20)
     # checked at a smaller batch (the batch was over the cap): the run nearest the replay, as before
     smaller = StepCorrection(runs, 90, batch_size=8)
     assert not smaller.at_the_batch and smaller.offset == 10
@@ -153,7 +153,7 @@ def test_the_check_corrects_the_replay_by_the_real_steps():
     difference = extra["step_check_difference_bytes"]
     assert difference == int(np.median(runs)) - extra["step_check_replay_bytes"]
     offset = extra["step_check_offset_bytes"]
-    assert offset == max(runs) - extra["step_check_replay_bytes"]  # checked at the batch: the largest run
+    assert offset == difference  # checked at the batch: the median run
     # the replay is the same with and without the check; the check shifts every batch size by the offset
     assert extra["replay_peak_bytes"] + _pipeline(model, 16) == plain.peak_bytes
     assert checked.peak_bytes == plain.peak_bytes + offset
@@ -260,7 +260,7 @@ def test_runs_that_disagree_about_the_side_of_the_replay_are_measured_again(monk
     checked = estimate_training(model, batch_size=16)
     assert asked == [tf_step_check.DEFAULT_REPEATS, tf_step_check.EXTRA_REPEATS]
     assert len(checked.extra["step_check_runs"]) == tf_step_check.DEFAULT_REPEATS + tf_step_check.EXTRA_REPEATS
-    assert checked.extra["step_check_offset_bytes"] == 300_000  # the largest run at the batch, of all 7
+    assert checked.extra["step_check_offset_bytes"] == 200_000  # the median run at the batch, of all 7
     assert any(f"{tf_step_check.EXTRA_REPEATS} more were measured" in note for note in checked.notes)
 
 
@@ -273,7 +273,7 @@ def test_runs_that_agree_about_the_side_of_the_replay_are_measured_once(monkeypa
     )
     checked = estimate_training(model, batch_size=16)
     assert asked == [tf_step_check.DEFAULT_REPEATS]
-    assert checked.extra["step_check_offset_bytes"] == 520_000  # the largest run at the batch
+    assert checked.extra["step_check_offset_bytes"] == 510_000  # the median run at the batch
     assert not any("more were measured" in note for note in checked.notes)
 
 
@@ -289,7 +289,7 @@ def test_further_runs_that_fail_leave_the_first_runs_with_a_warning(monkeypatch)
 
     _fake_measurements(monkeypatch, runs)
     checked = estimate_training(model, batch_size=16)
-    assert checked.extra["step_check_offset_bytes"] == 300_000  # the largest of the first 3
+    assert checked.extra["step_check_offset_bytes"] == 100_000  # the median of the first 3
     assert any(note.startswith("warning: the step check's further runs failed") for note in checked.notes)
 
 

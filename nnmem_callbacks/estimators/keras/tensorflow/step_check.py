@@ -6,7 +6,7 @@ allocator's state after many steps). So a fresh process rebuilds the model from 
 user's process is untouched) and runs ``fit`` for two epochs of :data:`CHECK_EPOCH_BATCHES` batches at
 :func:`check_batch_size` samples (the batch itself under the memory cap), on :data:`DEFAULT_REPEATS` copies (more
 when they disagree), measuring the second epoch's allocator peak (:func:`fit_epoch_peak`): the figure the Keras
-callback compares its prediction with. At the batch the largest run is the estimate; at a smaller batch the run
+callback compares its prediction with. At the batch the median run is the estimate; at a smaller batch the run
 nearest the replay corrects it (:attr:`~nnmem_callbacks.estimators.keras.tensorflow.graph.StepCorrection.offset`).
 Results are cached per host fingerprint and model.
 
@@ -23,7 +23,7 @@ Known limitations (evidence: docs/keras-tensorflow-replay.md, "Known limitations
     * The check allocates what training at the batch would, in the child, up to :func:`memory_cap` (2 GiB, at most a
       quarter of the available memory); over it the check runs at a smaller batch.
     * The peak of a user's epoch is its largest step; the check's epoch has :data:`CHECK_EPOCH_BATCHES` steps. A
-      rare high mode of a longer epoch is covered by the upper bound only.
+      longer epoch draws more steps and can peak higher: the largest run is in the upper bound, a rarer mode is not.
     * Where the real peak has two modes, which one a run takes depends on the batch: checked at a smaller batch (over
       the cap), a mode more frequent at the batch is covered by the upper bound only (MobileNetV3-Small, oneDNN off,
       half-batch check: -21.8% at 6ab3d93).
