@@ -239,6 +239,21 @@ def _largest_batch_share(match: re.Match) -> None:
     assert (WORDS[match.group(3).lower()], WORDS[match.group(4).lower()]) == (len(loose), len(rows))
 
 
+def _step_check_cap(match: re.Match) -> None:
+    """The Keras/TensorFlow step check's memory cap: the fixed cap, and its share of the available memory."""
+    from nnmem_callbacks.estimators.keras.tensorflow import step_check
+
+    assert step_check.DEFAULT_MEMORY_CAP == int(match.group(1)) << 30
+    assert step_check.AVAILABLE_MEMORY_SHARE == 0.25
+
+
+def _fit_pipeline_batches(match: re.Match) -> None:
+    """The batches fit's input pipeline holds beyond the step's, as the TensorFlow estimate counts them."""
+    from nnmem_callbacks.estimators.keras.tensorflow.fit_pipeline import INPUT_PIPELINE_BATCHES
+
+    assert INPUT_PIPELINE_BATCHES == WORDS[match.group(1)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
     pattern: str
@@ -261,6 +276,8 @@ CLAIMS = (
     ),
     Claim(r"QLoRA \(bitsandbytes 4-bit\)", _a_name),
     Claim(r"it used (\d+)-(\d+)% of a capped allocator on (\w+) of (\w+) models", _largest_batch_share),
+    Claim(r"\(up to (\d+) GiB, at most a quarter of the free memory", _step_check_cap),
+    Claim(r"with the (two) batches\s*'s input pipeline holds ready", _fit_pipeline_batches),
 )
 
 
