@@ -68,8 +68,7 @@ def allocator_terms_note(allocator: str, batch_size: int, counted_peak: int, ten
     """Says that the step check's figures are the allocator's, and gives the prediction in those terms.
 
     The check reads ``get_memory_info('CPU:0')['peak']``: whole chunks of the BFC allocator (every allocation), or
-    with oneDNN's allocator only allocations of 256 KiB and more; the estimate's peak is live tensor bytes. Without
-    this note a check at half the batch can read as larger than the prediction at the full one.
+    with oneDNN's allocator only allocations of 256 KiB and more; the estimate's peak is live tensor bytes.
 
     Example:
         >>> allocator_terms_note("bfc", 64, 40 * 2**20, 23 * 2**20)[:80]
@@ -309,14 +308,23 @@ def estimate_tensorflow(
             pipeline_counted=lambda n: pipeline_bytes(x_specs, y_specs, n),
         )
     offset = correction.offset if correction is not None else 0
+    # checked at the batch, the lines carry the correction in proportion to it (docs: "One correction, one checked batch")
+    offset_per_sample = int(round(offset / batch_size)) if correction is not None and correction.at_the_batch else 0
+    offset_fixed = offset - offset_per_sample * batch_size
     run_spread = correction.headroom if correction is not None else 0  # the largest run above the corrected replay
     # what the extrapolation from the checked batch may miss, as a line in the batch size (0 unchecked)
     peak_slope = (double.peak - main.peak) / batch_size
     doubt = correction.doubt_line(peak_slope) if correction is not None else PhaseLine("extrapolation", 0, 0)
+    # the check's spread and its error there: in proportion to the batch too
+    at_the_batch = correction is not None and correction.at_the_batch
+    checked_per_sample = int(round((run_spread + abs(correction.difference)) / batch_size)) if at_the_batch else 0
     variability = PhaseLine(
         "tensorflow scheduling and extrapolation",
-        int(round(spread[batch_size] - spread_slope * batch_size)) + run_spread + doubt.fixed_bytes,
-        int(round(spread_slope)) + doubt.per_sample_bytes,
+        int(round(spread[batch_size] - spread_slope * batch_size))
+        + run_spread
+        + doubt.fixed_bytes
+        - checked_per_sample * batch_size,
+        int(round(spread_slope)) + doubt.per_sample_bytes + checked_per_sample,
     )
     if correction is not None and doubt.at(batch_size) > 0:
         notes.append(
@@ -337,7 +345,11 @@ def estimate_tensorflow(
     for phase, value in main.phase_peaks.items():
         slope = max(int(round((double.phase_peaks.get(phase, value) - value) / batch_size)), 0)
         lines.append(
-            PhaseLine(f"step/{phase}", static_total + value - slope * batch_size + offset, slope + pipeline_per_sample)
+            PhaseLine(
+                f"step/{phase}",
+                static_total + value - slope * batch_size + offset_fixed,
+                slope + pipeline_per_sample + offset_per_sample,
+            )
         )
         breakdown = dict(main.phase_breakdowns[phase])
         for key, value_static in {**static, "inputs": pipeline}.items():
@@ -389,7 +401,7 @@ def estimate_tensorflow(
         breakdown=breakdown,
         batch_size=batch_size,
         phases=tuple(upper_envelope(lines))
-        or (PhaseLine(peak_phase, static_total + main.peak + offset, pipeline_per_sample),),
+        or (PhaseLine(peak_phase, static_total + main.peak + offset_fixed, pipeline_per_sample + offset_per_sample),),
         peak_phase=peak_phase,
         device="cpu",
         precision=precision_of(model),
@@ -403,7 +415,11 @@ def estimate_tensorflow(
             "tf_allocator_peak_bytes": int(counted_peak),
             "tf_allocator_static_bytes": int(counted_static),
             "tf_allocator_peak_bytes_2x": int(
-                counted_static + double.peak_counted + offset + pipeline_bytes(x_specs, y_specs, 2 * batch_size)
+                counted_static
+                + double.peak_counted
+                + offset_fixed
+                + 2 * offset_per_sample * batch_size
+                + pipeline_bytes(x_specs, y_specs, 2 * batch_size)
             ),
             "tf_allocator_peak_upper_bytes": int(
                 counted_static
@@ -662,7 +678,7 @@ def _step_check_correction(
     which = "the median run" if correction.at_the_batch else "the run nearest the replay"
     text += (
         f"{which} differs by {correction.offset / MiB:+.1f} MiB, runtime memory that the replay does not model, "
-        f"added at every batch size"
+        + ("added in proportion to the batch" if correction.at_the_batch else "added at every batch size")
     )
     if correction.headroom:
         text += f"; the largest run's further {correction.headroom / MiB:.1f} MiB (the executor's race) goes to the upper bound"

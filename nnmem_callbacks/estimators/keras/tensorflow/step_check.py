@@ -17,8 +17,9 @@ Known limitations (evidence: docs/keras-tensorflow-replay.md, "Known limitations
       (``keras.saving.register_keras_serializable``) in an importable module; otherwise the check is skipped and
       ``notes`` says why.
     * The batch is synthetic (ones and random floats): data-dependent memory is not measured for the real data.
-    * The correction is one figure at every batch size: exact where the check ran (the batch, under the memory cap);
-      elsewhere memory the replay misses in proportion to the batch is not scaled. A second check at a quarter of the
+    * The correction is measured at one batch: exact there; at other batch sizes it is carried in proportion to the
+      batch (checked at the batch) or as a constant (checked at a smaller batch, over the memory cap), and runtime
+      memory that grows otherwise is mispredicted there. A second check at a quarter of the
       batch was tried and rejected (645d960); the upper bound doubts the extrapolation.
     * The check allocates what training at the batch would, in the child, up to :func:`memory_cap` (2 GiB, at most a
       quarter of the available memory); over it the check runs at a smaller batch.
