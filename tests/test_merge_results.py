@@ -54,7 +54,9 @@ def test_merging_the_runs_again_gives_the_committed_table():
     committed = json.loads((RESULTS / MERGED).read_text()) if (RESULTS / MERGED).exists() else None
     merged = merge(_runs(MERGED))
     assert merged["rows"] == committed["rows"]
-    assert merged["summary"] == committed["summary"]
+    # the committed table predates the summary's count of models under and over the truth ("lean", 2026-11-28)
+    assert {key: merged["summary"][key] for key in committed["summary"]} == committed["summary"]
+    assert merged["summary"]["lean"]["n"] == merged["summary"]["ours"]["n"]
 
 
 def test_runs_of_another_mode_or_overlapping_cases_are_refused():
