@@ -65,26 +65,15 @@ def measure_tensorflow_fit(name: str) -> dict[str, Any]:
     import tensorflow as tf
 
     from benchmarks.common.keras_blind_cases import FIT_BATCHES, build_fit_case
-    from nnmem_callbacks.estimators.keras.tensorflow.step_check import dataset_beyond_one_batch
+    from nnmem_callbacks.estimators.keras.common import tree_leaves
+    from nnmem_callbacks.estimators.keras.tensorflow.step_check import dataset_beyond_one_batch, fit_epoch_peak
 
     level_before = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
     model, x, y, batch = build_fit_case(name, FIT_BATCHES)
-    info = tf.config.experimental.get_memory_info
-    peaks = {}
-
-    class SecondEpoch(__import__("keras").callbacks.Callback):
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            if epoch == 1:
-                tf.config.experimental.reset_memory_stats("CPU:0")
-
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            peaks[epoch] = int(info("CPU:0")["peak"])
-
-    model.fit(x, y, batch_size=batch, epochs=2, verbose=0, callbacks=[SecondEpoch()])
-    leaves = list(x) if isinstance(x, (list, tuple)) else [x]
-    data = dataset_beyond_one_batch(leaves + [y], FIT_BATCHES)
+    peak_less_data = fit_epoch_peak(model, x, y, batch, FIT_BATCHES)  # the step check's own measurement
+    data = dataset_beyond_one_batch(tree_leaves(x) + tree_leaves(y), FIT_BATCHES)
     return {
-        "measured_bytes": peaks[1] - level_before - data,
+        "measured_bytes": peak_less_data - level_before,
         "level_before_bytes": level_before,
         "dataset_beyond_one_batch_bytes": data,
         "truth": f"fit: allocator peak of epoch 2 of {FIT_BATCHES} batches above the level before the model, less "
