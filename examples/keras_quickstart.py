@@ -4,8 +4,9 @@
     KERAS_BACKEND=tensorflow python examples/keras_quickstart.py   # or jax, torch
 
 Once its caches are warm it takes seconds (8 s on a 2-core Zen 4 with TensorFlow). The first run on a machine takes
-longer, up to a few minutes (47 s on that host, 2 min 20 s on a 2-core AVX2 host): the TensorFlow estimator measures
-its kernels and checks the estimate by real steps in child processes, and caches both for later runs.
+longer, a few minutes (92 s on that host with oneDNN on, 131 s with it off, 2026-11-29): the TensorFlow estimator
+measures its kernels and checks the estimate by real ``fit`` epochs of fresh copies of the model in child processes
+(three estimates here, each with its own check), and caches both for later runs.
 
 1. The seed question's MLP (1000 -> 4 x 100 -> 10) at batch 256: estimate, and
    the batch size that fits a budget (``fit_plan``).

@@ -29,8 +29,10 @@ from nnmem_callbacks.keras import MemoryBudgetCallback
 from nnmem_callbacks.monitoring.meters import TensorFlowMeter
 
 rng = np.random.default_rng(0)
-x, y = rng.random((256, 300), dtype=np.float32), rng.integers(0, 10, 256).astype("int32")
-model = keras.Sequential([keras.Input((300,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+# ~9 MiB of parameters, gradients and Adam slots: a 0.3 MiB model's epoch peaks moved by a quarter of its size between
+# epochs (2.0, 2.0, 1.5 MiB in one CI run, against 2.4 predicted), which is noise, not what this test checks
+x, y = rng.random((256, 512), dtype=np.float32), rng.integers(0, 10, 256).astype("int32")
+model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])
 model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 callback = MemoryBudgetCallback(batch_size=64, budget="8GiB", log_dir=os.environ["LOG_DIR"])
 with warnings.catch_warnings(record=True) as caught:
@@ -97,33 +99,3 @@ def test_with_allocator_statistics_the_callback_reads_the_allocator(tmp_path, mo
     error = result["history"]["memory_relative_error"][-1]
     assert abs(error) < 0.5, result["measurements"]
     assert {"memory/measured_peak_mib", "memory/predicted_peak_mib", "memory/relative_error"} <= set(result["scalars"])
-
-
-@pytest.mark.slow
-def test_the_keras_quickstart_prints_a_plan_and_both_figures_in_this_mode():
-    """The quickstart as a user runs it, in this process's oneDNN mode (CI runs this file with 0 and with 1)."""
-    environ = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
-    environ.update(KERAS_BACKEND="tensorflow")
-    done = subprocess.run(
-        [sys.executable, "examples/keras_quickstart.py"],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
-    plan = out.split("To fit ", 1)[1].split("\n\n", 1)[0]
-    if "largest batch 0;" in plan:  # nothing fits: the code must not suggest a batch size
-        assert "# no batch size fits" in plan and "model.fit(" not in plan, plan
-    else:
-        assert "model.fit(..., batch_size=" in plan, plan
-    epochs = [line for line in out.splitlines() if line.startswith("epoch ")]
-    assert len(epochs) == 2, out[-2000:]
-    for line in epochs:
-        assert "predicted" in line and "measured" in line and "measured nan" not in line, line
-    if "memory_measured_rss_rise_mib" in epochs[0]:  # the fallback is announced, with the way to the precise figure
-        assert "note: MemoryBudgetCallback cannot read" in out and "TF_CPU_ALLOCATOR_USE_BFC=true" in out
-    else:
-        assert "memory_measured_peak_mib" in epochs[0]

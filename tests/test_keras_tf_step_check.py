@@ -432,3 +432,31 @@ def test_runs_combined_keep_count_of_the_runs_that_did_not_finish():
     more = StepMeasurement(4, (5,), 300.0, "bfc", requested=4)
     assert first.combined(more).missing == 3
     assert first.combined(more).requested == 7
+
+
+def test_the_epoch_figure_does_not_subtract_a_copy_of_the_data_that_was_never_counted():
+    """With oneDNN on, ``fit``'s copy of the arrays was left out of the allocator's count in some processes.
+
+    Data that are tensors before the measurement starts are the same case on every host (their copy is outside the
+    count): the figure must equal that of arrays whose copy is counted, not lie a whole copy (7 MiB here) below it.
+    """
+    import tensorflow as tf
+
+    info = tf.config.experimental.get_memory_info
+
+    def figure(as_tensors):
+        rng = np.random.default_rng(0)
+        x = rng.random((2048, 1000)).astype("float32")  # 8 batches of 256: 8 MiB, 7 of them beyond one batch
+        y = np.ones((2048,), "int32")
+        if as_tensors:
+            x, y = tf.constant(x), tf.constant(y)
+        level = int(info("CPU:0")["current"])
+        model = keras.Sequential([keras.Input((1000,)), L.Dense(32, activation="relu"), L.Dense(10)])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        return tf_step_check.fit_epoch_peak(model, x, y, 256, 8) - level
+
+    from_arrays, from_tensors = figure(False), figure(True)
+    beyond = tf_step_check.dataset_beyond_one_batch([np.zeros((2048, 1000), "float32")], 8)
+    assert beyond > 6 * 2**20
+    assert abs(from_arrays - from_tensors) < 2**20, (from_arrays, from_tensors)
+    assert from_arrays > 2**20  # one batch of data (1 MiB) and the step's own memory

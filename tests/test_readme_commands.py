@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -97,17 +96,7 @@ def test_the_nnmem_commands_run_as_written(capsys):
         assert "Traceback" not in capsys.readouterr().out
 
 
-@pytest.mark.slow
-def test_the_keras_quickstart_runs_as_written():
-    pytest.importorskip("tensorflow")
-    pytest.importorskip("keras")
-    line = re.search(r"```bash\n(KERAS_BACKEND=tensorflow python examples/keras_quickstart.py)", section("Keras"))
-    assert line is not None
-    env_part, *argv = line.group(1).split()
-    env = {**os.environ, env_part.split("=")[0]: env_part.split("=")[1]}
-    done = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Keras backend: tensorflow" in done.stdout and "epoch 1:" in done.stdout
+# The Keras quickstart's README line runs in tests/test_keras_quickstart.py, once per oneDNN mode.
 
 
 @pytest.mark.slow

@@ -70,9 +70,10 @@ def estimate_training(
             kernels on this host, in a child process, cached per host
             (:mod:`nnmem_callbacks.estimators.keras.tensorflow.probes`); ``False`` uses the
             graph's rules, and ``notes`` says so.
-        check_steps: TensorFlow: run the first two train steps of a copy of
-            the model (its configuration, not its weights) at half the batch,
-            in a child process, and add what the replay misses
+        check_steps: TensorFlow: run ``fit`` for two epochs of 8 batches on
+            fresh copies of the model (its configuration, not its weights) at
+            the batch (smaller over the check's memory cap), one child process
+            per copy, and add what the replay misses
             (:mod:`nnmem_callbacks.estimators.keras.tensorflow.step_check`); ``notes`` gives the
             runs and the correction. ``False`` keeps the replay alone.
         optimizer_built: Whether the ``fit`` predicted finds the optimizer's

@@ -64,6 +64,7 @@ __all__ = [
     "dataset_beyond_one_batch",
     "EXTRA_REPEATS",
     "fit_epoch_peak",
+    "one_batch_of_data",
     "measure_steps",
     "memory_cap",
     "request_for",
@@ -479,18 +480,39 @@ def dataset_beyond_one_batch(arrays: list[Any], batches: int) -> int:
         >>> dataset_beyond_one_batch([np.zeros((8, 1024, 64), "float32")], 8) == 7 * 2**18
         True
     """
+    return sum(_counted(_nbytes(a)) - _counted(_nbytes(a) // batches) for a in arrays)
+
+
+def one_batch_of_data(arrays: list[Any], batches: int) -> int:
+    """Allocator-counted bytes of one batch's share of ``fit``'s copy of ``arrays`` (which hold ``batches``)."""
+    return sum(_counted(_nbytes(a) // batches) for a in arrays)
+
+
+def _nbytes(array: Any) -> int:  # a NumPy array or a tensor
+    import numpy as np
+
+    dtype = getattr(array.dtype, "as_numpy_dtype", array.dtype)
+    return int(np.prod(tuple(array.shape), dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _counted(num_bytes: int) -> int:
     from nnmem_callbacks.allocators.tensorflow_cpu import tf_allocator_bytes
 
-    return sum(tf_allocator_bytes(int(a.nbytes)) - tf_allocator_bytes(int(a.nbytes) // batches) for a in arrays)
+    return tf_allocator_bytes(num_bytes)
 
 
 def fit_epoch_peak(model: Any, x: Any, y: Any, batch_size: int, batches: int) -> int:  # pragma: no cover - child
     """The allocator peak of ``fit``'s second epoch of ``batches`` batches, above the level before ``model``'s state.
 
     ``x`` and ``y`` hold ``batches`` batches; the first epoch traces the step, builds the optimizer if unbuilt and
-    warms the allocator; the second is measured, its data pipeline included, less the data beyond one batch
-    (:func:`dataset_beyond_one_batch`). Call it with ``model`` compiled and nothing of it allocated before
-    ``level_before`` was read: the caller subtracts that level.
+    warms the allocator; the second is measured, its data pipeline included, with one batch's share of the data
+    (:func:`one_batch_of_data`) in place of the whole copy of it. Call it with ``model`` compiled and nothing of it
+    allocated before ``level_before`` was read: the caller subtracts that level.
+
+    The data are made tensors here, and what that added to the allocator's count is taken out of the peak: with
+    oneDNN on, the copy of the arrays was left out of the count in some fresh processes and not in others (the
+    quickstart's MLP at batch 256: 3 of 8 checks read -0.7 or -1.3 MiB, the others 6.9-8.0 MiB), so subtracting
+    the copy's nominal size, as this did until 2026-11-29, made a second mode 7 MiB below the first.
     """
     import keras
     import tensorflow as tf
@@ -498,6 +520,17 @@ def fit_epoch_peak(model: Any, x: Any, y: Any, batch_size: int, batches: int) ->
     from nnmem_callbacks.estimators.keras.common import tree_leaves
 
     info = tf.config.experimental.get_memory_info
+    data_counted = 0
+
+    def to_tensor(array: Any) -> Any:  # what the copy added to the count: its size, or nothing at all
+        nonlocal data_counted
+        before = int(info("CPU:0")["current"])
+        tensor = tf.convert_to_tensor(array)
+        added = int(info("CPU:0")["current"]) - before
+        data_counted += min(max(added, 0), _counted(_nbytes(array)))
+        return tensor
+
+    x_tensors, y_tensors = (None if d is None else tf.nest.map_structure(to_tensor, d) for d in (x, y))
 
     class SecondEpoch(keras.callbacks.Callback):
         peak = 0
@@ -510,8 +543,8 @@ def fit_epoch_peak(model: Any, x: Any, y: Any, batch_size: int, batches: int) ->
             if epoch == 1:
                 SecondEpoch.peak = int(info("CPU:0")["peak"])
 
-    model.fit(x, y, batch_size=batch_size, epochs=2, verbose=0, callbacks=[SecondEpoch()])
-    return SecondEpoch.peak - dataset_beyond_one_batch(tree_leaves(x) + tree_leaves(y), batches)
+    model.fit(x_tensors, y_tensors, batch_size=batch_size, epochs=2, verbose=0, callbacks=[SecondEpoch()])
+    return SecondEpoch.peak - data_counted + one_batch_of_data(tree_leaves(x) + tree_leaves(y), batches)
 
 
 def _measure_once(request: dict[str, Any]) -> int:  # pragma: no cover - runs in the child
