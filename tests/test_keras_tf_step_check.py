@@ -434,29 +434,46 @@ def test_runs_combined_keep_count_of_the_runs_that_did_not_finish():
     assert first.combined(more).requested == 7
 
 
+FIGURE_SCRIPT = r"""
+import os, sys
+import numpy as np
+import keras
+import tensorflow as tf
+from nnmem_callbacks.estimators.keras.tensorflow import step_check
+
+rng = np.random.default_rng(0)
+x = rng.random((2048, 1000)).astype("float32")  # 8 batches of 256: 8 MiB, 7 of them beyond one batch
+y = np.ones((2048,), "int32")
+if sys.argv[1] == "tensors":
+    x, y = tf.constant(x), tf.constant(y)
+level = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
+model = keras.Sequential([keras.Input((1000,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+print("FIGURE", step_check.fit_epoch_peak(model, x, y, 256, 8) - level)
+"""
+
+
 def test_the_epoch_figure_does_not_subtract_a_copy_of_the_data_that_was_never_counted():
     """With oneDNN on, ``fit``'s copy of the arrays was left out of the allocator's count in some processes.
 
     Data that are tensors before the measurement starts are the same case on every host (their copy is outside the
     count): the figure must equal that of arrays whose copy is counted, not lie a whole copy (7 MiB here) below it.
+    Each figure in a fresh process, as the check measures (in one process, what earlier tests left moves the level).
     """
-    import tensorflow as tf
+    import sys
 
-    info = tf.config.experimental.get_memory_info
+    from nnmem_callbacks.estimators.keras.tensorflow.probes import child_environment
 
-    def figure(as_tensors):
-        rng = np.random.default_rng(0)
-        x = rng.random((2048, 1000)).astype("float32")  # 8 batches of 256: 8 MiB, 7 of them beyond one batch
-        y = np.ones((2048,), "int32")
-        if as_tensors:
-            x, y = tf.constant(x), tf.constant(y)
-        level = int(info("CPU:0")["current"])
-        model = keras.Sequential([keras.Input((1000,)), L.Dense(32, activation="relu"), L.Dense(10)])
-        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-        return tf_step_check.fit_epoch_peak(model, x, y, 256, 8) - level
-
-    from_arrays, from_tensors = figure(False), figure(True)
+    env = child_environment(bfc=tf_step_check.child_allocator() == "bfc")
+    figures = {}
+    for kind in ("arrays", "tensors"):
+        done = subprocess.run(
+            [sys.executable, "-c", FIGURE_SCRIPT, kind], env=env, capture_output=True, text=True, timeout=300
+        )
+        lines = [line for line in done.stdout.splitlines() if line.startswith("FIGURE ")]
+        assert lines, done.stderr[-3000:]
+        figures[kind] = int(lines[-1].split()[1])
     beyond = tf_step_check.dataset_beyond_one_batch([np.zeros((2048, 1000), "float32")], 8)
     assert beyond > 6 * 2**20
-    assert abs(from_arrays - from_tensors) < 2**20, (from_arrays, from_tensors)
-    assert from_arrays > 2**20  # one batch of data (1 MiB) and the step's own memory
+    assert abs(figures["arrays"] - figures["tensors"]) < 2**20, figures
+    assert figures["arrays"] > 2**20  # one batch of data (1 MiB) and the step's own memory
