@@ -475,5 +475,6 @@ def test_the_epoch_figure_does_not_subtract_a_copy_of_the_data_that_was_never_co
         figures[kind] = int(lines[-1].split()[1])
     beyond = tf_step_check.dataset_beyond_one_batch([np.zeros((2048, 1000), "float32")], 8)
     assert beyond > 6 * 2**20
-    assert abs(figures["arrays"] - figures["tensors"]) < 2**20, figures
+    # the runs' own spread is up to 2 MiB with oneDNN off (7.9 against 5.9 MiB in one CI run); a copy is 7 MiB
+    assert abs(figures["arrays"] - figures["tensors"]) < beyond / 2, figures
     assert figures["arrays"] > 2**20  # one batch of data (1 MiB) and the step's own memory
