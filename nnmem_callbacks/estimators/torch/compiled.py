@@ -88,6 +88,10 @@ EAGER_DIRECTION = (
 class CompiledStepTracker(compat.IgnoresCompileInternals, StorageTracker):
     """A :class:`StorageTracker` that lets Dynamo compile under it and sees the compiled artifacts' ops."""
 
+    # Dynamo compiles while this mode is active: it must not trace the mode's own frames (the wrapper torch puts
+    # on every mode that does not opt out, as StorageTracker does)
+    __torch_dispatch__ = torch._disable_dynamo(StorageTracker.__torch_dispatch__, recursive=True)
+
 
 @dataclasses.dataclass
 class CompileTarget:

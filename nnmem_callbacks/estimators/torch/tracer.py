@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_flatten
 
 from nnmem_callbacks.core.estimate import Category
@@ -47,6 +47,10 @@ _METADATA_OPS = frozenset(
         torch.ops.aten.storage_offset.default,
     }
 )
+try:  # what FakeTensorMode answers a metadata query with, before anything else (torch >= 2.5)
+    from torch._subclasses.fake_tensor import _DISPATCH_META_HANDLERS as _FAKE_METADATA_ANSWERS
+except ImportError:  # pragma: no cover - older torch: every query is dispatched
+    _FAKE_METADATA_ANSWERS = {}
 _SKIP_OPS = frozenset(
     {
         torch.ops.aten.resize_.default,
@@ -85,6 +89,8 @@ class OpMemo:
         if isinstance(value, torch.Tensor):
             raise KeyError
         if isinstance(value, (list, tuple)):
+            if all(type(v) is int for v in value):  # sizes, dims: most lists an op gets
+                return (type(value).__name__, tuple(value))
             return (type(value).__name__, tuple(OpMemo._arg_key(v) for v in value))
         if value is None or isinstance(
             value, (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
@@ -94,6 +100,8 @@ class OpMemo:
 
     def key(self, func: Any, args: tuple, kwargs: dict) -> Any:
         try:
+            if not kwargs:
+                return (func, self._arg_key(args), ())
             return (func, self._arg_key(args), tuple((k, self._arg_key(v)) for k, v in sorted(kwargs.items())))
         except (KeyError, TypeError):
             return None
@@ -286,6 +294,17 @@ class StorageTracker(TorchDispatchMode):
         self._libraries = libraries
         self._library_seen: set = set()
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """``False``: torch then leaves ``__torch_dispatch__`` unwrapped by ``torch._disable_dynamo``.
+
+        The wrapper switches Dynamo's frame callback on every op (about 5% of a trace). Dynamo never compiles
+        under this mode: it skips every frame while a mode that does not ignore compile internals is active.
+        :class:`~nnmem_callbacks.estimators.torch.compiled.CompiledStepTracker`, under which it compiles, keeps
+        the wrapper.
+        """
+        return False
+
     # -- phases ----------------------------------------------------------------
     def set_phase(self, phase: str) -> None:
         """Closes the current phase and starts ``phase``."""
@@ -394,6 +413,15 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.op_count += 1
         if func in _METADATA_OPS:
+            answer = _FAKE_METADATA_ANSWERS.get(func)
+            if (
+                answer is not None
+                and isinstance(args[0], FakeTensor)
+                and isinstance(_get_current_dispatch_mode(), FakeTensorMode)
+            ):
+                # the fake mode would answer from its handler table at once; skipping the dispatch to it halves
+                # the cost of the autograd engine's device queries
+                return answer(args)
             return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         if func is _LOCAL_SCALAR_DENSE:
