@@ -97,7 +97,7 @@ class StepCheckError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class StepMeasurement:
-    """Allocator peaks of the first two real steps at ``batch_size``, one per fresh model copy.
+    """Allocator peaks of ``fit``'s second epoch at ``batch_size`` (:func:`fit_epoch_peak`), one per fresh model copy.
 
     Example:
         >>> m = StepMeasurement(batch_size=4, runs=(100, 130, 110), seconds=1.0, allocator="bfc")
