@@ -151,9 +151,10 @@ def test_the_check_corrects_the_replay_by_the_real_steps():
     assert all(run > 0 for run in extra["step_check_runs"])
     runs = extra["step_check_runs"]
     difference = extra["step_check_difference_bytes"]
-    assert difference == int(np.median(runs)) - extra["step_check_replay_bytes"]
+    upper_median = sorted(runs)[round(2 * (len(runs) - 1) / 3)]  # of 3 runs the median, of 7 the 5th
+    assert difference == int(upper_median) - extra["step_check_replay_bytes"]
     offset = extra["step_check_offset_bytes"]
-    assert offset == difference  # checked at the batch: the median run
+    assert offset == difference  # checked at the batch: the upper median run
     # the replay is the same with and without the check; the check shifts every batch size by the offset
     assert extra["replay_peak_bytes"] + _pipeline(model, 16) == plain.peak_bytes
     assert checked.peak_bytes == plain.peak_bytes + offset

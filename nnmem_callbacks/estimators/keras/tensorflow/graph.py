@@ -487,22 +487,20 @@ class StepCorrection:
 
     @property
     def difference(self) -> int:
-        """Bytes the median real run took beyond (negative: short of) the replay."""
-        return int(self.measurement.median - self.replay_bytes)
+        """Bytes the estimate's run (``StepMeasurement.upper_median``) took beyond (negative: short of) the replay."""
+        return int(self.measurement.upper_median - self.replay_bytes)
 
     @property
     def offset(self) -> int:
-        """The correction applied at every batch size: the median run's difference at the batch, else the nearest run's.
+        """The correction applied at every batch size: the upper median's difference at the batch, else the nearest run's.
 
-        Checked at the batch being estimated (:attr:`at_the_batch`), each run is
-        the peak of one epoch of ``fit`` at that batch, the very figure
-        predicted, and their median is the estimate. On issue #46's three
-        tuning models, in both oneDNN modes, the median run was within 7.2% of
-        the truth (the median of fresh processes' epochs of 8 batches), 3 of 6
-        under; the largest run was within 11.5%, 6 of 6 over; the run nearest
-        the replay within 13.6%. At a smaller batch (the batch was over the
-        check's memory cap) the run nearest the replay corrects it, for the
-        reason below; the largest run goes to the upper bound either way.
+        Checked at the batch being estimated (:attr:`at_the_batch`), each run is the peak of one epoch of ``fit`` at
+        that batch, the very figure predicted, and their upper median is the estimate (of 3 runs the median, of 7 the
+        5th: ``StepMeasurement.upper_median``). On issue #46's three tuning models, in both oneDNN modes, the median
+        run was within 7.2% of the truth (the median of fresh processes' epochs of 8 batches), 3 of 6 under; the
+        largest run within 11.5%, 6 of 6 over; the run nearest the replay within 13.6%. At a smaller batch (the batch
+        was over the check's memory cap) the run nearest the replay corrects it, for the reason below; the largest run
+        goes to the upper bound either way.
 
         Memory the replay misses systematically (a kernel's scratch it does
         not know, a Grappler rewrite) shows in every run, and so in the run
@@ -529,7 +527,7 @@ class StepCorrection:
             10
             >>> StepCorrection(runs, replay_bytes=125).offset  # the runs lie on both sides: 120 is nearest
             -5
-            >>> StepCorrection(runs, replay_bytes=90, batch_size=4).offset  # at the batch: the median run, 120
+            >>> StepCorrection(runs, replay_bytes=90, batch_size=4).offset  # at the batch: of 3, the median run, 120
             30
         """
         if self.at_the_batch:
@@ -672,10 +670,11 @@ def _step_check_correction(
         f"checked by real steps: fit's second epoch of {check.CHECK_EPOCH_BATCHES} batches on {len(runs)} fresh "
         f"cop{'y' if len(runs) == 1 else 'ies'} of the model at batch {size} ({where}; {measurement.allocator} allocator"
         f"{'' if measurement.optimizer_built else '; their optimizer built by the first step, as a fresh fit builds it'}) peaked at "
-        f"{measurement.median / MiB:.1f} MiB (runs {min(runs) / MiB:.1f}-{max(runs) / MiB:.1f}); the replay of that "
+        f"{measurement.upper_median / MiB:.1f} MiB (runs {min(runs) / MiB:.1f}-{max(runs) / MiB:.1f}"
+        f"{'; the 5th of 7, the upper median' if len(runs) == 7 else ''}); the replay of that "
         f"batch gives {correction.replay_bytes / MiB:.1f} MiB; "
     )
-    which = "the median run" if correction.at_the_batch else "the run nearest the replay"
+    which = "that run" if correction.at_the_batch else "the run nearest the replay"
     text += (
         f"{which} differs by {correction.offset / MiB:+.1f} MiB, runtime memory that the replay does not model, "
         + ("added in proportion to the batch" if correction.at_the_batch else "added at every batch size")
