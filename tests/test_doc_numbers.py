@@ -491,13 +491,16 @@ def _offline_cuda(doc: dict[str, Any]) -> str:
     return f"({zoo['within_0.5pct']} of {zoo['traced_on_device']} within 0.5%)"
 
 
-def _speed(doc: dict[str, Any]) -> str:
-    resnet, gpt2 = (row["ratio"] for row in doc["memtracker"])
-    share = doc["probe_memory"]["probe_share_bytes"] / 2**20
-    return (
-        f"On zen4-avx512: {resnet:.1f}× (ResNet-50) and {gpt2:.1f}× (GPT-2 small) the speed of MemTracker; the "
-        f"probes' share of the memory rise {share:.0f} MiB."
-    )
+def _speed(host: str) -> Callable[[dict[str, Any]], str]:
+    def render(doc: dict[str, Any]) -> str:
+        resnet, gpt2 = (row["ratio"] for row in doc["memtracker"])
+        share = doc["probe_memory"]["probe_share_bytes"] / 2**20
+        return (
+            f"On {host}: {resnet:.1f}× (ResNet-50) and {gpt2:.1f}× (GPT-2 small) the speed of MemTracker; the "
+            f"probes' share of the memory rise {share:.0f} MiB."
+        )
+
+    return render
 
 
 def _tf_current_both(docs: dict[str, dict[str, Any]]) -> str:
@@ -597,7 +600,8 @@ QUOTES = (
     Quote("benchmarks/README.md", ("tf_allocator_fidelity/avx512.json",), _tf_fidelity),
     Quote("benchmarks/README.md", ("distributed/zen4-avx512.json",), _distributed),
     Quote("benchmarks/README.md", ("offline_cuda/h100.json",), _offline_cuda),
-    Quote("benchmarks/README.md", ("speed/zen4-avx512.json",), _speed),
+    Quote("benchmarks/README.md", ("speed/zen4-avx512.json",), _speed("zen4-avx512")),
+    Quote("benchmarks/README.md", ("speed/zen3-avx2.json",), _speed("zen3-avx2")),
     Quote("docs/keras-tensorflow-cpu.md", TF, _tf_current_both),
     Quote("docs/keras-tensorflow-cpu.md", (TF[0],), _tf_zen4_off_bold),
     Quote(
