@@ -20,9 +20,9 @@ def test_each_statistic_replaces_the_median_run_and_rows_checked_at_another_batc
     bimodal = _row("gru", [60, 60, 60, 60, 140, 140, 140], measured=150)
     elsewhere = _row("big", [100, 100, 100], measured=100, checked_at=4)
     errors = errors_by_statistic([bimodal, elsewhere])
-    assert [case for case, _ in errors["median (today)"]] == ["gru"]
-    assert errors["median (today)"][0][1] == (70 - 150) / 150
-    assert errors["upper median"][0][1] == (150 - 150) / 150  # the 5th of 7 runs: the upper mode
+    assert [case for case, _ in errors["median (until 2026-11-29)"]] == ["gru"]
+    assert errors["median (until 2026-11-29)"][0][1] == (70 - 150) / 150
+    assert errors["upper median (since)"][0][1] == (150 - 150) / 150  # the 5th of 7 runs: the upper mode
     assert errors["largest run"][0][1] == 0.0
     assert errors["mean"][0][1] == ((60 * 4 + 140 * 3) / 7 + 10 - 150) / 150
 

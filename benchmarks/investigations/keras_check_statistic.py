@@ -46,9 +46,9 @@ def _quantile(runs: Sequence[int], fraction: float) -> float:
 
 #: Name -> statistic of the check's runs that the estimate would carry to the batch.
 STATISTICS: dict[str, Callable[[Sequence[int]], float]] = {
-    "median (today)": statistics.median,
+    "median (until 2026-11-29)": statistics.median,
     "mean": statistics.mean,
-    "upper median": lambda runs: _quantile(runs, 2 / 3),
+    "upper median (since)": lambda runs: _quantile(runs, 2 / 3),
     "largest run": max,
 }
 
@@ -95,8 +95,9 @@ def to_markdown(host: str, table: list[dict[str, Any]], sources: list[str]) -> s
     lines = [
         f"# Which statistic of the step check's runs? ({host}, from committed runs)",
         "",
-        "The estimate with the median run (today) swapped for another statistic of the same runs; the truth is the "
-        "committed one. Module docstring: `benchmarks/investigations/keras_check_statistic.py`.",
+        "The estimate with the median run (the rule of the runs' commits) swapped for another statistic of the same "
+        "runs; the truth is the committed one. Since 2026-11-29 the estimator takes the upper median. Module "
+        "docstring: `benchmarks/investigations/keras_check_statistic.py`.",
         "",
         "| set | oneDNN | statistic | cases | median | worst | under / over |",
         "|---|---|---|---|---|---|---|",
@@ -107,7 +108,7 @@ def to_markdown(host: str, table: list[dict[str, Any]], sources: list[str]) -> s
             f"{100 * row['median_abs_error']:.1f}% | {100 * row['worst_error']:+.1f}% ({row['worst_case']}) | "
             f"{row['under']} / {row['over']} |"
         )
-    lines += ["", "Sources: " + ", ".join(f"`{s}`" for s in sources), ""]
+    lines += ["", "Sources (the commit that measured them): " + ", ".join(sources), ""]
     return "\n".join(lines)
 
 
@@ -123,8 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not path.exists():
                 continue
             with open(path, encoding="utf-8") as handle:
-                rows = json.load(handle)["rows"]
-            sources.append(str(path.relative_to(folder.parent.parent.parent)))
+                saved = json.load(handle)
+            rows = saved["rows"]
+            sources.append(f"`{path.relative_to(folder.parent.parent.parent)}` ({saved['meta'].get('commit', '?')})")
             for statistic, errors in errors_by_statistic(rows).items():
                 if errors:
                     table.append({"set": name, "onednn": mode, "statistic": statistic, **summarize(errors)})
