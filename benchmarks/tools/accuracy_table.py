@@ -96,17 +96,17 @@ ROWS = (
     ),
     Row(
         "Keras / TensorFlow",
-        "CPU (Zen 4), oneDNN on",
+        "CPU (Zen 3, AVX2), oneDNN on",
         "`fit`'s peak, 12 models nobody tuned on: 4 `keras.applications`, attention, recurrent, convolutional; "
         "Adam, AdamW, SGD, RMSprop",
-        "keras_tensorflow_cpu/zen4-avx512_judged_onednn1.json",
+        "keras_tensorflow_cpu/zen3-avx2_judged_onednn1.json",
         _keras,
     ),
     Row(
         "Keras / TensorFlow",
-        "CPU (Zen 4), oneDNN off",
+        "CPU (Zen 3, AVX2), oneDNN off",
         "the same 12",
-        "keras_tensorflow_cpu/zen4-avx512_judged_onednn0.json",
+        "keras_tensorflow_cpu/zen3-avx2_judged_onednn0.json",
         _keras,
     ),
     Row(
