@@ -27,28 +27,18 @@ from typing import Any, Callable, Sequence
 
 from benchmarks.common.paths import result_dir
 from benchmarks.tools.provenance import write_result
+from nnmem_callbacks.estimators.keras.tensorflow.step_check import upper_median
 
 __all__ = ["STATISTICS", "SETS", "errors_by_statistic", "summarize", "to_markdown", "main"]
 
 SETS = ("tune", "judged", "developed10")
 
 
-def _quantile(runs: Sequence[int], fraction: float) -> float:
-    """The run at ``fraction`` of the way up the sorted runs (nearest rank: of 3 runs, two thirds up is the median).
-
-    Example:
-        >>> _quantile([5, 1, 3], 2 / 3), _quantile([1, 2, 3, 4, 5, 6, 7], 2 / 3)
-        (3, 5)
-    """
-    ordered = sorted(runs)
-    return ordered[round(fraction * (len(ordered) - 1))]
-
-
 #: Name -> statistic of the check's runs that the estimate would carry to the batch.
 STATISTICS: dict[str, Callable[[Sequence[int]], float]] = {
     "median (until 2026-11-29)": statistics.median,
     "mean": statistics.mean,
-    "upper median (since)": lambda runs: _quantile(runs, 2 / 3),
+    "upper median (since)": upper_median,  # the estimator's own rule
     "largest run": max,
 }
 

@@ -50,7 +50,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 __all__ = [
     "AVAILABLE_MEMORY_SHARE",
@@ -71,6 +71,7 @@ __all__ = [
     "require_same_start",
     "StepCheckError",
     "StepMeasurement",
+    "upper_median",
     "unsettled",
 ]
 
@@ -93,6 +94,28 @@ CHECK_EPOCH_BATCHES = 8
 
 class StepCheckError(RuntimeError):
     """The real steps could not be run; the message says why."""
+
+
+def upper_median(runs: Sequence[int]) -> int:
+    """The run two thirds up the sorted runs (nearest rank), in bytes: what the estimate takes at the batch.
+
+    Of 3 runs it is the median. Of the 7 an unsettled check measures (:func:`unsettled`) it is the 5th: when
+    the runs split between two peaks (an allocator chunk, the executor's race), the estimate sits in the upper
+    one unless the lower holds at least 5 of 7. Both misses over 15% of issue #46's judged set so far were
+    the median of 7 runs in the lower of two modes, under every truth run (the 1.4 MiB GRU stack with oneDNN
+    on, zen4-avx512: -58.6%; the plain Conv2D net with oneDNN off, zen3-avx2: -17.5%); an estimate under the
+    truth is the side that runs out of memory. From the committed runs
+    (``benchmarks/results/investigations/keras_check_statistic/``) the tuning set does not tell the two
+    apart (every model within 5% either way).
+
+    Example:
+        >>> upper_median((60, 60, 60, 60, 140, 140, 140))
+        140
+        >>> upper_median((100, 130, 110))  # of 3: the median
+        110
+    """
+    ordered = sorted(runs)
+    return int(ordered[round(2 * (len(ordered) - 1) / 3)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,25 +157,8 @@ class StepMeasurement:
 
     @property
     def upper_median(self) -> int:
-        """The run two thirds up the sorted runs (nearest rank), in bytes: what the estimate takes at the batch.
-
-        Of 3 runs it is the median. Of the 7 an unsettled check measures (:func:`unsettled`) it is the 5th: when
-        the runs split between two peaks (an allocator chunk, the executor's race), the estimate sits in the upper
-        one unless the lower holds at least 5 of 7. Both misses over 15% of issue #46's judged set so far were
-        the median of 7 runs in the lower of two modes, under every truth run (the 1.4 MiB GRU stack with oneDNN
-        on, zen4-avx512: -58.6%; the plain Conv2D net with oneDNN off, zen3-avx2: -17.5%); an estimate under the
-        truth is the side that runs out of memory. From the committed runs
-        (``benchmarks/results/investigations/keras_check_statistic/``) the tuning set does not tell the two
-        apart (every model within 5% either way).
-
-        Example:
-            >>> StepMeasurement(8, (60, 60, 60, 60, 140, 140, 140), 0.0, "bfc").upper_median
-            140
-            >>> StepMeasurement(8, (100, 130, 110), 0.0, "bfc").upper_median  # of 3: the median
-            110
-        """
-        ordered = sorted(self.runs)
-        return int(ordered[round(2 * (len(ordered) - 1) / 3)])
+        """What the estimate takes at the batch: :func:`upper_median` of the runs."""
+        return upper_median(self.runs)
 
     @property
     def range(self) -> int:
