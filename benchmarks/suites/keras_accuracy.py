@@ -75,7 +75,14 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common.keras_blind_cases import BLIND_CASES, JUDGED_CASES, TUNE_CASES, build_any_case, describe
+from benchmarks.common.keras_blind_cases import (
+    BLIND_CASES,
+    JUDGED2_CASES,
+    JUDGED_CASES,
+    TUNE_CASES,
+    build_any_case,
+    describe,
+)
 from benchmarks.common.keras_cases import CASES, rule_of_thumb
 from benchmarks.common.keras_env import gpu_environment, host_fingerprint, mode_environment
 from benchmarks.common.keras_results import summarize, to_markdown
@@ -252,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", help="comma-separated case names (default: those of --set)")
     parser.add_argument(
         "--set",
-        choices=("developed", "tune", "judged"),
+        choices=("developed", "tune", "judged", "judged2"),
         default="developed",
-        help="the 23 models the estimator was developed on, or issue #46's tuning or judged models "
+        help="the 23 models the estimator was developed on, or issue #46's tuning, judged or second judged models "
         "(benchmarks.common.keras_blind_cases)",
     )
     parser.add_argument(
@@ -317,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(args.worker, args.part, args.truth)), flush=True)
         return 0
     started = time.perf_counter()
-    sets = {"developed": CASES, "tune": TUNE_CASES, "judged": JUDGED_CASES}
+    sets = {"developed": CASES, "tune": TUNE_CASES, "judged": JUDGED_CASES, "judged2": JUDGED2_CASES}
     if args.cases is None:
         args.cases = ",".join(sets[args.set])
     names = [c for c in args.cases.split(",") if c]
