@@ -231,6 +231,44 @@ def test_a_cuda_target_without_cuda_uses_inductors_cpu_lowering_and_says_so():
     assert any("Inductor's CPU lowering stood in" in note for note in estimate.notes)
 
 
+class _Attention(nn.Module):
+    """LayerNorm and a softmax over the last dimension: Inductor fuses their outer loops with a kernel-local buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.norm, self.out = nn.Linear(32, 32), nn.LayerNorm(32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.q(x))
+        return self.out((torch.softmax(h @ h.transpose(-1, -2) / 4, -1) @ h).mean(1))
+
+
+@pytest.mark.parametrize("build", [_Attention, _cnn], ids=["attention", "bn_cnn"])
+def test_scalar_cpp_kernels_leave_every_allocation_of_the_compiled_estimate_as_it_was(monkeypatch, build):
+    from torch._inductor import metrics
+
+    def estimate(scalar: bool):
+        monkeypatch.setattr(compat, "SCALAR_CPP_KERNELS", scalar)
+        torch.manual_seed(0)
+        model, x = build(), torch.randn(8, 16, 32) if build is _Attention else torch.randn(8, 3, 16, 16)
+        batch = (x, torch.randint(0, 4, (8,)))
+        metrics.reset()
+        est = estimate_training(
+            torch.compile(model),
+            batch,
+            optimizer="adamw",
+            loss_fn=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
+        )
+        return est, metrics.generated_cpp_vec_kernel_count, list(metrics.cpp_outer_loop_fused_inner_counts)
+
+    fast, fast_vectorized, fast_outer = estimate(True)
+    real, real_vectorized, real_outer = estimate(False)
+    assert fast_vectorized < real_vectorized  # the shortcut was taken
+    assert fast_outer == real_outer  # outer-loop fusion (and its kernel-local buffers) decided as in a real compile
+    assert repr(fast.allocation_log) == repr(real.allocation_log)
+    assert [fast.peak_bytes_at(b) for b in (1, 8, 64)] == [real.peak_bytes_at(b) for b in (1, 8, 64)]
+
+
 def test_the_internals_used_exist_in_the_installed_torch():
     compat.check_supported()
     settings = compat.compile_settings(torch.compile(nn.Linear(2, 2), mode="reduce-overhead"))

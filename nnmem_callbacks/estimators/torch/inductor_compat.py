@@ -15,7 +15,9 @@ of them against the installed torch. What they rely on:
   the generated wrapper runs with every kernel a no-op, its buffers allocated as
   fake tensors and no C++ or Triton source compiled (CPU ISA checks included,
   see :func:`_isa_list_without_builds`); caches off, the backward compiled
-  with the forward (``force_non_lazy_backward_lowering``);
+  with the forward (``force_non_lazy_backward_lowering``); C++ kernels written
+  without vectorization outside outer-loop fusion (:func:`_scalar_cpp_kernels`:
+  ``cpu_vec_isa.pick_vec_isa``, ``CppScheduling.codegen_outer_loop_node``);
 * :class:`IgnoresCompileInternals`: a dispatch mode flag (``ignore_compile_internals``)
   that lets Dynamo compile while the mode is active and hands it only the
   compiled artifacts' ops at run time;
@@ -72,6 +74,7 @@ __all__ = [
     "OVERRIDDEN_OPTIONS",
     "overridden_options",
     "RECOMPILE_LIMIT",
+    "SCALAR_CPP_KERNELS",
     "TESTED_TORCH",
     "uncompiled",
     "WRAPPER_FILENAME",
@@ -391,6 +394,53 @@ def _isa_list_without_builds() -> list:
 
 _REAL_VALID_ISA_LIST: list[Any] = [None]
 
+#: Write Inductor's C++ kernels without vectorization where that cannot change the wrapper's buffers (see
+#: :func:`_scalar_cpp_kernels`); ``False`` writes them as a real compile does (the tests compare the two).
+SCALAR_CPP_KERNELS = True
+
+
+@contextlib.contextmanager
+def _scalar_cpp_kernels() -> Iterator[None]:
+    """Inductor's C++ backend writes scalar kernels only, except in outer-loop fusion.
+
+    The kernels' source is never compiled, yet choosing the vectorized kernels' tiling and writing them was half of
+    a CPU estimate's compile (a BatchNorm CNN: 29 of 58 s under cProfile). What the wrapper allocates does not depend
+    on them: for each fused node Inductor first writes the scalar kernel, and only that kernel's removed and in-place
+    buffers reach the graph (``CppKernelProxy.codegen_functions``); the vectorized variants are written afterwards
+    with ``inplace_buffers`` off. The exception is outer-loop fusion, where a buffer becomes kernel-local only when
+    every fused kernel has the same loop tiling (``check_outer_fusion_loop_level_attr``): those nodes keep
+    vectorization. Where an internal used here is missing, kernels are written as a real compile writes them.
+    """
+    try:
+        from torch._inductor import cpu_vec_isa
+        from torch._inductor.codegen.cpp import CppScheduling
+    except ImportError:
+        yield
+        return
+    real_pick = getattr(cpu_vec_isa, "pick_vec_isa", None)
+    real_outer = getattr(CppScheduling, "codegen_outer_loop_node", None)
+    no_isa = getattr(cpu_vec_isa, "invalid_vec_isa", None)
+    if real_pick is None or real_outer is None or no_isa is None:
+        yield
+        return
+    in_outer_loop_fusion = [0]
+
+    def pick_vec_isa() -> Any:
+        return real_pick() if in_outer_loop_fusion[0] else no_isa
+
+    def codegen_outer_loop_node(self: Any, node: Any) -> Any:
+        in_outer_loop_fusion[0] += 1
+        try:
+            return real_outer(self, node)
+        finally:
+            in_outer_loop_fusion[0] -= 1
+
+    with (
+        _patched(cpu_vec_isa, "pick_vec_isa", pick_vec_isa),
+        _patched(CppScheduling, "codegen_outer_loop_node", codegen_outer_loop_node),
+    ):
+        yield
+
 
 @contextlib.contextmanager
 def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
@@ -444,6 +494,7 @@ class _FakeInductor:
         with (
             _patched(GraphLowering, "_compile_to_module_lines", module_lines),
             _patched(cpu_vec_isa, "valid_vec_isa_list", _isa_list_without_builds),
+            _scalar_cpp_kernels() if SCALAR_CPP_KERNELS else contextlib.nullcontext(),
             functorch_config.patch(functorch_patches),
         ):
             return compile_fx(graph_module, example_inputs, config_patches=dict(self.patches))
