@@ -428,6 +428,29 @@ def test_a_child_that_runs_out_of_time_keeps_its_finished_runs_and_is_measured_a
     assert not longer.cached and calls == [10.0, 20.0]  # more time: measured again
 
 
+@pytest.mark.parametrize(
+    ("returncode", "stderr", "expected"),
+    [
+        (-9, "I0000 00:00:1732 1 port.cc:153] oneDNN custom operations are on.\n", "killed by SIGKILL"),
+        (-15, "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n", "SIGTERM"),
+        (1, "Traceback (most recent call last):\nMemoryError: out\nW0000 00:00:17 1 a.cc:1] late log\n", "MemoryError"),
+    ],
+)
+def test_a_child_that_dies_is_reported_by_its_signal_or_its_error_never_by_a_log_line(
+    monkeypatch, returncode, stderr, expected
+):
+    monkeypatch.setattr(
+        subprocess, "run", lambda args, **kwargs: subprocess.CompletedProcess(args, returncode, "", stderr)
+    )
+    model = conv_model()
+    from nnmem_callbacks.estimators.keras.common import input_specs
+
+    x_specs, y_specs, _ = input_specs(model, None, None)
+    with pytest.raises(tf_step_check.StepCheckError, match=expected) as raised:
+        tf_step_check.measure_steps(model, x_specs, y_specs, 8, time_budget=10.0, optimizer_built=False)
+    assert "oneDNN custom operations" not in str(raised.value) and "absl" not in str(raised.value)
+
+
 def test_runs_combined_keep_count_of_the_runs_that_did_not_finish():
     first = StepMeasurement(4, (1, 2, 3), 1.0, "bfc", requested=3)
     more = StepMeasurement(4, (5,), 300.0, "bfc", requested=4)

@@ -28,6 +28,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +37,7 @@ from typing import Any
 
 __all__ = [
     "child_environment",
+    "child_failure",
     "collect",
     "DEFAULT_MEMORY_CAP",
     "DEFAULT_TIME_BUDGET",
@@ -390,6 +393,40 @@ def child_environment(*, bfc: bool) -> dict[str, str]:
     return env
 
 
+#: TensorFlow's and absl's info and warning log lines (``I0000 00:00:...``, ``2026-... I tensorflow/...``), which a
+#: child writes to stderr before any error of its own.
+_LOG_LINE = re.compile(
+    r"^(?:[IW]\d{4} \d\d:\d\d:\d\d|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] |WARNING: All log messages)"
+)
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b")
+
+
+def child_failure(returncode: int, stderr: str) -> str:
+    """Why a child process failed, in one line: the signal that stopped it, or its error, never a log line.
+
+    Example:
+        >>> child_failure(-9, "I0000 00:00:1732 1 port.cc:153] oneDNN custom operations are on.")
+        'the child process was killed by SIGKILL (often the out-of-memory killer)'
+        >>> child_failure(1, "Traceback (most recent call last):\\nValueError: bad shape\\nW0000 00:00:17 1 x.cc:1] late")
+        'ValueError: bad shape'
+        >>> child_failure(2, "")
+        'the child process exited with status 2'
+    """
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        why = " (often the out-of-memory killer)" if name == "SIGKILL" else ""
+        return f"the child process was killed by {name}{why}"
+    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    if errors:
+        return errors[-1]
+    others = [line for line in lines if not _LOG_LINE.match(line)]
+    return others[-1] if others else f"the child process exited with status {returncode}"
+
+
 def _run_child(
     requests: list[dict[str, Any]], timeout: float
 ) -> tuple[dict[str, dict[int, int]], list[tuple[str | None, str]], bool]:
@@ -409,9 +446,7 @@ def _run_child(
         return _parse_child(stdout)[0], [(None, "the probe process ran out of its time budget")], True
     results, errors = _parse_child(done.stdout)
     if done.returncode != 0 and not results:
-        errors.append(
-            (None, f"the probe process failed: {(done.stderr or '').strip().splitlines()[-1:] or done.returncode}")
-        )
+        errors.append((None, f"the probe process failed: {child_failure(done.returncode, done.stderr)}"))
     return results, errors, False
 
 

@@ -368,7 +368,7 @@ def measure_steps(
         StepCheckError: When the child cannot rebuild or run the model, or
             measures nothing in time.
     """
-    from nnmem_callbacks.estimators.keras.tensorflow.probes import child_environment, host_fingerprint
+    from nnmem_callbacks.estimators.keras.tensorflow.probes import child_environment, child_failure, host_fingerprint
     from nnmem_callbacks.probes.cache import ProbeCache
 
     request = request_for(model, x_specs, y_specs, batch_size, repeats, optimizer_built=optimizer_built)
@@ -394,7 +394,7 @@ def measure_steps(
         )
     env = child_environment(bfc=allocator == "bfc")
     started = time.perf_counter()
-    runs, error, stderr, returncode = [], None, "", 0
+    runs, error, failure = [], None, ""
     # one fresh process per copy: in one process, what a copy's fit leaves behind is freed while the next one runs,
     # under the level that copy was measured from (a 3 MiB MLP measured -1.3 MiB and 0.9 MiB for 2 of 7 copies)
     budget = max(time_budget, 1.0)
@@ -402,6 +402,7 @@ def measure_steps(
         left = budget if copy == 0 else started + budget - time.perf_counter()
         if left <= 0:
             break
+        timed_out = False
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "nnmem_callbacks.estimators.keras.tensorflow.step_check"],
@@ -411,18 +412,18 @@ def measure_steps(
                 text=True,
                 timeout=left,
             )
-            stdout, stderr, returncode = done.stdout, done.stderr, done.returncode
+            stdout = done.stdout
+            failure = child_failure(done.returncode, done.stderr)
         except subprocess.TimeoutExpired as expired:
             stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
-            stderr, returncode = f"the child ran out of its {time_budget:.0f} s budget", -1
+            failure, timed_out = f"the child ran out of its {time_budget:.0f} s budget", True
         more, error = _parse(stdout)
         runs += more
-        if error or not more or stderr.startswith("the child ran out of"):
+        if error or not more or timed_out:
             break
     seconds = time.perf_counter() - started
     if not runs:
-        tail = (stderr or "").strip().splitlines()
-        raise StepCheckError(error or (tail[-1] if tail else f"exit status {returncode}"))
+        raise StepCheckError(error or failure or "the child process measured nothing")
     try:
         cache.save({key: {"runs": runs, "requested": repeats, "time_budget": time_budget}})
     except OSError:  # a read-only cache directory: the measurement still counts for this estimate
