@@ -114,6 +114,28 @@ def test_warn_over_budget_gives_one_warning_with_advice(tmp_path):
     assert datamodule.batch_size == 64 and set(recorder.sizes) == {64}  # warn never changes the run
 
 
+def test_the_bf16_offer_is_estimated_without_batch_lines_and_saves_what_a_full_estimate_says(tmp_path, monkeypatch):
+    offers = []
+    real = estimation.estimate_training
+
+    def spy(*args, **kwargs):
+        estimate = real(*args, **kwargs)
+        if kwargs["precision"] == "bf16-mixed":
+            offers.append((kwargs["check_scaling"], estimate, real(*args, **{**kwargs, "check_scaling": True})))
+        return estimate
+
+    monkeypatch.setattr(estimation, "estimate_training", spy)
+    estimate = estimate_mlp(64, tmp_path)
+    callback = MemoryBudgetCallback(budget=budget_between(estimate, 16), policy="warn")
+    fit(tmp_path, MLP(), callback, DataModule(batch_size=64), limit_train_batches=1)
+    assert len(offers) == 1
+    check_scaling, offered, full = offers[0]
+    assert check_scaling is False  # the offer is read at the planned batch only
+    assert (offered.peak_bytes, offered.device_bytes) == (full.peak_bytes, full.device_bytes)
+    saving = next(s.saving_bytes for s in callback.plan.suggestions if s.kind == "bf16-mixed")
+    assert saving == callback.estimate.upper_bytes_at(64) - full.peak_bytes
+
+
 def test_raise_before_first_step(tmp_path):
     callback = MemoryBudgetCallback(budget=TINY, policy="raise")
     trainer = pl.Trainer(**trainer_kwargs(tmp_path), callbacks=[callback])

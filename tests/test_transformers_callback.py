@@ -194,6 +194,32 @@ def test_raise_stops_before_any_optimizer_step(tmp_path):
     assert "log" not in vars(trainer)  # the Trainer's log is its own again
 
 
+def test_the_bf16_offer_is_estimated_without_batch_lines_and_saves_what_a_full_estimate_says(tmp_path, monkeypatch):
+    model = tiny_model("gpt2")
+    sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(2)])
+    args = arguments(tmp_path, per_device_train_batch_size=8)
+    estimate = plan_training_arguments(model, args, budget="4GiB", sample=sample).estimate
+    offers = []
+    real = estimation.estimate_training
+
+    def spy(*a, **kwargs):
+        made = real(*a, **kwargs)
+        if kwargs["precision"] == "bf16-mixed":
+            offers.append((kwargs["check_scaling"], made, real(*a, **{**kwargs, "check_scaling": True})))
+        return made
+
+    monkeypatch.setattr(estimation, "estimate_training", spy)
+    callback = MemoryBudgetCallback(budget=int(estimate.upper_bytes_at(2) / 0.95) + 1, policy="raise")
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens("gpt2"), callbacks=[callback])
+    with pytest.raises(MemoryBudgetExceeded):
+        trainer.train()
+    assert len(offers) == 1
+    check_scaling, offered, full = offers[0]
+    assert check_scaling is False and offered.peak_bytes == full.peak_bytes
+    saving = next(s.saving_bytes for s in callback.plan.suggestions if s.kind == "bf16")
+    assert saving == callback.estimate.upper_bytes_at(8) - full.peak_bytes
+
+
 def test_plan_training_arguments_keeps_the_effective_batch_under_the_budget(tmp_path):
     model = tiny_model("gpt2")
     args = arguments(tmp_path, per_device_train_batch_size=8, gradient_accumulation_steps=1, num_train_epochs=1)

@@ -483,7 +483,10 @@ class MemoryBudgetCallbackMixin:
         )
         if planning.offers_bf16(plan, facts.precision):
             with self._ns.isolate_rng():
-                bf16, why_not = estimation.estimate_module(pl_module, batch, facts, precision="bf16-mixed")
+                # the offer is read at this batch only (plan.suggest): its batch lines are not traced
+                bf16, why_not = estimation.estimate_module(
+                    pl_module, batch, facts, precision="bf16-mixed", batch_lines=False
+                )
             if bf16 is None:
                 log.debug("bf16-mixed re-estimate failed: %s", why_not)
             else:

@@ -342,7 +342,9 @@ class MemoryBudgetCallback(TrainerCallback):
         plan = plan_with()
         if not plan.fits and facts.precision == "32-true":  # offer bf16-mixed with its saving
             bf16 = self._guard.safe(
-                lambda: estimation.estimate_step(model, batch, facts, loss_fn, precision="bf16-mixed"),
+                lambda: estimation.estimate_step(
+                    model, batch, facts, loss_fn, precision="bf16-mixed", batch_lines=False
+                ),
                 "estimating at bf16",
             )
             if bf16 is not None:
