@@ -649,6 +649,48 @@ def test_metadata_queries_are_counted_but_never_memoised():
     assert tracker.op_count > len(tracker._memo.entries)
 
 
+def test_the_memo_replays_missing_gradients_an_optimizers_scalars_and_its_step_count():
+    """convolution_backward with an output it was not asked for (None), an element-wise op whose float differs
+    in every optimizer step, and ``step_t += 1`` on the step count the fake mode keeps the value of."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nnmem_callbacks.estimators.torch.tracer import _UNCACHEABLE, OpMemo, StorageTracker
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # as the estimator's: .item() reads a constant for real
+    tracker = StorageTracker("cpu", memo=OpMemo(mode))
+    with mode, tracker:
+        conv = nn.Conv2d(3, 4, 3)
+        for _ in range(2):  # the input needs no gradient: grad_input is None
+            conv(torch.empty(2, 3, 8, 8)).sum().backward()
+        param, avg, denom = torch.empty(5), torch.empty(5), torch.empty(5)
+        for step_size in (0.1, 0.2):
+            param.addcdiv_(avg, denom, value=-step_size)
+        step = torch.tensor(0.0)
+        step += 1
+        step += 1
+        assert step.item() == 2.0
+    entries = {key[0]: entry for key, entry in tracker._memo.entries.items()}
+    backward = entries[torch.ops.aten.convolution_backward.default]
+    assert backward is not _UNCACHEABLE and ("none",) in backward[1]
+    assert sum(key[0] is torch.ops.aten.addcdiv_.default for key in tracker._memo.entries) == 1
+    counts = [key for key in tracker._memo.entries if key[0] is torch.ops.aten.add_.Tensor and key[1][1][0][1] == ()]
+    assert not counts  # the step count never reaches the memo (the gradients' add_ does)
+
+
+def test_a_cnn_with_adam_is_estimated_byte_for_byte_as_without_the_memo(monkeypatch):
+    import nnmem_callbacks.estimators.torch.estimator as estimator
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 5))
+    batch = (torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,)))
+    logs = {}
+    for fast in (False, True):
+        monkeypatch.setattr(estimator, "FAST_DISPATCH", fast)
+        est = estimate_training(model, batch, optimizer="adam", loss_fn=xent)
+        logs[fast] = (repr(est.allocation_log), est.peak_bytes, est.peak_bytes_at(64))
+    assert logs[True] == logs[False]
+
+
 class _Recurrent(nn.Module):
     def __init__(self, cls, num_layers, bidirectional):
         super().__init__()

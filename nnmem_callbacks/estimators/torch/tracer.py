@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_flatten
 
@@ -35,6 +36,11 @@ _LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
 _WORKSPACE = object()  # category marker for per-op workspaces
 
 _UNCACHEABLE = object()
+
+#: ``step_t += 1``: an optimizer's step count, a one-element constant the fake mode keeps the value of (for
+#: ``.item()``); it is added to once per parameter and step, and the fake mode's constant path is slow.
+_ADD_ = torch.ops.aten.add_.Tensor
+_FLOAT = ("float",)  # a float argument of a pointwise op, in a memo key: its value cannot change the output's metadata
 
 #: Metadata queries: no tensor out, no workspace, answered by the fake mode at once. C++ asks ``prim.device`` of a
 #: fake tensor every time it reads its device (the autograd engine, for every gradient): most of the ops a trace
@@ -79,6 +85,7 @@ class OpMemo:
     def __init__(self, fake_mode: FakeTensorMode) -> None:
         self.fake_mode = fake_mode
         self.entries: dict[Any, Any] = {}
+        self._pointwise: dict[Any, bool] = {}
 
     @staticmethod
     def _arg_key(value: Any) -> Any:
@@ -92,14 +99,26 @@ class OpMemo:
             if all(type(v) is int for v in value):  # sizes, dims: most lists an op gets
                 return (type(value).__name__, tuple(value))
             return (type(value).__name__, tuple(OpMemo._arg_key(v) for v in value))
-        if value is None or isinstance(
-            value, (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+        if (
+            value is None
+            or value is _FLOAT
+            or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format))
         ):
             return value
         raise KeyError
 
     def key(self, func: Any, args: tuple, kwargs: dict) -> Any:
         try:
+            pointwise = self._pointwise.get(func)
+            if pointwise is None:
+                pointwise = self._pointwise[func] = torch.Tag.pointwise in func.tags
+            if pointwise:
+                # an element-wise op's output has its tensors' broadcast shape and a dtype from their dtypes and
+                # the scalars' types: a float's value (an optimizer's bias correction, different in every step)
+                # does not change the output's metadata, and the replay makes nothing else
+                args = tuple(_FLOAT if type(v) is float else v for v in args)
+                if kwargs:
+                    kwargs = {k: _FLOAT if type(v) is float else v for k, v in kwargs.items()}
             if not kwargs:
                 return (func, self._arg_key(args), ())
             return (func, self._arg_key(args), tuple((k, self._arg_key(v)) for k, v in sorted(kwargs.items())))
@@ -139,7 +158,12 @@ class OpMemo:
             return
         if isinstance(out, FakeTensor):
             outputs, container = [out], None
-        elif isinstance(out, (tuple, list)) and out and all(isinstance(o, FakeTensor) for o in out):
+        elif (
+            isinstance(out, (tuple, list))
+            and any(isinstance(o, FakeTensor) for o in out)
+            and all(isinstance(o, FakeTensor) or o is None for o in out)
+        ):
+            # None: an output the op was asked not to compute (convolution_backward's output_mask, in the key)
             outputs, container = list(out), type(out)
         else:
             self.entries[key] = _UNCACHEABLE
@@ -148,6 +172,9 @@ class OpMemo:
         plans = []
         fresh_storages = set()
         for output in outputs:
+            if output is None:
+                plans.append(("none",))
+                continue
             if output.constant is not None:
                 self.entries[key] = _UNCACHEABLE
                 return
@@ -195,6 +222,8 @@ class OpMemo:
         for plan in plans:
             if plan[0] == "inplace":
                 outputs.append(flat[plan[1]])
+            elif plan[0] == "none":
+                outputs.append(None)
             elif plan[0] == "view":
                 _, index, shape, stride, offset, dtype, device = plan
                 source = flat[index]
@@ -430,24 +459,34 @@ class StorageTracker(TorchDispatchMode):
                 return constant.item()
             self.placeholders += 1
             return True if args[0].dtype == torch.bool else 1
+        out = _UNCACHEABLE
+        if func is _ADD_ and type(args[1]) in (int, float) and not kwargs:
+            constant = getattr(args[0], "constant", None)
+            if constant is not None and constant.numel() == 1 and isinstance(args[0], FakeTensor):
+                # what the fake mode's constant path does (the real op on the constant; the fake tensor stays),
+                # without its argument normalisation
+                with no_dispatch():
+                    constant.add_(args[1])
+                out = args[0]
         packet = func.overloadpacket
-        decomposition = self._decompositions.get(packet)
-        if decomposition is not None:
-            with self:  # the ops inside allocate, and are tracked, one by one
-                return decomposition(*args, **kwargs)
-        memo = self._memo
-        if memo is not None:
-            key = memo.key(func, args, kwargs)
-            entry = memo.entries.get(key) if key is not None else _UNCACHEABLE
-            if entry is None:
-                out = func(*args, **kwargs)
-                memo.record(key, func, args, kwargs, out)
-            elif entry is _UNCACHEABLE:
-                out = func(*args, **kwargs)
+        if out is _UNCACHEABLE:
+            decomposition = self._decompositions.get(packet)
+            if decomposition is not None:
+                with self:  # the ops inside allocate, and are tracked, one by one
+                    return decomposition(*args, **kwargs)
+            memo = self._memo
+            if memo is not None:
+                key = memo.key(func, args, kwargs)
+                entry = memo.entries.get(key) if key is not None else _UNCACHEABLE
+                if entry is None:
+                    out = func(*args, **kwargs)
+                    memo.record(key, func, args, kwargs, out)
+                elif entry is _UNCACHEABLE:
+                    out = func(*args, **kwargs)
+                else:
+                    out = memo.replay(entry, args, kwargs)
             else:
-                out = memo.replay(entry, args, kwargs)
-        else:
-            out = func(*args, **kwargs)
+                out = func(*args, **kwargs)
         output_rule = self._output_rules.get(packet)
         if output_rule is not None:
             out = output_rule(func, args, kwargs, out)
