@@ -49,7 +49,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "over": sum(e > 0 for e in errors),
             "larger_side_share": max(sum(e < 0 for e in errors), sum(e > 0 for e in errors)) / len(errors),
         }
-    checked = [r for r in rows if r.get("step_check_offset_bytes") is not None]
+    checked = [r for r in rows if r.get("step_check_offset_bytes") is not None and r.get("measured_bytes")]
     if checked:
         # the same estimate without the step check's correction (the replay alone), from the same runs
         alone = [
@@ -74,7 +74,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if any("upper_covers_runs" in r for r in rows):
         covered = [r for r in rows if "upper_covers_runs" in r]
         # what the bound costs a plan: how far it lies above the largest run
-        margins = [r["predicted_upper_bytes"] / max(r["measured_runs"]) - 1 for r in covered]
+        margins = [r["predicted_upper_bytes"] / max(r["measured_runs"]) - 1 for r in covered if max(r["measured_runs"])]
         summary["upper_bound_covers_every_run"] = {
             "n": len(covered),
             "covered": sum(bool(r["upper_covers_runs"]) for r in covered),
