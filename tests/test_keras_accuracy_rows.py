@@ -34,3 +34,8 @@ def test_a_model_the_allocator_counted_nothing_of_stays_in_the_table_outside_the
     table = to_markdown("tensorflow", rows, summary, {"truth_window": "fit"})
     tiny = next(line for line in table.splitlines() if line.startswith("| tiny |"))
     assert "| - |" in tiny and "| +10.0% |" in table
+
+
+def test_a_run_of_only_such_models_is_summarized_without_medians():
+    summary = summarize([_row("tiny", 2**18, [0, 0, 0])])
+    assert summary["ours"] == {"n": 0} and summary["upper_bound_covers_every_run"] == {"n": 1, "covered": 1}

@@ -78,9 +78,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary["upper_bound_covers_every_run"] = {
             "n": len(covered),
             "covered": sum(bool(r["upper_covers_runs"]) for r in covered),
-            "median_margin_over_largest_run": statistics.median(margins),
-            "largest_margin_over_largest_run": max(margins),
         }
+        if margins:  # none where every covered run read 0 bytes
+            summary["upper_bound_covers_every_run"].update(
+                median_margin_over_largest_run=statistics.median(margins),
+                largest_margin_over_largest_run=max(margins),
+            )
     if any("error_steady" in r for r in rows):
         summary["ours_steady"] = stats("error_steady")
         summary["rule_of_thumb_steady"] = stats("rule_error_steady")
