@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         result.setdefault("case", row["case"])
         rows.append(compare(result, row))
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "notes"}), flush=True)
+        print(json.dumps(rows[-1]), flush=True)  # notes included: a run that dies later can be rebuilt from its log
     summary = summarize(rows)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

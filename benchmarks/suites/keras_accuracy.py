@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_case(name: str) -> dict[str, Any]:
         row = run_repeated(name, args.backend, args.repeats, onednn=onednn, device=args.device, truth=args.truth)
-        print(json.dumps({k: v for k, v in row.items() if k != "notes"}), flush=True)
+        print(json.dumps(row), flush=True)  # notes included: a run that dies later can be rebuilt from its log
         return row
 
     from concurrent.futures import ThreadPoolExecutor
