@@ -26,12 +26,21 @@ import os
 import statistics
 import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from benchmarks.common.paths import RESULTS
 
 MiB = 2**20
 CHILD = "nnmem_callbacks.estimators.keras.tensorflow.step_check"
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        version(distribution)
+        return True
+    except PackageNotFoundError:
+        return False
 
 
 def worker(name: str, part: str) -> dict[str, Any]:
@@ -92,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         **host_fingerprint(),
         "TF_ENABLE_ONEDNN_OPTS": mode,
         "python": sys.version.split()[0],
+        "tensorflow": version("tensorflow-cpu") if _installed("tensorflow-cpu") else version("tensorflow"),
+        "keras": version("keras"),
         "case": args.case,
         "batch_size": request["request"]["batch_size"],
     }
