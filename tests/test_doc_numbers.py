@@ -596,6 +596,15 @@ QUOTES = (
         (*TF, "keras_tensorflow_cpu/zen3-avx2_onednn0.json", "keras_tensorflow_cpu/zen3-avx2_onednn1.json"),
         _tf_zen4_zen3,
     ),
+    Quote(
+        "benchmarks/README.md",
+        ("keras_tensorflow_cpu/zen3-avx2_developed_onednn0.json",),
+        lambda doc: (
+            "the developed models under `fit`'s truth (issue #46), zen3-avx2, oneDNN off: "
+            f"{_median_worst(doc['summary']['ours'])} ({_worst_case(doc)}; {doc['summary']['ours']['n']} models), "
+            f"bound {_bound(doc['summary'])}"
+        ),
+    ),
     Quote("benchmarks/README.md", ("jax_allocator_offline/h100_growth.json",), _jax_offline),
     Quote("benchmarks/README.md", ("tf_allocator_fidelity/avx512.json",), _tf_fidelity),
     Quote("benchmarks/README.md", ("distributed/zen4-avx512.json",), _distributed),
