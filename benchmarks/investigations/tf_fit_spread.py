@@ -26,7 +26,6 @@ import os
 import statistics
 import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from benchmarks.common.paths import RESULTS
@@ -35,16 +34,8 @@ MiB = 2**20
 CHILD = "nnmem_callbacks.estimators.keras.tensorflow.step_check"
 
 
-def _installed(distribution: str) -> bool:
-    try:
-        version(distribution)
-        return True
-    except PackageNotFoundError:
-        return False
-
-
 def worker(name: str, part: str) -> dict[str, Any]:
-    """(In a fresh process) the truth's measurement, or the step check's request for the case."""
+    """(In a fresh process) the truth's measurement, or the step check's request for the case (with the versions)."""
     if part == "truth":
         from benchmarks.common.keras_truth import measure_tensorflow_fit
 
@@ -56,7 +47,10 @@ def worker(name: str, part: str) -> dict[str, Any]:
     model, x, y, batch = build_fit_case(name, FIT_BATCHES)
     spec = [Spec((None, *a.shape[1:]), str(a.dtype)) for a in (x, y)]
     request = step_check.request_for(model, spec[0], spec[1], batch, 1, model.optimizer.built)
-    return {"request": request}
+    import keras
+    import tensorflow as tf
+
+    return {"request": request, "tensorflow": tf.__version__, "keras": keras.__version__}
 
 
 def _check_run(request: dict[str, Any], env: dict[str, str]) -> int:
@@ -101,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         **host_fingerprint(),
         "TF_ENABLE_ONEDNN_OPTS": mode,
         "python": sys.version.split()[0],
-        "tensorflow": version("tensorflow-cpu") if _installed("tensorflow-cpu") else version("tensorflow"),
-        "keras": version("keras"),
+        "tensorflow": request["tensorflow"],
+        "keras": request["keras"],
         "case": args.case,
         "batch_size": request["request"]["batch_size"],
     }
