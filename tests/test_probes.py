@@ -239,15 +239,48 @@ def test_probes_hand_freed_heap_pages_back():
     assert release_freed_memory() is (sys.platform.startswith("linux") and "glibc" in platform.libc_ver()[0])
 
 
-def test_probing_stops_when_the_time_budget_is_spent(tmp_path):
-    settings = ProbeSettings(time_budget_s=0.0)
+def test_probing_stops_at_the_time_limit_with_a_warning(tmp_path):
+    settings = ProbeSettings(time_limit_s=0.0)
     cache = ProbeCache({"device_type": "cpu", "t": 4}, tmp_path)
     with kernel_probes("cpu", settings=settings, cache=cache) as session, probe_batch(4):
         args, out = _conv_call(4)
-        session.peak(CONV, args, {}, out)  # the first probe runs, then the budget is spent
+        session.peak(CONV, args, {}, out)  # the first probe runs, then the limit is reached
         other, other_out = _conv_call(4, channels=4)
         assert session.peak(CONV, other, {}, other_out) is None
-    assert any("time budget" in note for note in session.notes())
+    assert any(note.startswith("warning: kernel probing stopped at its 0 s time limit") for note in session.notes())
+
+
+def test_the_run_budget_counts_points_so_an_estimate_does_not_depend_on_the_cache(monkeypatch, tmp_path):
+    # a saturating kernel takes 1, 2, 4, 8, 16, 32 at batch 32 and 1, 2, 4, 8 at batch 8
+    _synthetic(monkeypatch, lambda n: 100_000 * n + 1_000_000 * min(n, 3))
+    cache = ProbeCache({"device_type": "cpu", "t": 6}, tmp_path)
+    args32, out32 = _conv_call(32)
+    args8, out8 = _conv_call(8)
+    other, other_out = _conv_call(8, channels=4)
+
+    def estimate_at_8(budget: int) -> tuple[int | None, int | None, ProbeSession]:
+        with kernel_probes("cpu", settings=ProbeSettings(kernel_runs=budget), cache=cache) as session:
+            with probe_batch(8):
+                return session.peak(CONV, args8, {}, out8), session.peak(CONV, other, {}, other_out), session
+
+    cold_first, cold_other, cold = estimate_at_8(5)
+    assert cold_first == 100_000 * 8 + 3_000_000 and cold.points_used == 5  # 1, 2, 4, 8, then 1 of the other
+    assert cold_other is None  # the other shape's 2 and 4 are past the budget: its rule applies
+    assert any("budget of 5 kernel runs" in note for note in cold.notes())
+    with kernel_probes("cpu", cache=cache) as session, probe_batch(32):  # an estimate at 32 fills the cache further
+        session.peak(CONV, args32, {}, out32)
+    warm_first, warm_other, warm = estimate_at_8(5)
+    assert (warm_first, warm_other, warm.points_used) == (cold_first, cold_other, 5)  # as with the emptier cache
+    assert warm.kernel_runs == 0  # every point taken came from the cache
+
+
+def test_probe_settings_refuse_what_is_not_a_budget():
+    with pytest.raises(ValueError, match="kernel_runs must be an int >= 0"):
+        ProbeSettings(kernel_runs=-1)
+    with pytest.raises(ValueError, match="kernel_runs must be an int >= 0"):
+        ProbeSettings(kernel_runs=2.5)
+    with pytest.raises(ValueError, match="time_limit_s must be a number of seconds >= 0"):
+        ProbeSettings(time_limit_s=float("nan"))
 
 
 def test_probe_kernels_false_uses_the_rules_and_says_so(cache_env):

@@ -457,7 +457,7 @@ def probed(
     The current :class:`~nnmem_callbacks.probes.session.ProbeSession` (set by
     ``estimate_training``) measures the kernel on this machine; ``fallback``
     (a formula) applies when there is no session, probing is off, refused
-    (memory cap, time budget) or failed, or ``args[dtype_arg]`` has a dtype
+    (memory cap, run budget, time limit) or failed, or ``args[dtype_arg]`` has a dtype
     outside ``dtypes`` or ``when(args)`` is false (then the kernel is known to
     allocate only its outputs).
     """
