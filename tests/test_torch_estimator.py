@@ -570,6 +570,39 @@ def test_fast_dispatch_gives_the_same_peaks_as_fake_tensor_mode_alone(monkeypatc
     assert results[True] == results[False]
 
 
+@pytest.mark.parametrize("make_optimizer", [torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad])
+def test_scalar_constants_made_by_the_tracker_give_the_fake_modes_trace(monkeypatch, make_optimizer):
+    # an optimizer's torch.tensor(0.0) step counts are made by the tracker, not the fake mode's converter; the
+    # allocations and the values .item() reads (the step number in the bias corrections) must not change
+    from nnmem_callbacks.estimators.torch import tracer
+
+    model, batch = bn_cnn(), image_batch(8)
+    made = []
+    fast = tracer._fake_scalar_constant
+    results = {}
+    for use_fast in (False, True):
+        monkeypatch.setattr(
+            tracer,
+            "_fake_scalar_constant",
+            (lambda real: made.append(real) or fast(real)) if use_fast else (lambda real: tracer._UNCACHEABLE),
+        )
+        est = estimate_training(model, batch, optimizer=make_optimizer, loss_fn=xent, check_scaling=False)
+        results[use_fast] = (est.peak_bytes, est.phase_breakdowns)
+    assert made, "the optimizer made no scalar constants: the test no longer covers the fast path"
+    assert results[True] == results[False]
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    with mode, tracer.StorageTracker("cpu", fake_mode=mode):
+        step = torch.tensor(3.0, dtype=torch.float32)
+        step += 1
+        assert type(step).__name__ == "FakeTensor" and step.constant is not None
+        assert step.item() == 4.0 and step.shape == () and step.dtype == torch.float32
+        wide = torch.tensor([1.0, 2.0])  # more than one element: the fake mode's own path, no constant kept
+        assert wide.constant is None
+
+
 def test_foreach_and_fused_optimizers_are_simulated_as_they_run():
     model = nn.Sequential(*[nn.Linear(128, 128) for _ in range(8)])  # many parameters of equal size
     batch = torch.randn(16, 128)

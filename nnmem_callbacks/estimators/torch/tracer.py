@@ -33,6 +33,11 @@ __all__ = ["OpMemo", "StorageTracker", "TraceResult"]
 
 _LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
 
+#: ``torch.tensor(0.0)``: what an optimizer's step count starts as. The fake mode turns the real scalar into a fake
+#: constant through its tensor converter (3 ms a call, more than the rest of an optimizer's first step); a scalar is
+#: made directly here, as the converter would make it.
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+
 _WORKSPACE = object()  # category marker for per-op workspaces
 
 _UNCACHEABLE = object()
@@ -239,6 +244,33 @@ class OpMemo:
         if container is None:
             return outputs[0]
         return container(outputs)
+
+
+def _fake_scalar_constant(real: Any) -> Any:
+    """``real`` (a plain one-element CPU tensor) as the fake constant the current fake mode makes of it.
+
+    What ``FakeTensorMode`` returns for ``lift_fresh`` of such a tensor: a fake tensor of the same shape, strides
+    and dtype on the same device, keeping a copy of the value for ``.item()``. Anything else: ``_UNCACHEABLE`` (the
+    fake mode's own path).
+    """
+    mode = _get_current_dispatch_mode()
+    if (
+        type(real) is not torch.Tensor
+        or not isinstance(mode, FakeTensorMode)
+        or mode.shape_env is not None
+        or real.numel() > 1
+        or real.layout is not torch.strided
+        or real.device.type != "cpu"
+        or real.requires_grad
+        or real.is_quantized
+        or real.storage_offset() != 0
+    ):
+        return _UNCACHEABLE
+    with no_dispatch():
+        constant = real.clone()
+    with in_kernel_invocation_manager(mode):
+        meta = torch.empty_strided(tuple(real.shape), real.stride(), dtype=real.dtype, device="meta")
+    return FakeTensor(mode, meta, real.device, constant=constant)
 
 
 @dataclasses.dataclass
@@ -456,7 +488,8 @@ class StorageTracker(TorchDispatchMode):
         if func is _LOCAL_SCALAR_DENSE:
             constant = getattr(args[0], "constant", None)
             if constant is not None:
-                return constant.item()
+                with no_dispatch():  # the real constant's value; the fake mode below would convert it first
+                    return constant.item()
             self.placeholders += 1
             return True if args[0].dtype == torch.bool else 1
         out = _UNCACHEABLE
@@ -468,6 +501,8 @@ class StorageTracker(TorchDispatchMode):
                 with no_dispatch():
                     constant.add_(args[1])
                 out = args[0]
+        elif func is _LIFT_FRESH and not kwargs:
+            out = _fake_scalar_constant(args[0])
         packet = func.overloadpacket
         if out is _UNCACHEABLE:
             decomposition = self._decompositions.get(packet)
