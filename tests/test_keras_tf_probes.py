@@ -94,6 +94,25 @@ def test_measure_caches_points_and_a_warm_cache_probes_nothing(tmp_path, monkeyp
     assert len(child.calls) == 2
 
 
+def test_probing_cut_short_by_the_time_budget_is_a_warning_and_the_next_estimate_continues(tmp_path, monkeypatch):
+    probes = traced_probes(conv_model(), 6)
+    finished = FakeChild()
+
+    def timed_out(requests, timeout):  # the child ran out of time after its first request
+        results, errors, _ = finished(requests[:1], timeout)
+        return results, [(None, "the probe process ran out of its time budget")], True
+
+    monkeypatch.setattr(tf_probes, "_run_child", timed_out)
+    cache = ProbeCache({"device_type": "cpu", "t": 9}, tmp_path)
+    _, report = tf_probes.measure(probes, (6, 12), cache=cache)
+    keys = {probe.key() for probe in probes.values()}
+    assert report.out_of_time > 0 and report.probed + report.out_of_time == len(probes) and len(keys) > 1
+    assert report.time_warning().startswith("warning: TensorFlow kernel probing stopped at its 90 s limit")
+    monkeypatch.setattr(tf_probes, "_run_child", finished)
+    _, report = tf_probes.measure(probes, (6, 12), cache=cache)  # the rest now, the first from the cache
+    assert report.out_of_time == 0 and report.time_warning() is None and report.cached > 0 and report.probed > 0
+
+
 def test_the_replays_batch_sizes_are_probed_and_points_accumulate_in_the_cache(tmp_path, monkeypatch):
     probes = traced_probes(conv_model(), 8)
     child = FakeChild("saturating")

@@ -14,6 +14,9 @@ Known limitations:
       op is probed as the graph names it.
     * The child process costs a TensorFlow import (a few seconds) the first time a
       host fingerprint meets new ops.
+    * The time budget is wall time: when it cuts probing short, the ops left use the graph's rules and the estimate
+      depends on the host's speed and load (a ``warning:`` note says so; the next estimate continues from the cache).
+      The PyTorch probes count points instead (:mod:`nnmem_callbacks.probes.session`).
 
 Example:
     >>> probe = OpProbe("Conv2DBackpropFilter", b"", (ProbeInput(1, ("b1", 1, 200, 64)),))
@@ -277,6 +280,16 @@ class ProbeReport:
         if self.errors:
             text += "; first failure: " + self.errors[0]
         return text
+
+    def time_warning(self, time_budget: float = DEFAULT_TIME_BUDGET) -> str | None:
+        """A ``warning:`` line when the time budget cut probing short (the estimate then depends on the host's speed)."""
+        if not self.out_of_time:
+            return None
+        return (
+            f"warning: TensorFlow kernel probing stopped at its {time_budget:g} s limit (slow kernels or a loaded "
+            f"host), so {self.out_of_time} op(s) use the graph rules and this estimate may differ from one on a faster "
+            "or quieter host; the next estimate continues from the probe cache"
+        )
 
 
 def measure(
