@@ -283,6 +283,16 @@ def test_probe_settings_refuse_what_is_not_a_budget():
         ProbeSettings(time_limit_s=float("nan"))
 
 
+def test_estimate_training_takes_probe_settings(cache_env):
+    model, batch = _small_cnn(), torch.zeros(8, 3, 16, 16)
+    none = estimate_training(model, batch, optimizer="sgd", probe_kernels=ProbeSettings(kernel_runs=0))
+    assert none.extra["kernel_probes"]["kernel_runs"] == 0
+    assert any("budget of 0 kernel runs per estimate was spent" in note for note in none.notes)
+    assert none.peak_bytes == estimate_training(model, batch, optimizer="sgd", probe_kernels=False).peak_bytes
+    with pytest.raises(ValueError, match="probe_kernels must be True, False or a ProbeSettings, got 'yes'"):
+        estimate_training(model, batch, optimizer="sgd", probe_kernels="yes")
+
+
 def test_probe_kernels_false_uses_the_rules_and_says_so(cache_env):
     model, batch = _small_cnn(), torch.zeros(8, 3, 16, 16)
     probed = estimate_training(model, batch, optimizer="sgd")

@@ -70,7 +70,7 @@ from nnmem_callbacks.estimators.torch.tracer import OpMemo, StorageTracker, Trac
 from nnmem_callbacks.hardware import cuda_tables
 from nnmem_callbacks.hardware.gpus import DEFAULT_ARCH_CAPABILITY, cuda_arch
 from nnmem_callbacks.probes.runner import UnsupportedKernelError
-from nnmem_callbacks.probes.session import current_session, kernel_probes, probe_batch
+from nnmem_callbacks.probes.session import ProbeSettings, current_session, kernel_probes, probe_batch
 
 __all__ = [
     "cublas_workspace_bytes",
@@ -110,7 +110,7 @@ def estimate_training(
     gradient_clip_val: float | None = None,
     gradient_clip_algorithm: str = "norm",
     check_scaling: bool = True,
-    probe_kernels: bool = True,
+    probe_kernels: "bool | ProbeSettings" = True,
     sequence_dim: int | str | None = None,
 ) -> MemoryEstimate:
     """Predicts the peak memory of training ``model`` on batches like ``batch``.
@@ -139,7 +139,8 @@ def estimate_training(
         probe_kernels: Measure the CPU kernels' workspaces by running each
             distinct op for real at small batch multiples (cached on disk per
             machine fingerprint, see :mod:`nnmem_callbacks.probes`); ``False``
-            uses the per-op formulas instead (and ``notes`` says so).
+            uses the per-op formulas instead (and ``notes`` says so); a
+            :class:`~nnmem_callbacks.probes.session.ProbeSettings` sets the run budget, time limit and memory cap.
         sequence_dim: Give the estimate a sequence-length axis
             (``est.peak_bytes_at(batch, seq_len=...)``, ``est.max_sequence_length``):
             ``"auto"`` finds token ids of shape ``(batch, length)``, an int names
@@ -165,6 +166,8 @@ def estimate_training(
         >>> est.peak_bytes_at(512) > est.peak_bytes
         True
     """
+    if not isinstance(probe_kernels, (bool, ProbeSettings)):
+        raise ValueError(f"probe_kernels must be True, False or a ProbeSettings, got {probe_kernels!r}")
     compiled = find_compiled(model, loss_fn, optimizer)
     if compiled is not None:
         model, loss_fn = compiled.model, compiled.loss_fn
@@ -185,7 +188,7 @@ def estimate_training(
     return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels))
 
 
-def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: bool) -> MemoryEstimate:
+def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: "bool | ProbeSettings") -> MemoryEstimate:
     """:func:`estimate_training` for a checked step configuration (without a verifier)."""
     model = config.model
     started = time.perf_counter()
@@ -195,7 +198,8 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: boo
             f"traced on {config.trace_device.type} kernels for a {config.target_device.type} target "
             f"(no {config.target_device.type} device here)"
         )
-    with kernel_probes(config.target_device.type, enabled=probe_kernels) as probes:
+    settings = probe_kernels if isinstance(probe_kernels, ProbeSettings) else ProbeSettings(enabled=bool(probe_kernels))
+    with kernel_probes(config.target_device.type, settings=settings) as probes:
         try:
             estimate = None
             if config.compiled is not None:
@@ -249,7 +253,7 @@ class TraceVerifier(DirectEstimator):
         (32, True)
     """
 
-    def __init__(self, config: StepConfig, probe_kernels: bool) -> None:
+    def __init__(self, config: StepConfig, probe_kernels: "bool | ProbeSettings") -> None:
         self._config = config
         self._probe_kernels = probe_kernels
 
