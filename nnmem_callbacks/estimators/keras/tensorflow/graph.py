@@ -262,9 +262,7 @@ def estimate_tensorflow(
             )
             scratch_curves, report = tf_probes.measure(probes, (batch_size, 2 * batch_size))
             report.skipped += undescribed
-            notes.append(report.note())
-            if report.time_warning() is not None:
-                notes.append(report.time_warning())
+            notes.extend(line for line in (report.note(), report.time_warning()) if line)
         except Exception as error:  # noqa: BLE001 - probing never breaks the estimate
             notes.append(
                 f"warning: TensorFlow kernel scratch not probed ({type(error).__name__}: {error}); graph rules apply"
