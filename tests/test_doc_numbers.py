@@ -605,6 +605,15 @@ QUOTES = (
             f"bound {_bound(doc['summary'])}"
         ),
     ),
+    Quote(
+        "benchmarks/README.md",
+        ("keras_tensorflow_cpu/zen3-avx2_developed_onednn1.json",),
+        lambda doc: (
+            "with oneDNN on: "
+            f"{_median_worst(doc['summary']['ours'])} ({_worst_case(doc)}; {doc['summary']['ours']['n']} models), "
+            f"bound {_bound(doc['summary'])}"
+        ),
+    ),
     Quote("benchmarks/README.md", ("jax_allocator_offline/h100_growth.json",), _jax_offline),
     Quote("benchmarks/README.md", ("tf_allocator_fidelity/avx512.json",), _tf_fidelity),
     Quote("benchmarks/README.md", ("distributed/zen4-avx512.json",), _distributed),
