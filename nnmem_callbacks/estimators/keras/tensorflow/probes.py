@@ -256,6 +256,7 @@ class ProbeReport:
     over_cap: int = 0
     out_of_time: int = 0
     seconds: float = 0.0
+    time_budget: float = DEFAULT_TIME_BUDGET  # the budget the probes ran under
     errors: list[str] = dataclasses.field(default_factory=list)
 
     def note(self) -> str:
@@ -281,12 +282,12 @@ class ProbeReport:
             text += "; first failure: " + self.errors[0]
         return text
 
-    def time_warning(self, time_budget: float = DEFAULT_TIME_BUDGET) -> str | None:
+    def time_warning(self) -> str | None:
         """A ``warning:`` line when the time budget cut probing short (the estimate then depends on the host's speed)."""
         if not self.out_of_time:
             return None
         return (
-            f"warning: TensorFlow kernel probing stopped at its {time_budget:g} s limit (slow kernels or a loaded "
+            f"warning: TensorFlow kernel probing stopped at its {self.time_budget:g} s limit (slow kernels or a loaded "
             f"host), so {self.out_of_time} op(s) use the graph rules and this estimate may differ from one on a faster "
             "or quieter host; the next estimate continues from the probe cache"
         )
@@ -314,7 +315,7 @@ def measure(
     from nnmem_callbacks.probes.cache import ProbeCache
     from nnmem_callbacks.probes.fit import Curve
 
-    report = ProbeReport()
+    report = ProbeReport(time_budget=time_budget)
     if cache is None:
         cache = ProbeCache(host_fingerprint())
     stored = cache.load()
