@@ -242,6 +242,7 @@ class MemoryBudgetCallbackMixin:
             self._early = self._estimate(trainer, pl_module, self._read_facts(trainer, pl_module, reading))
         self._strategy_reading = reading
 
+    @estimation.sharing_traced_ops()  # the estimate, its bf16 offer and a planned batch's check share their op memo
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Estimates, plans, agrees with the other ranks, acts on the plan and reports it."""
         restored, reading, early = self._restored, self._strategy_reading, self._early

@@ -39,6 +39,7 @@ from nnmem_callbacks.adapters.lightning.strategy import units_for
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 from nnmem_callbacks.estimators.torch.estimator import estimate_training
+from nnmem_callbacks.estimators.torch.tracer import sharing_traced_ops
 
 if TYPE_CHECKING:  # the same classes serve lightning.pytorch
     import pytorch_lightning as pl
@@ -53,6 +54,7 @@ __all__ = [
     "log",
     "ManualOptimizationShim",
     "model_resident_bytes",
+    "sharing_traced_ops",
     "sum_outputs",
     "training_step_loss",
 ]

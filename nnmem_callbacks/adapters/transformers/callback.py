@@ -296,6 +296,7 @@ class MemoryBudgetCallback(TrainerCallback):
         self._unwrap_log()
 
     # ------------------------------------------------------- estimate and plan
+    @estimation.sharing_traced_ops()  # the estimate and its bf16 offer share their op memo
     def _estimate_and_plan(self, trainer: Any, args: Any, model: Any, optimizer: Any) -> str:
         """Estimates and plans; returns the warning or error message ("" when the run fits)."""
         device = args.device

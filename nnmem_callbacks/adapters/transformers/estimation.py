@@ -59,6 +59,7 @@ from nnmem_callbacks.adapters.transformers.ranks import read_ranks, unit_modules
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 from nnmem_callbacks.estimators.torch.estimator import estimate_training
+from nnmem_callbacks.estimators.torch.tracer import sharing_traced_ops
 
 __all__ = [
     "estimate_step",
@@ -69,6 +70,7 @@ __all__ = [
     "optimizer_for",
     "precision_of",
     "read_facts",
+    "sharing_traced_ops",
     "StepFacts",
     "trainer_loss",
     "unwrap_optimizer",

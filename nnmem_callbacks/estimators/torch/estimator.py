@@ -322,9 +322,9 @@ class TraceSession:
     depend on the batch (weight casts, the optimizer) from the first trace.
     """
 
-    def __init__(self, libraries: "cuda_libraries.LibraryModel | None" = None) -> None:
+    def __init__(self, libraries: "cuda_libraries.LibraryModel | None" = None, memo_context: Any = None) -> None:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        self.memo = OpMemo(self.fake_mode) if FAST_DISPATCH else None
+        self.memo = OpMemo(self.fake_mode, memo_context) if FAST_DISPATCH else None
         self.libraries = libraries
         self.cuda_emulation: EmulationReport | None = None  # filled by the traces of a CUDA target without CUDA
         #: The traces at other batch sizes, by role (``"fit"``, ``"check"``): ``(batch_size, trace)``.
@@ -505,7 +505,7 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
             config.cuda_arch.capability if config.cuda_arch is not None else None,
             probe_convolutions=session_probes is None or session_probes.settings.enabled,
         )
-    session = TraceSession(libraries)
+    session = TraceSession(libraries, memo_context=config.op_context)
     main = run_trace(config, batch_size, session=session)
     if session.paged_optimizers and config.target_device.type == "cuda":
         notes.append(

@@ -69,6 +69,12 @@ class StepConfig:
     cuda_arch: Any = None  # gpus.CudaArch named by the device ("cuda:h100"), None when not named
     compiled: Any = None  # compiled.CompiledStep: the torch.compile'd parts of the step, None when eager
 
+    @property
+    def op_context(self) -> tuple:
+        """What a traced op's outputs depend on besides the op and its inputs (``tracer.sharing_traced_ops``)."""
+        arch = self.cuda_arch.capability if self.cuda_arch is not None else None
+        return (self.target_device.type, self.trace_device.type, arch, self.compiled is not None)
+
 
 def make_config(
     model, batch, optimizer, loss_fn, precision, device, accumulate, clip_val, clip_algorithm, sequence_dim=None

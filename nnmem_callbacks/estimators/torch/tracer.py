@@ -15,10 +15,12 @@ workspaces that fake tensors cannot see (oneDNN, cuDNN, cuBLAS).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import weakref
 from collections import Counter
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
@@ -29,7 +31,7 @@ from torch.utils._pytree import tree_flatten
 from nnmem_callbacks.core.estimate import Category
 from nnmem_callbacks.estimators.torch import rules as _rules
 
-__all__ = ["OpMemo", "StorageTracker", "TraceResult"]
+__all__ = ["OpMemo", "StorageTracker", "TraceResult", "sharing_traced_ops"]
 
 _LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
 
@@ -73,6 +75,33 @@ _SKIP_OPS = frozenset(
 )
 
 
+#: The memo entries shared by the estimates inside :func:`sharing_traced_ops`, by the traces' context.
+_SHARED_ENTRIES: contextvars.ContextVar["dict[Hashable, dict] | None"] = contextvars.ContextVar(
+    "nnmem_shared_op_memo", default=None
+)
+
+
+@contextlib.contextmanager
+def sharing_traced_ops() -> Iterator[None]:
+    """Estimates made inside share what their traces learned of each op.
+
+    A callback estimates several times at one fit start (the estimate, the ``bf16-mixed`` offer, a direct check of
+    the planned batch); each estimate's first pass of an op through the fake mode is its costliest. Inside this
+    context the op memo of every trace with the same context (target device, the device traced on, the emulated
+    CUDA architecture) is one, so a later estimate replays what an earlier one saw: the optimizer's step, the
+    weights' casts. The entries depend only on the op and its inputs' metadata, not on the fake mode that made them,
+    so the bytes are the same. Nested uses share the outer one; the entries go when the outermost context ends.
+    """
+    if _SHARED_ENTRIES.get() is not None:
+        yield
+        return
+    token = _SHARED_ENTRIES.set({})
+    try:
+        yield
+    finally:
+        _SHARED_ENTRIES.reset(token)
+
+
 class OpMemo:
     """Remembers the outputs of fake ops by their inputs' metadata.
 
@@ -87,9 +116,12 @@ class OpMemo:
     the input as it is and could not repeat the change.
     """
 
-    def __init__(self, fake_mode: FakeTensorMode) -> None:
+    def __init__(self, fake_mode: FakeTensorMode, context: Hashable | None = None) -> None:
+        """``context``: what the outputs may depend on besides the op and its inputs (see :func:`sharing_traced_ops`);
+        ``None`` keeps the entries to this memo."""
         self.fake_mode = fake_mode
-        self.entries: dict[Any, Any] = {}
+        shared = _SHARED_ENTRIES.get() if context is not None else None
+        self.entries: dict[Any, Any] = shared.setdefault(context, {}) if shared is not None else {}
         self._pointwise: dict[Any, bool] = {}
 
     @staticmethod
