@@ -25,6 +25,9 @@ FACTORIES = textwrap.dedent(
     def mlp(hidden=30):
         return nn.Sequential(nn.Linear(20, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
+    def small_cnn():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+
     class TokenModel(nn.Module):
         def __init__(self):
             super().__init__()
@@ -263,6 +266,20 @@ def test_estimate_named_and_positional_inputs_and_model_args(capsys, factory_fil
     )
     assert code == 0, err
     assert json.loads(out)["breakdown"]["parameters"] == (20 * 64 + 64 + 64 * 10 + 10) * 4
+
+
+def test_no_probes_estimates_from_the_rules_and_says_so(capsys, factory_file):
+    pytest.importorskip("torch")
+    argv = ("estimate", f"{factory_file}:small_cnn", "-i", "3,8,8", "-b", "4", "--device", "cpu", "--json")
+    code, out, err = run_cli(capsys, *argv, "--no-probes")
+    assert code == 0, err
+    notes = json.loads(out)["notes"]
+    assert any("kernel workspaces from rules, not probed: probe_kernels=False" in note for note in notes)
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    notes = json.loads(out)["notes"]
+    assert any("kernel workspaces probed on this cpu" in note for note in notes)
+    assert not any("probe_kernels=False" in note for note in notes)
 
 
 def test_estimate_table_and_gpu_fit_table(capsys, factory_file):

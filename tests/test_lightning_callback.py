@@ -19,7 +19,9 @@ from _lightning_models import GAN, MLP, DataModule, MLPWithLoader, make_dataset,
 from nnmem_callbacks import MemoryBudgetExceeded, format_bytes  # noqa: E402
 from nnmem_callbacks.adapters.lightning import estimation, trainer_io  # noqa: E402
 from nnmem_callbacks.adapters.lightning.namespace import Namespace  # noqa: E402
+from nnmem_callbacks.estimators.torch import tracer  # noqa: E402
 from nnmem_callbacks.lightning import MemoryBudgetCallback  # noqa: E402
+from nnmem_callbacks.probes.session import ProbeSettings  # noqa: E402
 
 pytestmark = pytest.mark.lightning
 
@@ -82,6 +84,11 @@ def test_invalid_arguments_name_valid_values(kwargs, needle):
     assert needle in str(error.value)
 
 
+def test_bad_probe_settings_are_refused_with_what_is_valid():
+    with pytest.raises(ValueError, match=r"probe_kernels must be True .* False .* or a .*ProbeSettings.*got 0.5"):
+        MemoryBudgetCallback(probe_kernels=0.5)
+
+
 def test_policies_constant_matches_plan():
     assert MemoryBudgetCallback.POLICIES == ("warn", "raise", "shrink", "accumulate")
 
@@ -115,10 +122,11 @@ def test_warn_over_budget_gives_one_warning_with_advice(tmp_path):
 
 
 def test_the_bf16_offer_is_estimated_without_batch_lines_and_saves_what_a_full_estimate_says(tmp_path, monkeypatch):
-    offers = []
+    offers, calls = [], []
     real = estimation.estimate_training
 
     def spy(*args, **kwargs):
+        calls.append((kwargs["probe_kernels"], tracer._SHARED_ENTRIES.get()))
         estimate = real(*args, **kwargs)
         if kwargs["precision"] == "bf16-mixed":
             offers.append((kwargs["check_scaling"], estimate, real(*args, **{**kwargs, "check_scaling": True})))
@@ -126,8 +134,13 @@ def test_the_bf16_offer_is_estimated_without_batch_lines_and_saves_what_a_full_e
 
     monkeypatch.setattr(estimation, "estimate_training", spy)
     estimate = estimate_mlp(64, tmp_path)
-    callback = MemoryBudgetCallback(budget=budget_between(estimate, 16), policy="warn")
+    settings = ProbeSettings(kernel_runs=300)
+    callback = MemoryBudgetCallback(budget=budget_between(estimate, 16), policy="warn", probe_kernels=settings)
+    calls.clear()
     fit(tmp_path, MLP(), callback, DataModule(batch_size=64), limit_train_batches=1)
+    # the estimate and the offer: the callback's probe settings, and one op memo shared between them
+    assert len(calls) >= 2 and all(given is settings for given, _ in calls)
+    assert calls[0][1] is not None and all(shared is calls[0][1] for _, shared in calls)
     assert len(offers) == 1
     check_scaling, offered, full = offers[0]
     assert check_scaling is False  # the offer is read at the planned batch only

@@ -274,6 +274,22 @@ def test_the_run_budget_counts_points_so_an_estimate_does_not_depend_on_the_cach
     assert warm.kernel_runs == 0  # every point taken came from the cache
 
 
+def test_a_point_two_batch_sizes_walk_through_counts_once(monkeypatch, tmp_path):
+    # the main trace at 8 walks 1, 2, 4, 8; the trace at twice the batch walks 1, 2, 4, 8, 16 of the same op shape:
+    # 5 distinct points, so a budget of 5 lets both be probed (counting every step of every walk would need 9)
+    _synthetic(monkeypatch, lambda n: 100_000 * n + 1_000_000 * min(n, 3))
+    cache = ProbeCache({"device_type": "cpu", "t": 7}, tmp_path)
+    with kernel_probes("cpu", settings=ProbeSettings(kernel_runs=5), cache=cache) as session:
+        (args8, out8), (args16, out16) = _conv_call(8), _conv_call(16)
+        with probe_batch(8):
+            at_8 = session.peak(CONV, args8, {}, out8)
+        with probe_batch(16):
+            at_16 = session.peak(CONV, args16, {}, out16)
+    assert (at_8, at_16) == (100_000 * 8 + 3_000_000, 100_000 * 16 + 3_000_000)
+    assert session.points_used == 5 and session.kernel_runs == 5
+    assert not any("budget" in note for note in session.notes())
+
+
 def test_probe_settings_refuse_what_is_not_a_budget():
     with pytest.raises(ValueError, match="kernel_runs must be an int >= 0"):
         ProbeSettings(kernel_runs=-1)
@@ -289,7 +305,9 @@ def test_estimate_training_takes_probe_settings(cache_env):
     assert none.extra["kernel_probes"]["kernel_runs"] == 0
     assert any("budget of 0 kernel runs per estimate was spent" in note for note in none.notes)
     assert none.peak_bytes == estimate_training(model, batch, optimizer="sgd", probe_kernels=False).peak_bytes
-    with pytest.raises(ValueError, match="probe_kernels must be True, False or a ProbeSettings, got 'yes'"):
+    with pytest.raises(
+        ValueError, match=r"probe_kernels must be True \(.*\), False \(.*\) or a .*ProbeSettings.*got 'yes'"
+    ):
         estimate_training(model, batch, optimizer="sgd", probe_kernels="yes")
 
 

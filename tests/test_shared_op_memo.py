@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 
@@ -95,29 +94,3 @@ def test_a_memo_without_a_context_keeps_its_entries():
         mode = FakeTensorMode()
         assert tracer.OpMemo(mode).entries is not tracer.OpMemo(mode).entries
         assert tracer.OpMemo(mode, ("cpu",)).entries is tracer.OpMemo(mode, ("cpu",)).entries
-
-
-@pytest.mark.parametrize("adapter", ["lightning", "transformers"])
-def test_the_callbacks_estimate_and_offer_inside_one_shared_memo(adapter):
-    # the fit start's estimates are made inside the context (the tests of each callback check what they estimate)
-    if adapter == "lightning":
-        pytest.importorskip("pytorch_lightning")
-        from nnmem_callbacks.adapters.lightning.callback import MemoryBudgetCallbackMixin as owner
-
-        method = owner.on_fit_start
-    else:
-        pytest.importorskip("transformers")
-        from nnmem_callbacks.adapters.transformers.callback import MemoryBudgetCallback as owner
-
-        method = owner._estimate_and_plan
-    seen = []
-
-    class Probe:
-        def __getattr__(self, name):
-            seen.append(tracer._SHARED_ENTRIES.get())
-            raise RuntimeError("stop")
-
-    with pytest.raises(RuntimeError, match="stop"):
-        method(Probe(), None, Probe(), None, None) if adapter == "transformers" else method(Probe(), None, None)
-    assert seen and seen[0] is not None
-    assert tracer._SHARED_ENTRIES.get() is None

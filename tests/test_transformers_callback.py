@@ -23,6 +23,7 @@ pytest.importorskip("accelerate")
 
 from nnmem_callbacks.adapters.transformers import estimation  # noqa: E402
 from nnmem_callbacks.adapters.transformers.planning import keep_effective_batch  # noqa: E402
+from nnmem_callbacks.estimators.torch import tracer  # noqa: E402
 from nnmem_callbacks.transformers import (  # noqa: E402
     MemoryBudgetCallback,
     MemoryBudgetExceeded,
@@ -199,20 +200,26 @@ def test_the_bf16_offer_is_estimated_without_batch_lines_and_saves_what_a_full_e
     sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(2)])
     args = arguments(tmp_path, per_device_train_batch_size=8)
     estimate = plan_training_arguments(model, args, budget="4GiB", sample=sample).estimate
-    offers = []
+    offers, calls = [], []
     real = estimation.estimate_training
 
     def spy(*a, **kwargs):
+        calls.append((kwargs["probe_kernels"], tracer._SHARED_ENTRIES.get()))
         made = real(*a, **kwargs)
         if kwargs["precision"] == "bf16-mixed":
             offers.append((kwargs["check_scaling"], made, real(*a, **{**kwargs, "check_scaling": True})))
         return made
 
     monkeypatch.setattr(estimation, "estimate_training", spy)
-    callback = MemoryBudgetCallback(budget=int(estimate.upper_bytes_at(2) / 0.95) + 1, policy="raise")
+    callback = MemoryBudgetCallback(
+        budget=int(estimate.upper_bytes_at(2) / 0.95) + 1, policy="raise", probe_kernels=False
+    )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens("gpt2"), callbacks=[callback])
     with pytest.raises(MemoryBudgetExceeded):
         trainer.train()
+    # the estimate, the offer and the checked smaller batch: the callback's probe setting, one shared op memo
+    assert len(calls) >= 3 and all(given is False for given, _ in calls)
+    assert calls[0][1] is not None and all(shared is calls[0][1] for _, shared in calls)
     assert len(offers) == 1
     check_scaling, offered, full = offers[0]
     assert check_scaling is False and offered.peak_bytes == full.peak_bytes
@@ -305,6 +312,11 @@ def test_a_failure_is_one_warning_and_training_goes_on(tmp_path, monkeypatch):
     assert trainer.state.global_step == SAMPLES // 4
     assert callback.estimate is None and "no estimate today" in callback.failure
     assert len([w for w in said if "MemoryBudgetCallback" in str(w.message)]) == 1
+
+
+def test_bad_probe_settings_are_refused_with_what_is_valid():
+    with pytest.raises(ValueError, match=r"probe_kernels must be True .* False .* or a .*ProbeSettings.*got 'no'"):
+        MemoryBudgetCallback(probe_kernels="no")
 
 
 def test_bind_and_policy_checks():

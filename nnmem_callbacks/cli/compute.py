@@ -96,6 +96,7 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             strategy = strategy_from_args(args)
+            probes = not getattr(args, "no_probes", False)
             device = f"cuda:{target.gpu.name}" if target.gpu is not None else target.device
             if strategy.kind == "single":
                 estimate = estimate_training(
@@ -105,12 +106,19 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
                     precision=precision,
                     device=device,
                     sequence_dim="auto" if getattr(args, "seq_len", None) else None,
+                    probe_kernels=probes,
                 )
             else:
                 from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 
                 estimate = estimate_per_rank(
-                    traced_model, batch, optimizer=args.optimizer, precision=precision, device=device, strategy=strategy
+                    traced_model,
+                    batch,
+                    optimizer=args.optimizer,
+                    precision=precision,
+                    device=device,
+                    strategy=strategy,
+                    probe_kernels=probes,
                 )
     except ValueError as error:
         raise CliError(str(error)) from None
@@ -220,7 +228,7 @@ def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> Memo
         raise CliError(
             f"the Keras model in {spec!r} was saved without a loss; compile it with a loss and save it again"
         )
-    estimate = keras_estimate(model, batch_size=args.batch_size)
+    estimate = keras_estimate(model, batch_size=args.batch_size, probe_kernels=not getattr(args, "no_probes", False))
     return dataclasses.replace(estimate, notes=(*estimate.notes, *notes)) if notes else estimate
 
 

@@ -232,6 +232,13 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         help=f"torch.compile's mode with --compile: {', '.join(COMPILE_MODES)} (default: torch's default); "
         "autotuning and CUDA graphs are not modelled and notes say so, e.g. --compile-mode max-autotune",
     )
+    parser.add_argument(
+        "--no-probes",
+        action="store_true",
+        help="for a CPU target, do not run the CPU kernels once to measure their scratch memory (cached per "
+        "machine; a first estimate on a new machine spends most of its time there): the rules' formulas give "
+        "it instead, faster and less exact; the notes say so",
+    )
     _add_target_options(parser)
     parser.set_defaults(func=estimate_command)
     return parser

@@ -51,6 +51,7 @@ from nnmem_callbacks.probes.runner import (
 )
 
 __all__ = [
+    "check_probe_kernels",
     "current_session",
     "DEFAULT_MEMORY_CAP",
     "default_memory_cap",
@@ -77,11 +78,12 @@ DEFAULT_MEMORY_CAP = 256 * MiB
 #: inputs and peaks, 33 MiB over its largest probe's; benchmarks.suites.speed).
 PROBE_SHARE_OF_CAP = 0.75
 
-#: Probe points per estimate (kernel runs, a point served by the cache counted as one): after that the rules'
-#: formulas apply. A count, not seconds, so that the same model on the same host gets the same estimate however
-#: loaded the host is and whatever the cache holds (a budget in seconds gave ResNet-50 at batch 32 3,103,732,404
-#: bytes on a loaded 2-core host, then 3,089,855,156 once the cache held more). The accuracy suites' cases use
-#: at most 230 (ConvNeXt from a transformers config, bf16-mixed).
+#: Distinct probe points per estimate (an op shape at one batch multiple, measured or served by the cache; a point
+#: the walks at two batch sizes both take counts once): after that the rules' formulas apply. A count, not seconds,
+#: so that the same model on the same host gets the same estimate however loaded the host is and whatever the cache
+#: holds (a budget in seconds gave ResNet-50 at batch 32 3,103,732,404 bytes on a loaded 2-core host, then
+#: 3,089,855,156 once the cache held more). ResNet-50 at batch 32 takes 197 (fp32) and 188 (bf16-mixed), GPT-2 small
+#: 20 and 94.
 DEFAULT_KERNEL_RUN_BUDGET = 400
 
 #: Seconds of probing per estimate after which probing stops even within the run budget: a guard for slow kernels
@@ -128,6 +130,16 @@ class ProbeSettings:
             raise ValueError(f"kernel_runs must be an int >= 0 (probe points per estimate), got {self.kernel_runs!r}")
         if not isinstance(self.time_limit_s, (int, float)) or not self.time_limit_s >= 0:
             raise ValueError(f"time_limit_s must be a number of seconds >= 0, got {self.time_limit_s!r}")
+
+
+def check_probe_kernels(value: Any) -> "bool | ProbeSettings":
+    """``value`` if it is a valid ``probe_kernels`` argument; otherwise a ValueError naming what is valid."""
+    if not isinstance(value, (bool, ProbeSettings)):
+        raise ValueError(
+            f"probe_kernels must be True (measure the CPU kernels' workspaces), False (the rules' formulas only) or a "
+            f"nnmem_callbacks.probes.session.ProbeSettings (run budget, time limit, memory cap), got {value!r}"
+        )
+    return value
 
 
 _CURRENT: contextvars.ContextVar["ProbeSession | None"] = contextvars.ContextVar("nnmem_probe_session", default=None)
@@ -190,7 +202,9 @@ class ProbeSession:
         self._probed_keys: set[str] = set()  # op shapes measured now
         self._cached_keys: set[str] = set()  # op shapes served by the cache
         self.kernel_runs = 0
-        self.points_used = 0  # probe points taken by this estimate, measured or cached: what the run budget counts
+        # what the run budget counts: the distinct probe points (op shape, batch multiple) this estimate's walks took,
+        # measured or cached; a point a walk at another batch took already counts once
+        self._points_taken: set[tuple[str, int]] = set()
         self.seconds = 0.0
         self.timed_out = False  # the time limit cut probing short: the estimate depends on the host's speed
         self.skipped: dict[str, set[str]] = {}  # reason -> op names left to the rules
@@ -198,6 +212,21 @@ class ProbeSession:
         self.failed: dict[str, str] = {}  # op name -> error
         self.cache_error: str | None = None  # why the probes could not be saved to the cache
         self.fallbacks: Counter = Counter()  # op name -> rule-based workspaces
+
+    def summary(self) -> dict[str, Any]:
+        """The counts an estimate keeps in ``extra["kernel_probes"]``."""
+        return {
+            "probed": self.probed,
+            "from_cache": self.from_cache,
+            "kernel_runs": self.kernel_runs,
+            "points": self.points_used,
+            "seconds": round(self.seconds, 4),
+        }
+
+    @property
+    def points_used(self) -> int:
+        """Distinct probe points this estimate took, measured or from the cache: what the run budget counts."""
+        return len(self._points_taken)
 
     @property
     def probed(self) -> int:
@@ -371,12 +400,13 @@ class ProbeSession:
             if not wanted:
                 break
             n = wanted[0]
-            if self.points_used >= self.settings.kernel_runs:
+            point = (plan.key, n)
+            if point not in self._points_taken and self.points_used >= self.settings.kernel_runs:
                 stopped = f"the probe budget of {self.settings.kernel_runs} kernel runs per estimate was spent"
                 break
             if n in curve.points:
                 walk.points[n] = curve.points[n]
-                self.points_used += 1
+                self._points_taken.add(point)
                 continue
             if self._probe_bytes(args, out, plan, n, walk) > PROBE_SHARE_OF_CAP * self.cap:
                 stopped = f"inputs and kernel peak over the {self.cap / MiB:.0f} MiB probe cap"
@@ -400,7 +430,7 @@ class ProbeSession:
             except Exception as error:  # noqa: BLE001 - a probe must never end the estimate
                 self.failed[name] = f"{type(error).__name__}: {str(error).strip()[:200]}"
                 break
-            self.points_used += 1
+            self._points_taken.add(point)
             measured_now = True
             self._new[plan.key] = {"points": curve.to_json(), "unit": plan.unit, "op": name}
         if measured_now:

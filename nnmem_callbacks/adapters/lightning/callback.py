@@ -65,6 +65,7 @@ from nnmem_callbacks.monitoring.phase_tracking import PhaseTracker
 from nnmem_callbacks.monitoring.step_sampling import SampledStep, TensorPeakMeter, step_tensors
 from nnmem_callbacks.monitoring.tensorboard import write_fit_start
 from nnmem_callbacks.probes.runner import live_tensor_bytes
+from nnmem_callbacks.probes.session import ProbeSettings, check_probe_kernels
 
 if TYPE_CHECKING:  # the same classes serve lightning.pytorch
     import pytorch_lightning as pl
@@ -128,10 +129,16 @@ class MemoryBudgetCallbackMixin:
             warning gives the longest length that fits at the batch, and
             ``shrink`` shortens the sequence (keeping the batch) instead of
             shrinking the batch.
+        probe_kernels: Passed to the estimator: ``True`` measures the CPU
+            kernels' workspaces (cached per machine; the first fit start on a
+            new machine pays for the probes), ``False`` uses the rules'
+            formulas only (faster, less exact), a
+            :class:`~nnmem_callbacks.probes.session.ProbeSettings` sets the
+            run budget, time limit and memory cap.
 
     Raises:
-        ValueError: For an unknown policy, a negative margin or an invalid
-            budget (the message lists the valid values).
+        ValueError: For an unknown policy, a negative margin, an invalid
+            budget or ``probe_kernels`` (the message lists the valid values).
 
     Attributes:
         estimate: The :class:`~nnmem_callbacks.MemoryEstimate` made at fit start
@@ -165,6 +172,7 @@ class MemoryBudgetCallbackMixin:
         margin: float = 0.05,
         batch_size_attr: str = "batch_size",
         seq_len_attr: str | None = None,
+        probe_kernels: bool | ProbeSettings = True,
     ) -> None:
         if not isinstance(policy, str) or policy not in self.POLICIES:
             check_policy(policy)  # raises with the list of valid policies
@@ -177,6 +185,7 @@ class MemoryBudgetCallbackMixin:
         if seq_len_attr is not None and (not isinstance(seq_len_attr, str) or not seq_len_attr):
             raise ValueError(f"seq_len_attr must be None or a non-empty attribute name, got {seq_len_attr!r}")
         self.seq_len_attr = seq_len_attr
+        self.probe_kernels = check_probe_kernels(probe_kernels)
         self._restored: dict[str, Any] | None = None
         self._strategy_reading: StrategyReading | None = None
         # the estimate made in setup under a sharding strategy (before it wraps the model), its reason and batch
@@ -464,7 +473,11 @@ class MemoryBudgetCallbackMixin:
         batch = trainer_io.first_train_batch(trainer, pl_module, self._ns)
         with self._ns.isolate_rng():
             estimate, reason = estimation.estimate_module(
-                pl_module, batch, facts, sequence_dim="auto" if self.seq_len_attr is not None else None
+                pl_module,
+                batch,
+                facts,
+                sequence_dim="auto" if self.seq_len_attr is not None else None,
+                probe_kernels=self.probe_kernels,
             )
         return estimate, reason, batch
 
@@ -486,7 +499,7 @@ class MemoryBudgetCallbackMixin:
             with self._ns.isolate_rng():
                 # the offer is read at this batch only (plan.suggest): its batch lines are not traced
                 bf16, why_not = estimation.estimate_module(
-                    pl_module, batch, facts, precision="bf16-mixed", batch_lines=False
+                    pl_module, batch, facts, precision="bf16-mixed", batch_lines=False, probe_kernels=self.probe_kernels
                 )
             if bf16 is None:
                 log.debug("bf16-mixed re-estimate failed: %s", why_not)

@@ -235,6 +235,7 @@ def estimate_module(
     precision: Any = None,
     sequence_dim: int | str | None = None,
     batch_lines: bool = True,
+    probe_kernels: Any = True,
 ) -> tuple[MemoryEstimate | None, str | None]:
     """The estimate of ``pl_module``'s training step on ``batch``, or why there is none; never raises.
 
@@ -246,6 +247,7 @@ def estimate_module(
         sequence_dim: Give the estimate a sequence-length axis (``"auto"``; single device only).
         batch_lines: Trace the two other batch sizes the batch lines come from; ``False`` for an estimate
             read only at ``batch`` (the ``bf16-mixed`` offer's peak: the same figure, in about half the time).
+        probe_kernels: The estimator's ``probe_kernels`` (the callback's).
 
     Returns:
         ``(estimate, None)``, or ``(None, why)``.
@@ -256,7 +258,19 @@ def estimate_module(
         return None, f"no batch to estimate with ({type(error).__name__}: {error})"
     precision = facts.precision if precision is None else precision
     try:
-        return run_estimator(pl_module, inputs, loss_fn, facts, precision, sequence_dim, batch_lines=batch_lines), None
+        return (
+            run_estimator(
+                pl_module,
+                inputs,
+                loss_fn,
+                facts,
+                precision,
+                sequence_dim,
+                batch_lines=batch_lines,
+                probe_kernels=probe_kernels,
+            ),
+            None,
+        )
     except Exception as error:  # noqa: BLE001 - never harm the run
         return None, f"the estimator failed on {source}: {type(error).__name__}: {error}"
 
@@ -294,6 +308,7 @@ def run_estimator(
     sequence_dim: int | str | None = None,
     *,
     batch_lines: bool = True,
+    probe_kernels: Any = True,
 ) -> MemoryEstimate:
     """Runs the estimator with the trainer's optimizers, precision, accumulation and clipping."""
     optimizers = list(facts.optimizers) or configured_optimizers(pl_module)
@@ -309,6 +324,7 @@ def run_estimator(
         gradient_clip_val=facts.gradient_clip_val,
         gradient_clip_algorithm=facts.gradient_clip_algorithm,
         check_scaling=batch_lines,
+        probe_kernels=probe_kernels,
     )
     reading = facts.strategy
     try:

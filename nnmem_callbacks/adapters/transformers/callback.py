@@ -72,6 +72,7 @@ from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
 from nnmem_callbacks.monitoring import meters as monitor
 from nnmem_callbacks.monitoring.step_sampling import SampledStep, TensorPeakMeter, batch_tensors, step_tensors
 from nnmem_callbacks.probes.runner import live_tensor_bytes
+from nnmem_callbacks.probes.session import ProbeSettings, check_probe_kernels
 
 try:
     from transformers import TrainerCallback
@@ -125,9 +126,12 @@ class MemoryBudgetCallback(TrainerCallback):
         policy: ``"warn"`` (one warning) or ``"raise"``
             (:class:`~nnmem_callbacks.MemoryBudgetExceeded` before the first step).
         margin: Headroom kept below the budget.
+        probe_kernels: Passed to the estimator: ``True`` measures the CPU kernels' workspaces (cached per
+            machine), ``False`` uses the rules' formulas only (faster, less exact), a
+            :class:`~nnmem_callbacks.probes.session.ProbeSettings` sets the run budget, time limit and memory cap.
 
     Raises:
-        ValueError: For an unknown policy, a negative margin or an invalid budget.
+        ValueError: For an unknown policy, a negative margin, an invalid budget or ``probe_kernels``.
 
     Attributes:
         estimate: The estimate made at train begin (``None`` when it failed).
@@ -139,7 +143,13 @@ class MemoryBudgetCallback(TrainerCallback):
 
     POLICIES = POLICIES
 
-    def __init__(self, budget: int | float | str | None = None, policy: str = "warn", margin: float = 0.05) -> None:
+    def __init__(
+        self,
+        budget: int | float | str | None = None,
+        policy: str = "warn",
+        margin: float = 0.05,
+        probe_kernels: bool | ProbeSettings = True,
+    ) -> None:
         if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(
                 f"unknown policy {policy!r}; valid policies are {', '.join(repr(p) for p in POLICIES)} "
@@ -148,6 +158,7 @@ class MemoryBudgetCallback(TrainerCallback):
         self.budget = check_budget(budget)
         self.policy = policy
         self.margin = check_margin(margin)
+        self.probe_kernels = check_probe_kernels(probe_kernels)
         self._bound: Any = None
         self._world_zero = True
         self._reset()
@@ -316,7 +327,7 @@ class MemoryBudgetCallback(TrainerCallback):
             batch = estimation.first_batch(trainer, facts.batch_size)
             self._batch_bytes = live_tensor_bytes(batch_tensors(batch), self._device_kind)
             loss_fn = estimation.trainer_loss(trainer)
-            estimate = estimation.estimate_step(model, batch, facts, loss_fn)
+            estimate = estimation.estimate_step(model, batch, facts, loss_fn, probe_kernels=self.probe_kernels)
         except Exception as error:  # noqa: BLE001 - never harm the run
             self.failure = f"{type(error).__name__}: {error}"
             log.debug("MemoryBudgetCallback: estimation failed", exc_info=True)
@@ -344,7 +355,13 @@ class MemoryBudgetCallback(TrainerCallback):
         if not plan.fits and facts.precision == "32-true":  # offer bf16-mixed with its saving
             bf16 = self._guard.safe(
                 lambda: estimation.estimate_step(
-                    model, batch, facts, loss_fn, precision="bf16-mixed", batch_lines=False
+                    model,
+                    batch,
+                    facts,
+                    loss_fn,
+                    precision="bf16-mixed",
+                    batch_lines=False,
+                    probe_kernels=self.probe_kernels,
                 ),
                 "estimating at bf16",
             )
@@ -377,7 +394,7 @@ class MemoryBudgetCallback(TrainerCallback):
             return "No per-device batch fits; see the suggestions above."
         include_reserve = self._device_kind == "cuda" and self.estimate is not None and self.estimate.reserved_bytes
         size, accumulate, checked = planning.checked_setting(
-            model, batch, facts, loss_fn, plan, include_reserve=bool(include_reserve)
+            model, batch, facts, loss_fn, plan, include_reserve=bool(include_reserve), probe_kernels=self.probe_kernels
         )
         if checked is None:
             return "No per-device batch fits at the accumulation that keeps the effective batch."

@@ -286,6 +286,7 @@ def estimate_step(
     *,
     precision: str | None = None,
     batch_lines: bool = True,
+    probe_kernels: Any = True,
 ) -> MemoryEstimate:
     """The estimate of one training step of ``model`` on ``batch`` (raises what the estimator raises).
 
@@ -297,6 +298,7 @@ def estimate_step(
         precision: Another precision (the ``bf16-mixed`` offer); default: ``facts.precision``.
         batch_lines: Trace the two other batch sizes the batch lines come from; ``False`` for an estimate
             read only at this batch (the ``bf16-mixed`` offer's peak: the same figure, in about half the time).
+        probe_kernels: The estimator's ``probe_kernels``.
     """
     training = {name: module.training for name, module in model.named_modules()}
     model.train()
@@ -309,6 +311,7 @@ def estimate_step(
         gradient_clip_val=facts.clip,
         gradient_clip_algorithm="norm",
         check_scaling=batch_lines,
+        probe_kernels=probe_kernels,
     )
     try:
         with isolated_rng():

@@ -51,6 +51,7 @@ from nnmem_callbacks.core.plan import (
 )
 from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.hardware import devices
+from nnmem_callbacks.probes.session import check_probe_kernels
 
 __all__ = [
     "checked_setting",
@@ -192,6 +193,7 @@ class TrainingPlan:
         return int(self.estimate.peak_bytes_at(self.batch_size))
 
 
+@estimation.sharing_traced_ops()  # the estimate and the direct checks of smaller batches share their op memo
 def plan_training_arguments(
     model: Any,
     args: Any,
@@ -201,6 +203,7 @@ def plan_training_arguments(
     margin: float = DEFAULT_MARGIN,
     trainer: Any = None,
     device: Any = None,
+    probe_kernels: Any = True,
 ) -> TrainingPlan:
     """A copy of ``args`` with the per-device batch and accumulation that fit ``budget`` and keep the effective batch.
 
@@ -213,6 +216,7 @@ def plan_training_arguments(
         margin: Headroom kept below the budget.
         trainer: A Trainer whose collator, loss and optimizer are used (optional).
         device: Where training runs (default ``args.device``).
+        probe_kernels: The estimator's ``probe_kernels`` (``True``, ``False`` or a ``ProbeSettings``).
 
     Returns:
         The :class:`TrainingPlan`; ``plan.args`` is the copy to train with.
@@ -232,6 +236,7 @@ def plan_training_arguments(
     """
     check_budget(budget)
     check_margin(margin)
+    check_probe_kernels(probe_kernels)
     batch_size = int(args.per_device_train_batch_size)
     accumulate = max(int(getattr(args, "gradient_accumulation_steps", 1) or 1), 1)
     if sample is None:
@@ -246,7 +251,7 @@ def plan_training_arguments(
         args, model, optimizer=optimizer, device=device, batch_size=batch_size, trainer=trainer
     )
     loss_fn = estimation.trainer_loss(trainer) if trainer is not None else None
-    estimate = estimation.estimate_step(model, batch, facts, loss_fn)
+    estimate = estimation.estimate_step(model, batch, facts, loss_fn, probe_kernels=probe_kernels)
     resident = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     plan = plan_step(
         estimate,
@@ -261,7 +266,7 @@ def plan_training_arguments(
     if not plan.fits and plan.max_fitting_batch_size >= 1:
         include_reserve = devices.device_type(device) == "cuda" and estimate.reserved_bytes is not None
         new_batch, new_accumulate, checked = checked_setting(
-            model, sample, facts, loss_fn, plan, include_reserve=include_reserve
+            model, sample, facts, loss_fn, plan, include_reserve=include_reserve, probe_kernels=probe_kernels
         )
     planned = copy.copy(args)
     planned.per_device_train_batch_size = new_batch
@@ -272,7 +277,14 @@ def plan_training_arguments(
 
 
 def checked_setting(
-    model: Any, sample: Any, facts: estimation.StepFacts, loss_fn: Any, plan: Plan, *, include_reserve: bool
+    model: Any,
+    sample: Any,
+    facts: estimation.StepFacts,
+    loss_fn: Any,
+    plan: Plan,
+    *,
+    include_reserve: bool,
+    probe_kernels: Any = True,
 ) -> tuple[int, int, MemoryEstimate | None]:
     """The largest divisor batch whose own estimate, at its own accumulation, fits; ``(batch, accumulation, it)``.
 
@@ -286,7 +298,7 @@ def checked_setting(
     for divisor in divisors:
         steps = accumulate * (batch_size // divisor)
         at = dataclasses.replace(facts, batch_size=divisor, accumulate=steps)
-        checked = estimation.estimate_step(model, sample_at(sample, divisor), at, loss_fn)
+        checked = estimation.estimate_step(model, sample_at(sample, divisor), at, loss_fn, probe_kernels=probe_kernels)
         peak = checked.device_bytes_at(divisor) if include_reserve else checked.upper_bytes_at(divisor)
         if peak <= usable:
             return divisor, steps, checked

@@ -70,7 +70,13 @@ from nnmem_callbacks.estimators.torch.tracer import OpMemo, StorageTracker, Trac
 from nnmem_callbacks.hardware import cuda_tables
 from nnmem_callbacks.hardware.gpus import DEFAULT_ARCH_CAPABILITY, cuda_arch
 from nnmem_callbacks.probes.runner import UnsupportedKernelError
-from nnmem_callbacks.probes.session import ProbeSettings, current_session, kernel_probes, probe_batch
+from nnmem_callbacks.probes.session import (
+    ProbeSettings,
+    check_probe_kernels,
+    current_session,
+    kernel_probes,
+    probe_batch,
+)
 
 __all__ = [
     "cublas_workspace_bytes",
@@ -166,8 +172,7 @@ def estimate_training(
         >>> est.peak_bytes_at(512) > est.peak_bytes
         True
     """
-    if not isinstance(probe_kernels, (bool, ProbeSettings)):
-        raise ValueError(f"probe_kernels must be True, False or a ProbeSettings, got {probe_kernels!r}")
+    check_probe_kernels(probe_kernels)
     compiled = find_compiled(model, loss_fn, optimizer)
     if compiled is not None:
         model, loss_fn = compiled.model, compiled.loss_fn
@@ -226,12 +231,7 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: "bo
     notes_quantized = quantized.unchecked_notes(model)
     estimate = dataclasses.replace(estimate, notes=(*estimate.notes, *notes_quantized, *probes.notes()))
     extra = dict(estimate.extra)
-    extra["kernel_probes"] = {
-        "probed": probes.probed,
-        "from_cache": probes.from_cache,
-        "kernel_runs": probes.kernel_runs,
-        "seconds": round(probes.seconds, 4),
-    }
+    extra["kernel_probes"] = probes.summary()
     extra["seconds"] = round(time.perf_counter() - started, 4)
     return dataclasses.replace(estimate, extra=extra)
 
@@ -319,7 +319,8 @@ class TraceSession:
     """One fake-tensor mode and op memo shared by the traces of one estimate.
 
     The traces at other batch sizes then replay the ops whose inputs do not
-    depend on the batch (weight casts, the optimizer) from the first trace.
+    depend on the batch (weight casts, the optimizer) from the first trace
+    (and, inside ``tracer.sharing_traced_ops``, from earlier estimates).
     """
 
     def __init__(self, libraries: "cuda_libraries.LibraryModel | None" = None, memo_context: Any = None) -> None:
