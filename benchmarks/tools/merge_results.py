@@ -61,6 +61,9 @@ def merge(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
         >>> merged = merge({"a.json": one, "b.json": two})
         >>> [(r["case"], r["run"]) for r in merged["rows"]], merged["summary"]["ours"]["worst_abs"]
         ([('mlp', 'a.json (aaa)'), ('lstm', 'b.json (bbb)')], 0.1)
+        >>> again = merge({"ab.json": merged, "c.json": dict(two, rows=[dict(row, case="gru")])})  # a merged result
+        >>> [r["run"] for r in again["rows"]]
+        ['a.json (aaa)', 'b.json (bbb)', 'c.json (bbb)']
         >>> merge({"a.json": one, "c.json": dict(one, meta={"backend": "jax"})})
         Traceback (most recent call last):
         ...
@@ -88,15 +91,26 @@ def merge(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
                     f"case {row['case']!r} is in both {measured_by[row['case']]} and {name}; merge disjoint sets"
                 )
             measured_by[row["case"]] = name
-            rows.append({**row, "run": f"{name} ({meta.get('commit', 'no commit')})"})
+            # a result merged before keeps the run each of its rows came from
+            rows.append({**row, "run": row.get("run") or f"{name} ({meta.get('commit', 'no commit')})"})
     merged_meta = {field: first[field] for field in SAME_IN_EVERY_RUN if field in first}
     merged_meta["cases"] = ",".join(r["case"] for r in rows)
     merged_meta["merged_from"] = "; ".join(
-        f"{name}: {len(records[name]['rows'])} cases, commit {records[name]['meta'].get('commit')}, "
-        f"{records[name]['meta'].get('date')}"
+        records[name]["meta"].get("merged_from")
+        or (
+            f"{name}: {len(records[name]['rows'])} cases, commit {records[name]['meta'].get('commit')}, "
+            f"{records[name]['meta'].get('date')}"
+        )
         for name in names
     )
-    notes = sorted({records[name]["meta"]["note"] for name in names if records[name]["meta"].get("note")})
+    notes = sorted(
+        {
+            note
+            for name in names
+            for note in (records[name]["meta"].get("notes", "").split(" | ") + [records[name]["meta"].get("note", "")])
+            if note
+        }
+    )
     if notes:
         merged_meta["notes"] = " | ".join(notes)
     if "truth" in first:
