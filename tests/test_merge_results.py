@@ -82,3 +82,14 @@ def test_the_command_writes_the_table_with_a_run_column(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(out), str(tmp_path / first_name), str(tmp_path / first_name)])
     assert "given twice" in capsys.readouterr().err
+
+
+def test_a_merged_result_merges_again_keeping_where_each_row_came_from():
+    runs = _runs(MERGED)
+    names = list(runs)
+    first_two = merge({name: runs[name] for name in names[:2]})
+    rest = {name: runs[name] for name in names[2:]} or {"extra.json": {"meta": runs[names[0]]["meta"], "rows": []}}
+    again = merge({"first_two.json": first_two, **rest})
+    assert again["rows"] == merge(runs)["rows"]  # every row still names its own run, not "first_two.json"
+    assert "first_two.json" not in again["meta"]["merged_from"]
+    assert all(name in again["meta"]["merged_from"] for name in names)
