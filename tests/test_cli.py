@@ -282,6 +282,23 @@ def test_no_probes_estimates_from_the_rules_and_says_so(capsys, factory_file):
     assert not any("probe_kernels=False" in note for note in notes)
 
 
+def test_a_first_estimate_on_a_machine_says_on_stderr_that_it_runs_kernels(capsys, factory_file, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from nnmem_callbacks.probes import session
+
+    monkeypatch.setenv("NNMEM_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(session, "_ANNOUNCED", set())
+    argv = ("estimate", f"{factory_file}:small_cnn", "-i", "3,8,8", "-b", "4", "--device", "cpu", "--json")
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    assert "nnmem: running this machine's cpu kernels once to measure their scratch memory" in err
+    assert "--no-probes skips this" in err and str(tmp_path / "empty-cache") in err
+    json.loads(out)  # stdout stays the JSON document
+    session._ANNOUNCED.clear()
+    code, out, err = run_cli(capsys, *argv)  # now cached: nothing runs, nothing is said
+    assert code == 0 and "running this machine" not in err
+
+
 def test_estimate_table_and_gpu_fit_table(capsys, factory_file):
     pytest.importorskip("torch")
     code, out, err = run_cli(capsys, "estimate", f"{factory_file}:mlp", "-i", "20", "-b", "16")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from typing import Any
 
 from nnmem_callbacks.cli.errors import CliError, checked_value, first_line, require_module
@@ -92,6 +93,12 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     quiet = logging.getLogger("torch._subclasses.fake_tensor")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
+    # a first estimate on a new machine runs its kernels for tens of seconds: say so on stderr while it does
+    probe_log, said = logging.getLogger("nnmem_callbacks.probes.session"), logging.StreamHandler(sys.stderr)
+    said.setFormatter(logging.Formatter("nnmem: %(message)s; --no-probes skips this"))
+    probe_log.addHandler(said)
+    probe_level = probe_log.level
+    probe_log.setLevel(logging.INFO)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -124,6 +131,8 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
         raise CliError(str(error)) from None
     finally:
         quiet.setLevel(level)
+        probe_log.removeHandler(said)
+        probe_log.setLevel(probe_level)
     if not estimate.method.startswith("trace"):
         check_forward(model, inputs)
     return estimate

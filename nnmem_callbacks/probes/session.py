@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import logging
 import time
 from collections import Counter
 from typing import Any, Iterator
@@ -58,6 +59,7 @@ __all__ = [
     "DEFAULT_KERNEL_RUN_BUDGET",
     "DEFAULT_TIME_LIMIT",
     "kernel_probes",
+    "log",
     "MiB",
     "probe_batch",
     "PROBE_SHARE_OF_CAP",
@@ -140,6 +142,12 @@ def check_probe_kernels(value: Any) -> "bool | ProbeSettings":
             f"nnmem_callbacks.probes.session.ProbeSettings (run budget, time limit, memory cap), got {value!r}"
         )
     return value
+
+
+log = logging.getLogger(__name__)
+
+#: The cache files (or device types, without a cache) whose first probe of this process was announced.
+_ANNOUNCED: set[str] = set()
 
 
 _CURRENT: contextvars.ContextVar["ProbeSession | None"] = contextvars.ContextVar("nnmem_probe_session", default=None)
@@ -359,7 +367,20 @@ class ProbeSession:
         n = max(curve.points) * 2
         return [n]
 
+    def _announce(self) -> None:
+        """Says once per process and cache that kernels are being run: a first estimate on a machine takes longer."""
+        where = str(self.cache.path) if self.cache is not None else self.device_type
+        if where not in _ANNOUNCED:
+            _ANNOUNCED.add(where)
+            log.info(
+                "running this machine's %s kernels once to measure their scratch memory (cached in %s): the first "
+                "estimate on a machine takes longer",
+                self.device_type,
+                where,
+            )
+
     def _measure(self, func: Any, args: tuple, kwargs: dict, plan: _Plan, n: int) -> int:
+        self._announce()
         started = time.perf_counter()
         try:
             with isolated():
