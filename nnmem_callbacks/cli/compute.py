@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from nnmem_callbacks.cli.errors import CliError, checked_value, first_line, require_module
 from nnmem_callbacks.cli.models import build_model, check_forward, load_factory, make_batch
@@ -85,22 +87,19 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     model = build_model(spec, parse_model_args(args.model_arg), factory=factory)
     batch = make_batch(inputs, args.batch_size)
     traced_model = _compiled(model, args)
-    import logging
     import warnings
 
     from nnmem_callbacks.estimators.torch.estimator import estimate_training
 
-    quiet = logging.getLogger("torch._subclasses.fake_tensor")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)
     # a first estimate on a new machine runs its kernels for tens of seconds: say so on stderr while it does
-    probe_log, said = logging.getLogger("nnmem_callbacks.probes.session"), logging.StreamHandler(sys.stderr)
+    said = logging.StreamHandler(sys.stderr)
     said.setFormatter(logging.Formatter("nnmem: %(message)s; --no-probes skips this"))
-    probe_log.addHandler(said)
-    probe_level = probe_log.level
-    probe_log.setLevel(logging.INFO)
     try:
-        with warnings.catch_warnings():
+        with (
+            _logging_at("torch._subclasses.fake_tensor", logging.CRITICAL),
+            _logging_at("nnmem_callbacks.probes.session", logging.INFO, said),
+            warnings.catch_warnings(),
+        ):
             warnings.simplefilter("ignore", RuntimeWarning)
             strategy = strategy_from_args(args)
             probes = not getattr(args, "no_probes", False)
@@ -129,13 +128,25 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
                 )
     except ValueError as error:
         raise CliError(str(error)) from None
-    finally:
-        quiet.setLevel(level)
-        probe_log.removeHandler(said)
-        probe_log.setLevel(probe_level)
     if not estimate.method.startswith("trace"):
         check_forward(model, inputs)
     return estimate
+
+
+@contextlib.contextmanager
+def _logging_at(name: str, level: int, handler: logging.Handler | None = None) -> Iterator[None]:
+    """The logger ``name`` at ``level`` (and with ``handler``) inside; as it was after."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    if handler is not None:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            logger.removeHandler(handler)
+        logger.setLevel(before)
 
 
 def sequence_summary(estimate: MemoryEstimate, seq_len: int, fit: "FitSummary") -> dict[str, Any]:
