@@ -94,23 +94,63 @@ def test_measure_caches_points_and_a_warm_cache_probes_nothing(tmp_path, monkeyp
     assert len(child.calls) == 2
 
 
-def test_probing_cut_short_by_the_time_budget_is_a_warning_and_the_next_estimate_continues(tmp_path, monkeypatch):
+def test_probing_cut_short_by_the_time_limit_is_a_warning_and_the_next_estimate_continues(tmp_path, monkeypatch):
     probes = traced_probes(conv_model(), 6)
     finished = FakeChild()
 
     def timed_out(requests, timeout):  # the child ran out of time after its first request
         results, errors, _ = finished(requests[:1], timeout)
-        return results, [(None, "the probe process ran out of its time budget")], True
+        return results, [(None, "the probe process ran out of its time limit")], True
 
     monkeypatch.setattr(tf_probes, "_run_child", timed_out)
     cache = ProbeCache({"device_type": "cpu", "t": 9}, tmp_path)
     _, report = tf_probes.measure(probes, (6, 12), cache=cache)
     keys = {probe.key() for probe in probes.values()}
     assert report.out_of_time > 0 and report.probed + report.out_of_time == len(probes) and len(keys) > 1
-    assert report.time_warning().startswith("warning: TensorFlow kernel probing stopped at its 90 s limit")
+    limit = tf_probes.DEFAULT_TIME_LIMIT
+    assert report.time_warning().startswith(f"warning: TensorFlow kernel probing stopped at its {limit:g} s limit")
     monkeypatch.setattr(tf_probes, "_run_child", finished)
     _, report = tf_probes.measure(probes, (6, 12), cache=cache)  # the rest now, the first from the cache
     assert report.out_of_time == 0 and report.time_warning() is None and report.cached > 0 and report.probed > 0
+
+
+def test_the_point_budget_reaches_the_same_ops_whatever_the_cache_holds(tmp_path, monkeypatch):
+    probes = traced_probes(conv_model(), 6)
+    keys = list(dict.fromkeys(probe.key() for probe in probes.values()))  # the graph's order
+    assert len(keys) >= 3
+    monkeypatch.setattr(tf_probes, "_run_child", FakeChild())
+    budget = 12  # two ops' points at batch 6 (1, 2, 4, 6 and 12 samples) fit, a third op's do not
+    cache = ProbeCache({"device_type": "cpu", "t": 5}, tmp_path)
+    cold, report = tf_probes.measure(probes, (6, 12), cache=cache, point_budget=budget)
+    assert report.points == 10 and report.over_budget == len(probes) - report.probed > 0
+    assert f"{report.over_budget} past the probe budget of 12 points" in report.note()
+    _, full = tf_probes.measure(probes, (6, 12), cache=cache)  # fills the cache with every op's points
+    assert full.over_budget == 0 and full.probed > 0
+    warm, report = tf_probes.measure(probes, (6, 12), cache=cache, point_budget=budget)
+    assert report.probed == 0 and report.points == 10
+    assert set(warm) == set(cold) and {probes[name].key() for name in warm} == set(keys[:2]), (
+        "the cache must not let the budget reach more ops than a cold estimate reaches"
+    )
+
+
+def test_a_curve_is_made_of_this_estimates_points_only(tmp_path, monkeypatch):
+    probes = traced_probes(conv_model(), 8)
+    monkeypatch.setattr(tf_probes, "_run_child", FakeChild("saturating"))
+    cache = ProbeCache({"device_type": "cpu", "t": 6}, tmp_path)
+    tf_probes.measure(probes, (8, 64), cache=cache)  # the cache now holds 64 samples too
+    curves, report = tf_probes.measure(probes, (8, 16), cache=cache)
+    assert report.probed == len(probes)  # 16 was missing
+    assert all(sorted(dict(curve.points)) == [1, 2, 4, 8, 16] for curve in curves.values())
+    from nnmem_callbacks.probes.fit import Curve
+
+    stored = cache.load()
+    assert all(
+        sorted(dict(Curve.from_json(stored[p.key()]["points"]).points)) == [1, 2, 4, 8, 16, 64] for p in probes.values()
+    )
+    again, report = tf_probes.measure(probes, (8, 16), cache=cache)
+    assert report.cached == len(probes) and all(
+        dict(again[name].points) == dict(curves[name].points) for name in curves
+    )
 
 
 def test_the_replays_batch_sizes_are_probed_and_points_accumulate_in_the_cache(tmp_path, monkeypatch):

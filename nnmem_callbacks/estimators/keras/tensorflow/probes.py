@@ -3,7 +3,7 @@
 A kernel's scratch depends on the build and the host (with oneDNN off, ``Conv2DBackpropFilter`` takes a 16 MiB work
 buffer at every size; oneDNN's takes none), which the graph cannot show. So every distinct op of a kernel family
 known to take scratch (:data:`PROBED_OPS`) is run for real, small, in a child process on this host's TensorFlow,
-within :data:`DEFAULT_MEMORY_CAP` and :data:`DEFAULT_TIME_BUDGET`, and its points are cached per host fingerprint.
+within :data:`DEFAULT_MEMORY_CAP` and :data:`DEFAULT_POINT_BUDGET`, and its points are cached per host fingerprint.
 
 Design: docs/keras-tensorflow-replay.md, "Kernel probes".
 
@@ -14,9 +14,10 @@ Known limitations:
       op is probed as the graph names it.
     * The child process costs a TensorFlow import (a few seconds) the first time a
       host fingerprint meets new ops.
-    * The time budget is wall time: when it cuts probing short, the ops left use the graph's rules and the estimate
-      depends on the host's speed and load (a ``warning:`` note says so; the next estimate continues from the cache).
-      The PyTorch probes count points instead (:mod:`nnmem_callbacks.probes.session`).
+    * Only the probe process's time limit (:data:`DEFAULT_TIME_LIMIT`, a guard for hung or very slow kernels)
+      depends on the host's speed and load; when it cuts probing short, a ``warning:`` note says so and the next
+      estimate continues from the cache. The budget itself counts points, as the PyTorch probes do
+      (:mod:`nnmem_callbacks.probes.session`).
 
 Example:
     >>> probe = OpProbe("Conv2DBackpropFilter", b"", (ProbeInput(1, ("b1", 1, 200, 64)),))
@@ -43,7 +44,8 @@ __all__ = [
     "child_failure",
     "collect",
     "DEFAULT_MEMORY_CAP",
-    "DEFAULT_TIME_BUDGET",
+    "DEFAULT_POINT_BUDGET",
+    "DEFAULT_TIME_LIMIT",
     "FIRST_SAMPLES",
     "host_fingerprint",
     "MAX_CONSTANT_ELEMENTS",
@@ -75,8 +77,15 @@ ONEDNN_PAIRED_OPS = frozenset({"MaxPoolGrad", "MaxPool3DGrad"})
 
 #: Bytes of inputs and outputs above which a probe is not run.
 DEFAULT_MEMORY_CAP = 256 << 20
-#: Seconds of probing per estimate (a warm cache takes none).
-DEFAULT_TIME_BUDGET = 90.0
+#: Probe points per estimate (an op at one number of samples, measured or served by the cache), counted in the
+#: graph's order: an op whose points would pass it keeps the graph's rules. A count, not seconds, so that the same
+#: model on the same host gets the same estimate however loaded the host is and whatever the cache holds. The
+#: developed and judged Keras models take 20 (an LSTM) to 836 (DenseNet121) points (AVX2 host, 2026-11-29).
+DEFAULT_POINT_BUDGET = 2000
+#: Seconds the probe process may run: a guard for hung or very slow kernels, not a budget (a ``warning:`` note says
+#: when it cut probing short; the next estimate continues from the cache). A cold NASNetMobile estimate's 676 points
+#: take 9 s, most of it the child's TensorFlow import.
+DEFAULT_TIME_LIMIT = 300.0
 #: Small per-sample multiples always probed (they extrapolate past the memory cap).
 FIRST_SAMPLES = (1, 2, 4)
 #: Integer constants at most this long are carried into the probe (shape vectors, axes).
@@ -254,9 +263,12 @@ class ProbeReport:
     skipped: int = 0
     failed: int = 0
     over_cap: int = 0
+    over_budget: int = 0
     out_of_time: int = 0
+    points: int = 0  # the points the estimate used, measured or cached (at most the point budget)
     seconds: float = 0.0
-    time_budget: float = DEFAULT_TIME_BUDGET  # the budget the probes ran under
+    point_budget: int = DEFAULT_POINT_BUDGET  # the budget the probes ran under
+    time_limit: float = DEFAULT_TIME_LIMIT
     errors: list[str] = dataclasses.field(default_factory=list)
 
     def note(self) -> str:
@@ -265,7 +277,7 @@ class ProbeReport:
             f"TensorFlow kernel scratch measured on this host for {self.probed + self.cached} op(s) "
             f"({self.cached} from the probe cache, {self.probed} probed in {self.seconds:.1f} s)"
         )
-        left = self.skipped + self.failed + self.over_cap + self.out_of_time
+        left = self.skipped + self.failed + self.over_cap + self.over_budget + self.out_of_time
         if left:
             parts = [
                 f"{count} {why}"
@@ -273,7 +285,8 @@ class ProbeReport:
                     (self.skipped, "not describable"),
                     (self.failed, "failed"),
                     (self.over_cap, "over the memory cap"),
-                    (self.out_of_time, "past the time budget"),
+                    (self.over_budget, f"past the probe budget of {self.point_budget} points"),
+                    (self.out_of_time, "past the time limit"),
                 )
                 if count
             ]
@@ -283,11 +296,11 @@ class ProbeReport:
         return text
 
     def time_warning(self) -> str | None:
-        """A ``warning:`` line when the time budget cut probing short (the estimate then depends on the host's speed)."""
+        """A ``warning:`` line when the time limit cut probing short (the estimate then depends on the host's speed)."""
         if not self.out_of_time:
             return None
         return (
-            f"warning: TensorFlow kernel probing stopped at its {self.time_budget:g} s limit (slow kernels or a loaded "
+            f"warning: TensorFlow kernel probing stopped at its {self.time_limit:g} s limit (slow kernels or a loaded "
             f"host), so {self.out_of_time} op(s) use the graph rules and this estimate may differ from one on a faster "
             "or quieter host; the next estimate continues from the probe cache"
         )
@@ -298,7 +311,8 @@ def measure(
     batch_sizes: tuple[int, ...],
     *,
     memory_cap: int = DEFAULT_MEMORY_CAP,
-    time_budget: float = DEFAULT_TIME_BUDGET,
+    point_budget: int = DEFAULT_POINT_BUDGET,
+    time_limit: float = DEFAULT_TIME_LIMIT,
     cache: Any = None,
 ) -> tuple[dict[str, Any], ProbeReport]:
     """Scratch curves for ``probes``: ``{op name: Curve over samples}`` and a report.
@@ -308,51 +322,63 @@ def measure(
         batch_sizes: The batch sizes the replay will evaluate (probed too,
             where the memory cap allows).
         memory_cap: Bytes of probe tensors above which an op is not probed.
-        time_budget: Seconds of probing.
+        point_budget: Points per estimate (:data:`DEFAULT_POINT_BUDGET`); the ops past it, in the graph's order,
+            keep the graph's rules.
+        time_limit: Seconds the probe process may run (a guard, :data:`DEFAULT_TIME_LIMIT`).
         cache: A :class:`~nnmem_callbacks.probes.cache.ProbeCache` (default:
             the one of this host's fingerprint).
     """
     from nnmem_callbacks.probes.cache import ProbeCache
     from nnmem_callbacks.probes.fit import Curve
 
-    report = ProbeReport(time_budget=time_budget)
+    report = ProbeReport(point_budget=point_budget, time_limit=time_limit)
     if cache is None:
         cache = ProbeCache(host_fingerprint())
     stored = cache.load()
     curves: dict[str, Any] = {}
     by_key: dict[str, OpProbe] = {}
     names_of: dict[str, list[str]] = {}
+    stored_points: dict[str, dict[int, int]] = {}  # what the cache held for each op probed now
     for name, probe in probes.items():
         names_of.setdefault(probe.key(), []).append(name)
         by_key[probe.key()] = probe
     pending: dict[str, list[int]] = {}
     for key, probe in by_key.items():
         entry = stored.get(key)
+        # the sizes the replay evaluates are probed too, where the cap allows: a kernel's path can change at large
+        # sizes (Eigen's contraction shards a large inner dimension into per-thread partial results); the small
+        # sizes extrapolate past the cap
+        wanted = set(FIRST_SAMPLES) | {b for b in batch_sizes if probe.tensor_bytes(b) <= memory_cap}
+        if probe.tensor_bytes(min(wanted)) > memory_cap:
+            report.over_cap += len(names_of[key])
+            continue
+        # every op counts its points whatever the cache holds and whether it fails, so that the ops the budget
+        # reaches depend on the graph alone
+        if report.points + len(wanted) > point_budget:
+            report.over_budget += len(names_of[key])
+            continue
+        report.points += len(wanted)
         if entry is not None and entry.get("failed"):
             report.failed += len(names_of[key])
             if len(report.errors) < 1:
                 report.errors.append(f"{probe.op_type}: {entry['failed']} (cached)")
             continue
-        points = dict(Curve.from_json(entry["points"]).points) if entry is not None and entry.get("points") else {}
-        # the replay evaluates the batch sizes themselves: a kernel's path can change at large sizes (Eigen's
-        # contraction shards a large inner dimension into per-thread partial results), so they are probed
-        # where the cap allows; the small sizes extrapolate past it
-        wanted = set(FIRST_SAMPLES) | {b for b in batch_sizes if probe.tensor_bytes(b) <= memory_cap}
+        known = dict(Curve.from_json(entry["points"]).points) if entry is not None and entry.get("points") else {}
+        # the curve is made of this estimate's own points only: other estimates' points in the cache change nothing
+        points = {n: known[n] for n in wanted if n in known}
         missing = sorted(wanted - set(points))
         if not missing:
             curves[key] = Curve(points)
             report.cached += len(names_of[key])
             continue
-        if probe.tensor_bytes(min(missing)) > memory_cap:
-            report.over_cap += len(names_of[key])
-            continue
         if points:
             curves[key] = Curve(points)  # what is known already, should probing run out of time
+        stored_points[key] = known
         pending[key] = missing
     started = time.perf_counter()
     new_entries: dict[str, Any] = {}
     if pending:
-        results, errors, timed_out = _run_child([by_key[k].request(s) for k, s in pending.items()], time_budget)
+        results, errors, timed_out = _run_child([by_key[k].request(s) for k, s in pending.items()], time_limit)
         report.errors.extend(message for _, message in errors)
         for key, message in errors:
             if key is not None and key not in results:
@@ -370,7 +396,7 @@ def measure(
             merged = dict(curves[key].points) if key in curves else {}
             merged.update(measured)
             curves[key] = Curve(merged)
-            new_entries[key] = {"points": curves[key].to_json()}
+            new_entries[key] = {"points": Curve({**stored_points[key], **merged}).to_json()}  # the cache keeps all
             report.probed += len(names_of[key])
     report.seconds = time.perf_counter() - started
     if new_entries:
@@ -457,7 +483,7 @@ def _run_child(
         )
     except subprocess.TimeoutExpired as expired:
         stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
-        return _parse_child(stdout)[0], [(None, "the probe process ran out of its time budget")], True
+        return _parse_child(stdout)[0], [(None, "the probe process ran out of its time limit")], True
     results, errors = _parse_child(done.stdout)
     if done.returncode != 0 and not results:
         errors.append((None, f"the probe process failed: {child_failure(done.returncode, done.stderr)}"))
