@@ -903,3 +903,38 @@ def test_an_update_racing_its_layers_input_gradient_moves_the_variable_for_the_n
             assert old is None or not old[2]  # the old value's chunk is free (or merged into a free one)
             assert bfc.chunks[placement.chunks[kernel]][2]  # the copy is held
     assert moved == {1: False, 2: True}
+
+
+def test_an_estimates_replays_make_each_order_once_and_replay_as_without_the_memo(monkeypatch):
+    """The steps of a replay and the calls of a loop body share the op order made once, with the same result."""
+    from nnmem_callbacks.estimators.keras.common import input_specs
+    from nnmem_callbacks.estimators.keras.estimator import build_like_fit
+    from nnmem_callbacks.estimators.keras.tensorflow import graph as tf_graph
+    from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
+    from nnmem_callbacks.estimators.keras.tensorflow.trace import trace_train_step
+
+    model = keras.Sequential([keras.Input((12, 6)), L.Conv1D(8, 3), L.LSTM(8), L.Dense(3)])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    x_specs, y_specs, _ = input_specs(model)
+    build_like_fit(model, 4, x_specs, y_specs)
+    concrete = trace_train_step(model, x_specs, y_specs, 4)
+    state = tf_graph.build_state(model)
+    made = []
+    schedule = GraphReplayer._schedule
+
+    def counted(self, graph, graph_outputs, track_phases):
+        made.append((graph, self.unlucky, self.newest_first))
+        return schedule(self, graph, graph_outputs, track_phases)
+
+    monkeypatch.setattr(GraphReplayer, "_schedule", counted)
+    shared = tf_graph._replay_at(concrete, 4, state, {}, False)
+    replays = 1 + len(tf_graph.UNLUCKY_RUNS)
+    assert len(made) == len(set(made)), "an order was made twice in one estimate"
+    assert len({key[0] for key in made}) >= 2  # the step and the LSTM's loop body
+    assert len(made) < replays * tf_graph.REPLAYED_STEPS * len({key[0] for key in made})
+    # without the memo (a new one at every replayer) every step and body call makes its order again
+    monkeypatch.setattr(GraphReplayer, "schedules", property(lambda self: {}, lambda self, value: None), raising=False)
+    made.clear()
+    alone = tf_graph._replay_at(concrete, 4, state, {}, False)
+    assert len(made) > len(set(made))
+    assert alone.expected == shared.expected and alone.unlucky == shared.unlucky

@@ -168,6 +168,7 @@ def _replay_at(
     """
     graph = concrete.graph
     scratch = {name: curve.at(n) for name, curve in scratch_curves.items()}  # curves are over samples
+    lookup, schedules = function_lookup(graph), {}  # every replay runs the same graphs in the orders made once
 
     def replay(run: UnluckyRun | None) -> Any:
         # the allocator as the step finds it: the variables and slots in their chunks, behind the holes
@@ -177,7 +178,7 @@ def _replay_at(
         steps = []
         for _ in range(REPLAYED_STEPS):
             replayer = GraphReplayer(
-                function_lookup(graph),
+                lookup,
                 n,
                 bfc=bfc,
                 parallel_ops=inter_op_threads(),
@@ -187,6 +188,7 @@ def _replay_at(
                 newest_first=run is not None and run.newest_first,
                 forwarding=run is None or run.forwarding,
                 placement=placement,
+                schedules=schedules,
             )
             steps.append(replayer.replay(graph)[0])
         first = steps[0]
@@ -440,9 +442,8 @@ def estimate_tensorflow(
 def with_runtime_offset(breakdown: dict[str, int], offset: int) -> dict[str, int]:
     """``breakdown`` with ``offset`` bytes of memory the replay does not model (signed) in ``temporaries``.
 
-    A negative offset (the replay counted more than the real steps took) is
-    taken from ``temporaries``, then ``activations``, then ``inputs``, none
-    below zero; what is left stays in ``temporaries`` so the values still sum
+    A negative offset (the replay counted more than the real steps took) is taken from ``temporaries``, then
+    ``activations``, then ``inputs``, none below zero; what is left stays in ``temporaries`` so the values still sum
     to the corrected peak.
 
     Example:

@@ -35,7 +35,18 @@ from nnmem_callbacks.estimators.keras.tensorflow.schedule import (
 )
 from nnmem_callbacks.estimators.keras.tensorflow.trace import dtype_size, shape_size
 
-__all__ = ["as_pieces", "GraphReplayer", "GraphReplayResult", "ReplayRun"]
+__all__ = ["as_pieces", "GraphReplayer", "GraphReplayResult", "ReplayRun", "Schedule"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The order of one graph's ops at one batch size and luck, with what the replay reads beside it (never changed)."""
+
+    phases: dict[str, str]
+    ops: list
+    inputs_of: dict[str, list]
+    shapes: dict[Any, Any]  # output shapes a replayed Grappler rewrite changed
+    holds: list[bool]  # for each op: whether its successor runs in the same wave
 
 
 @dataclasses.dataclass
@@ -487,6 +498,9 @@ class GraphReplayer:
         placement: Where the variables lie in ``bfc`` (by the graph's resource
             placeholders): a copy-on-write update moves a variable there, and
             the next step replayed with the same placement finds it moved.
+        schedules: Orders already made (a :data:`ScheduleMemo`), shared by the
+            replayers of one estimate: the steps of a replay and the replayers
+            of its function bodies run the same graphs in the same order.
     """
 
     def __init__(
@@ -501,9 +515,11 @@ class GraphReplayer:
         newest_first: bool = False,
         forwarding: bool = True,
         placement: VariablePlacement | None = None,
+        schedules: dict | None = None,
     ) -> None:
         self.lookup = lookup
         self.placement = placement
+        self.schedules: dict = schedules if schedules is not None else {}
         self.n = batch_size
         self.bfc = bfc
         self.parallel_ops = max(1, int(parallel_ops))
@@ -549,9 +565,29 @@ class GraphReplayer:
             unlucky=self.unlucky,
             newest_first=self.newest_first,
             forwarding=self.forwarding,
+            schedules=self.schedules,
         )
 
     # -- the replay ----------------------------------------------------------
+    def _schedule(self, graph: Any, graph_outputs: set, track_phases: bool) -> "Schedule":
+        every_op = graph.get_operations()
+        bypass = inverse_transposes(every_op, graph_outputs)
+        created = pruned(every_op, graph_outputs, tuple(getattr(graph, "control_outputs", ())), bypass)
+        phases = op_phases(created) if track_phases else {op.name: "body" for op in created}
+        ops, inputs_of, shapes, waves = schedule_ops(
+            created,
+            phases,
+            graph_outputs,
+            self.elements,
+            self.parallel_ops,
+            eager_phases=tuple(set(phases.values())) if self.unlucky else EAGER_PHASES,
+            bypass=bypass,
+            newest_first=self.newest_first,
+        )
+        if not self.unlucky:  # the unlucky replay already runs every phase in waves
+            ops, waves = sibling_waves(ops, inputs_of, waves, self.parallel_ops, SCRATCH_KERNELS)
+        return Schedule(phases, ops, inputs_of, shapes, wave_holds(ops, waves))
+
     def replay(
         self,
         graph: Any,
@@ -572,24 +608,19 @@ class GraphReplayer:
             track_phases: Split the peak by forward/backward/optimizer phase.
         """
         graph_outputs = {t.ref() for t in graph.outputs}
-        every_op = graph.get_operations()
-        bypass = inverse_transposes(every_op, graph_outputs)
-        created = pruned(every_op, graph_outputs, tuple(getattr(graph, "control_outputs", ())), bypass)
-        phases = op_phases(created) if track_phases else {op.name: "body" for op in created}
-        ops, inputs_of, self.shapes, waves = schedule_ops(
-            created,
-            phases,
-            graph_outputs,
-            self.elements,
-            self.parallel_ops,
-            eager_phases=tuple(set(phases.values())) if self.unlucky else EAGER_PHASES,
-            bypass=bypass,
-            newest_first=self.newest_first,
-        )
-        if not self.unlucky:  # the unlucky replay already runs every phase in waves
-            ops, waves = sibling_waves(ops, inputs_of, waves, self.parallel_ops, SCRATCH_KERNELS)
+        # the order depends on the graph, the batch, the luck and the queue order alone (and on the shapes a
+        # rewrite changed, of which a replayer that has not replayed yet has none): the same in every step of a
+        # replay and every call of a body, so it is made once per estimate
+        key = (graph, self.n, self.parallel_ops, self.unlucky, self.newest_first, track_phases)
+        made = None if self.shapes else self.schedules.get(key)
+        if made is None:
+            fresh = not self.shapes
+            made = self._schedule(graph, graph_outputs, track_phases)
+            if fresh:
+                self.schedules[key] = made
+        phases, ops, inputs_of, holds = made.phases, made.ops, made.inputs_of, made.holds
+        self.shapes = made.shapes
         self.order = [op.name for op in ops]
-        holds = wave_holds(ops, waves)
         run = ReplayRun(
             self,
             graph,
