@@ -80,11 +80,11 @@ DEFAULT_MEMORY_CAP = 256 << 20
 #: Probe points per estimate (an op at one number of samples, measured or served by the cache), counted in the
 #: graph's order: an op whose points would pass it keeps the graph's rules. A count, not seconds, so that the same
 #: model on the same host gets the same estimate however loaded the host is and whatever the cache holds. The
-#: developed and judged Keras models take 20 (an LSTM) to 836 (DenseNet121) points (AVX2 host, 2026-11-29).
+#: 50 developed and judged Keras models take 15 to 836 (DenseNet121) points (AVX2 host, 2026-11-29).
 DEFAULT_POINT_BUDGET = 2000
 #: Seconds the probe process may run: a guard for hung or very slow kernels, not a budget (a ``warning:`` note says
-#: when it cut probing short; the next estimate continues from the cache). A cold NASNetMobile estimate's 676 points
-#: take 9 s, most of it the child's TensorFlow import.
+#: when it cut probing short; the next estimate continues from the cache). Cold, those 50 models probe in 15 s at
+#: most, most of it the child's TensorFlow import.
 DEFAULT_TIME_LIMIT = 300.0
 #: Small per-sample multiples always probed (they extrapolate past the memory cap).
 FIRST_SAMPLES = (1, 2, 4)
