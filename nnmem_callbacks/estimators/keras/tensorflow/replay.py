@@ -35,7 +35,7 @@ from nnmem_callbacks.estimators.keras.tensorflow.schedule import (
 )
 from nnmem_callbacks.estimators.keras.tensorflow.trace import dtype_size, shape_size
 
-__all__ = ["as_pieces", "GraphReplayer", "GraphReplayResult", "ReplayRun", "Schedule"]
+__all__ = ["as_pieces", "consumer_counts", "GraphReplayer", "GraphReplayResult", "ReplayRun", "Schedule"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +47,21 @@ class Schedule:
     inputs_of: dict[str, list]
     shapes: dict[Any, Any]  # output shapes a replayed Grappler rewrite changed
     holds: list[bool]  # for each op: whether its successor runs in the same wave
+    consumers: dict[Any, int]  # :func:`consumer_counts` of the ops in this order
+
+
+def consumer_counts(ops: list, inputs_of: dict[str, list], graph_outputs: set) -> dict[Any, int]:
+    """How many of ``ops`` read each tensor (a graph output once more: the caller holds it); shape reads do not count."""
+    counts: dict[Any, int] = {}
+    for op in ops:
+        for t in op.outputs:
+            counts[t.ref()] = 1 if t.ref() in graph_outputs else 0
+    for op in ops:
+        if op.type in METADATA_OPS:
+            continue  # reads only the shape; runs as soon as its input exists (or is folded away)
+        for t in inputs_of[op.name]:
+            counts[t.ref()] = counts.get(t.ref(), 0) + 1
+    return counts
 
 
 @dataclasses.dataclass
@@ -115,6 +130,7 @@ class ReplayRun:
         inputs_category: str | None,
         input_list_bytes: dict[int, int] | None,
         track_phases: bool,
+        consumers: dict[Any, int] | None = None,
     ) -> None:
         self.replayer = replayer
         self.inputs_of = inputs_of
@@ -124,15 +140,7 @@ class ReplayRun:
         self.result = GraphReplayResult(ops=len(ops))
         self.outputs = list(graph.outputs)
         # consumers still to run, per tensor (a graph output is held by the caller)
-        self.remaining: dict[Any, int] = {}
-        for op in ops:
-            for t in op.outputs:
-                self.remaining[t.ref()] = 1 if t.ref() in graph_outputs else 0
-        for op in ops:
-            if op.type in METADATA_OPS:
-                continue  # reads only the shape; runs as soon as its input exists (or is folded away)
-            for t in inputs_of[op.name]:
-                self.remaining[t.ref()] = self.remaining.get(t.ref(), 0) + 1
+        self.remaining = dict(consumers if consumers is not None else consumer_counts(ops, inputs_of, graph_outputs))
         self.buffer_of: dict[Any, Buffer] = {}
         self.list_bytes: dict[Any, int] = {}
         self.placeholder_index = {t.ref(): i for i, t in enumerate(graph.inputs)}
@@ -586,7 +594,8 @@ class GraphReplayer:
         )
         if not self.unlucky:  # the unlucky replay already runs every phase in waves
             ops, waves = sibling_waves(ops, inputs_of, waves, self.parallel_ops, SCRATCH_KERNELS)
-        return Schedule(phases, ops, inputs_of, shapes, wave_holds(ops, waves))
+        holds, consumers = wave_holds(ops, waves), consumer_counts(ops, inputs_of, graph_outputs)
+        return Schedule(phases, ops, inputs_of, shapes, holds, consumers)
 
     def replay(
         self,
@@ -630,6 +639,7 @@ class GraphReplayer:
             inputs_category=inputs_category,
             input_list_bytes=input_list_bytes,
             track_phases=track_phases,
+            consumers=made.consumers,
         )
         for index, op in enumerate(ops):
             phase = phases[op.name]

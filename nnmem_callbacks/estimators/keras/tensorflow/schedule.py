@@ -444,7 +444,10 @@ def pruned(ops: list, graph_outputs: set, control_outputs: tuple = (), bypass: d
         ['x', 'used', 'out']
     """
     by_name = {op.name: op for op in ops}
-    output_ops = {op.name for op in ops if any(t in graph_outputs for t in _refs(op.outputs))}
+    if all(hasattr(ref, "deref") for ref in graph_outputs):  # TensorFlow's references: their ops, read directly
+        output_ops = {ref.deref().op.name for ref in graph_outputs}
+    else:
+        output_ops = {op.name for op in ops if any(t in graph_outputs for t in _refs(op.outputs))}
 
     def stateful(op: Any) -> bool:
         try:
