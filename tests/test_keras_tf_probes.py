@@ -16,6 +16,7 @@ from nnmem_callbacks.estimators.keras.tensorflow import probes as tf_probes
 from nnmem_callbacks.estimators.keras.tensorflow.trace import trace_train_step  # noqa: E402
 from nnmem_callbacks.keras import estimate_training  # noqa: E402
 from nnmem_callbacks.probes.cache import ProbeCache  # noqa: E402
+from nnmem_callbacks.probes.fit import Curve  # noqa: E402
 
 pytestmark = pytest.mark.keras
 L = keras.layers
@@ -141,8 +142,6 @@ def test_a_curve_is_made_of_this_estimates_points_only(tmp_path, monkeypatch):
     curves, report = tf_probes.measure(probes, (8, 16), cache=cache)
     assert report.probed == len(probes)  # 16 was missing
     assert all(sorted(dict(curve.points)) == [1, 2, 4, 8, 16] for curve in curves.values())
-    from nnmem_callbacks.probes.fit import Curve
-
     stored = cache.load()
     assert all(
         sorted(dict(Curve.from_json(stored[p.key()]["points"]).points)) == [1, 2, 4, 8, 16, 64] for p in probes.values()

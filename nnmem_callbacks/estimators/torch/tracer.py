@@ -88,9 +88,10 @@ def sharing_traced_ops() -> Iterator[None]:
     A callback estimates several times at one fit start (the estimate, the ``bf16-mixed`` offer, a direct check of
     the planned batch); each estimate's first pass of an op through the fake mode is its costliest. Inside this
     context the op memo of every trace with the same context (``StepConfig.op_context``: target device, the device
-    traced on, the emulated CUDA architecture, compiled or eager) is one, so a later estimate replays what an earlier one saw: the optimizer's step, the
-    weights' casts. The entries depend only on the op and its inputs' metadata, not on the fake mode that made them,
-    so the bytes are the same. Nested uses share the outer one; the entries go when the outermost context ends.
+    traced on, the emulated CUDA architecture, compiled or eager) is one, so a later estimate replays what an earlier
+    one saw: the optimizer's step, the weights' casts. The entries depend only on the op and its inputs' metadata,
+    not on the fake mode that made them, so the bytes are the same. Nested uses share the outer one; the entries go
+    when the outermost context ends.
     """
     if _SHARED_ENTRIES.get() is not None:
         yield

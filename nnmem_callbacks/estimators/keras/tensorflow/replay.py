@@ -506,9 +506,10 @@ class GraphReplayer:
         placement: Where the variables lie in ``bfc`` (by the graph's resource
             placeholders): a copy-on-write update moves a variable there, and
             the next step replayed with the same placement finds it moved.
-        schedules: Orders already made (a :data:`ScheduleMemo`), shared by the
-            replayers of one estimate: the steps of a replay and the replayers
-            of its function bodies run the same graphs in the same order.
+        schedules: The orders already made (:class:`Schedule` by graph, batch
+            size, parallel ops, luck, queue order and phase tracking), shared by
+            the replayers of one estimate: the steps of a replay and the
+            replayers of its function bodies run the same graphs in the same order.
     """
 
     def __init__(
@@ -621,9 +622,9 @@ class GraphReplayer:
         # rewrite changed, of which a replayer that has not replayed yet has none): the same in every step of a
         # replay and every call of a body, so it is made once per estimate
         key = (graph, self.n, self.parallel_ops, self.unlucky, self.newest_first, track_phases)
-        made = None if self.shapes else self.schedules.get(key)
+        fresh = not self.shapes
+        made = self.schedules.get(key) if fresh else None
         if made is None:
-            fresh = not self.shapes
             made = self._schedule(graph, graph_outputs, track_phases)
             if fresh:
                 self.schedules[key] = made
