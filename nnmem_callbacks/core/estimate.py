@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import numbers
 from typing import Any, Callable, Mapping
 
 from nnmem_callbacks.core.allocation_log import AllocationLog
@@ -34,7 +36,7 @@ from nnmem_callbacks.core.sequence import SequenceCurve
 from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.core.verification import Verification, verify_batch_size
 
-__all__ = ["Category", "MemoryEstimate", "PhaseLine", "STATIC_CATEGORIES", "upper_envelope"]
+__all__ = ["budget_in_bytes", "Category", "MemoryEstimate", "PhaseLine", "STATIC_CATEGORIES", "upper_envelope"]
 
 
 class Category(str, enum.Enum):
@@ -344,7 +346,7 @@ class MemoryEstimate:
 
     def max_batch_size(
         self,
-        budget_bytes: int,
+        budget_bytes: int | str,
         *,
         include_reserve: bool = False,
         limit: int = MAX_BATCH_SEARCH_LIMIT,
@@ -357,7 +359,8 @@ class MemoryEstimate:
         run does not fit.
 
         Args:
-            budget_bytes: Bytes available.
+            budget_bytes: Bytes available: an ``int``, or a size such as ``"8GiB"`` (as the callbacks' and the
+                CLI's ``budget`` read it; a fraction of the device is not known to an estimate).
             include_reserve: Compare :meth:`device_bytes_at` (allocator reserve
                 plus context overhead) instead of the tensor peak.
             limit: Upper bound of the search (for models whose peak does not
@@ -369,23 +372,28 @@ class MemoryEstimate:
         Returns:
             The batch size, or 0 when not even one sample fits.
 
+        Raises:
+            ValueError: For a budget that is neither bytes nor a size with a unit.
+
         Example:
             >>> MemoryEstimate(peak_bytes=100, breakdown={"parameters": 100},
             ...                batch_size=1).max_batch_size(50)
             0
         """
+        budget_bytes = budget_in_bytes(budget_bytes)
         if verify and self.verifier is not None:
             return self.verify_max_batch_size(budget_bytes, include_reserve=include_reserve, limit=limit).batch_size
         return self._predicted_max_batch_size(budget_bytes, include_reserve, limit)
 
     def verify_max_batch_size(
-        self, budget_bytes: int, *, include_reserve: bool = False, limit: int = MAX_BATCH_SEARCH_LIMIT
+        self, budget_bytes: int | str, *, include_reserve: bool = False, limit: int = MAX_BATCH_SEARCH_LIMIT
     ) -> Verification:
         """:meth:`max_batch_size` with the record of its checks by direct estimate.
 
         Raises:
-            ValueError: If the estimate has no :attr:`verifier`.
+            ValueError: If the estimate has no :attr:`verifier`, or for a budget :meth:`max_batch_size` refuses.
         """
+        budget_bytes = budget_in_bytes(budget_bytes)
         if self.verifier is None:
             raise ValueError("this estimate has no verifier (the estimator that made it offers no direct estimate)")
         candidate = self._predicted_max_batch_size(budget_bytes, include_reserve, limit)
@@ -420,13 +428,14 @@ class MemoryEstimate:
             )
         return self.sequence
 
-    def max_sequence_length(self, budget_bytes: int, batch_size: int | None = None) -> int:
+    def max_sequence_length(self, budget_bytes: int | str, batch_size: int | None = None) -> int:
         """The longest sequence whose predicted peak at ``batch_size`` (default: the estimate's) fits ``budget_bytes``.
 
+        ``budget_bytes`` is read as :meth:`max_batch_size` reads it (bytes, or a size such as ``"8GiB"``).
         Returns 0 when not even a length of 1 fits.
 
         Raises:
-            ValueError: For an estimate without a sequence axis (:attr:`sequence`).
+            ValueError: For an estimate without a sequence axis (:attr:`sequence`), or an invalid budget.
 
         Example:
             >>> from nnmem_callbacks.core.sequence import SequenceCurve, SequencePhase
@@ -437,7 +446,8 @@ class MemoryEstimate:
         """
         batch = self.batch_size if batch_size is None else batch_size
         _check_batch_size(batch)
-        return self._sequence_curve().max_sequence_length(int(budget_bytes), batch)
+        budget = budget_in_bytes(budget_bytes)
+        return self._sequence_curve().max_sequence_length(budget, batch)
 
     def tensor_share_of_device(self, device_bytes: int) -> int:
         """The tensor peak allowed when the device total must stay within ``device_bytes``: less the context, shrunk
@@ -540,6 +550,48 @@ class MemoryEstimate:
             f"MemoryEstimate(peak={format_bytes(self.peak_bytes)} at batch {self.batch_size} "
             f"[{self.peak_phase}], method={self.method}, {parts})"
         )
+
+
+def budget_in_bytes(budget: Any) -> int:
+    """A budget in bytes, for :meth:`MemoryEstimate.max_batch_size` and its siblings.
+
+    Takes an ``int`` (or integral number) of bytes, or a size with a unit as the callbacks' and the CLI's
+    ``budget`` reads it (:func:`~nnmem_callbacks.core.plan.parse_budget_text`: ``"8GiB"``, ``"512MiB"``,
+    ``"16GB"``). A fraction of the device (a ``float`` in (0, 1], or ``"0.9"``) needs the device's capacity, which
+    an estimate does not know: the error says to resolve it first.
+
+    Raises:
+        ValueError: Naming what was given and the valid spellings.
+
+    Example:
+        >>> budget_in_bytes("1.5KiB"), budget_in_bytes(4096)
+        (1536, 4096)
+        >>> budget_in_bytes(0.9)
+        Traceback (most recent call last):
+        ...
+        ValueError: budget 0.9 is a fraction of the device, which an estimate cannot resolve (it does not know the device's capacity); pass bytes, e.g. 8 * 2**30, or a size with a unit, e.g. '8GiB', '512MiB' or '16GB'
+    """
+    valid = "pass bytes, e.g. 8 * 2**30, or a size with a unit, e.g. '8GiB', '512MiB' or '16GB'"
+    given = budget
+    if isinstance(budget, str):
+        from nnmem_callbacks.core.plan import parse_budget_text  # plan imports this module
+
+        try:
+            budget = parse_budget_text(budget)  # bytes (int), or a fraction (float) refused below
+        except ValueError:
+            raise ValueError(f"cannot read budget {given!r} as a size in bytes; {valid}") from None
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+        raise ValueError(f"budget {given!r} is not a size in bytes; {valid}")
+    if isinstance(budget, numbers.Integral):
+        return int(budget)
+    if not math.isfinite(budget):
+        raise ValueError(f"budget {given!r} is not a finite size; {valid}")
+    if 0 < budget <= 1:
+        raise ValueError(
+            f"budget {given!r} is a fraction of the device, which an estimate cannot resolve (it does not know the "
+            f"device's capacity); {valid}"
+        )
+    return int(budget)  # a float count of bytes
 
 
 def _check_batch_size(batch_size: int) -> None:
