@@ -10,7 +10,8 @@ Precisions are Lightning's spellings. Lightning's short aliases (``"16"``,
 ``"bf16"``...) mean what they mean in Lightning (the ``-mixed`` forms); dtype
 names that say one thing (``"fp32"``, ``"float64"``) are accepted; dtype names
 that could mean two things (``"fp16"``: AMP or everything in fp16?) are
-rejected with both readings.
+rejected with both readings. ``None`` is the default full precision
+(``"32-true"``), as Lightning's ``Trainer(precision=None)`` reads it.
 
 Example:
     >>> canonical_precision("bf16"), canonical_precision("fp32"), canonical_precision(16)
@@ -100,7 +101,7 @@ def optimizer_help() -> str:
 
 
 def canonical_precision(precision: Any) -> str:
-    """Returns the Lightning spelling of a precision.
+    """Returns the Lightning spelling of a precision (``None``: ``"32-true"``, Lightning's default).
 
     Raises:
         ValueError: For an ambiguous dtype name (naming both readings) or an
@@ -111,7 +112,11 @@ def canonical_precision(precision: Any) -> str:
         Traceback (most recent call last):
         ...
         ValueError: precision 'fp16' is ambiguous; write 16-mixed (AMP: fp32 parameters, fp16 compute) or 16-true (everything fp16)
+        >>> canonical_precision(None)
+        '32-true'
     """
+    if precision is None:  # Lightning's Trainer(precision=None) is its default, 32-true
+        return "32-true"
     key = str(precision).strip().lower()
     key = PRECISION_ALIASES.get(key, key)
     if key in PRECISIONS:
