@@ -53,7 +53,8 @@ def test_a_gigabyte_budget_string_on_a_real_sized_estimate():
     [
         (0.5, "fraction of the device"),
         ("0.9", "fraction of the device"),
-        ("16", "cannot read budget '16'"),
+        ("16", "'16' is a number without a unit"),
+        ("0", "'0' is a number without a unit"),
         ("lots", "cannot read budget 'lots'"),
         (None, "not a size in bytes"),
         (True, "not a size in bytes"),

@@ -28,12 +28,13 @@ import dataclasses
 import enum
 import math
 import numbers
+import re
 from typing import Any, Callable, Mapping
 
 from nnmem_callbacks.core.allocation_log import AllocationLog
 from nnmem_callbacks.core.batch_search import MAX_BATCH_SEARCH_LIMIT, gallop_largest, search_largest
 from nnmem_callbacks.core.sequence import SequenceCurve
-from nnmem_callbacks.core.units import format_bytes
+from nnmem_callbacks.core.units import format_bytes, parse_bytes
 from nnmem_callbacks.core.verification import Verification, verify_batch_size
 
 __all__ = ["budget_in_bytes", "Category", "MemoryEstimate", "PhaseLine", "STATIC_CATEGORIES", "upper_envelope"]
@@ -552,13 +553,18 @@ class MemoryEstimate:
         )
 
 
+#: A number without a unit (a budget's fraction of the device), as :mod:`nnmem_callbacks.core.plan` reads it.
+_BARE_NUMBER = re.compile(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*")
+
+
 def budget_in_bytes(budget: Any) -> int:
     """A budget in bytes, for :meth:`MemoryEstimate.max_batch_size` and its siblings.
 
     Takes an ``int`` (or integral number) of bytes, or a size with a unit as the callbacks' and the CLI's
-    ``budget`` reads it (:func:`~nnmem_callbacks.core.plan.parse_budget_text`: ``"8GiB"``, ``"512MiB"``,
-    ``"16GB"``). A fraction of the device (a ``float`` in (0, 1], or ``"0.9"``) needs the device's capacity, which
-    an estimate does not know: the error says to resolve it first.
+    ``budget`` reads it (``"8GiB"``, ``"512MiB"``, ``"16GB"``). A fraction of the device (a ``float`` in
+    (0, 1], or a bare number such as ``"0.9"``, which :func:`~nnmem_callbacks.core.plan.parse_budget_text` reads as
+    a fraction) needs the device's capacity, which an estimate does not know: it is refused, as is a bare number
+    above 1 (no unit).
 
     Raises:
         ValueError: Naming what was given and the valid spellings.
@@ -572,25 +578,23 @@ def budget_in_bytes(budget: Any) -> int:
         ValueError: budget 0.9 is a fraction of the device, which an estimate cannot resolve (it does not know the device's capacity); pass bytes, e.g. 8 * 2**30, or a size with a unit, e.g. '8GiB', '512MiB' or '16GB'
     """
     valid = "pass bytes, e.g. 8 * 2**30, or a size with a unit, e.g. '8GiB', '512MiB' or '16GB'"
-    given = budget
+    fraction = "a fraction of the device, which an estimate cannot resolve (it does not know the device's capacity)"
     if isinstance(budget, str):
-        from nnmem_callbacks.core.plan import parse_budget_text  # plan imports this module
-
+        if _BARE_NUMBER.fullmatch(budget):  # as plan.parse_budget_text reads it: a fraction, never bytes
+            what = fraction if 0 < float(budget) <= 1 else "a number without a unit"
+            raise ValueError(f"budget {budget!r} is {what}; {valid}")
         try:
-            budget = parse_budget_text(budget)  # bytes (int), or a fraction (float) refused below
+            return parse_bytes(budget)
         except ValueError:
-            raise ValueError(f"cannot read budget {given!r} as a size in bytes; {valid}") from None
+            raise ValueError(f"cannot read budget {budget!r} as a size in bytes; {valid}") from None
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
-        raise ValueError(f"budget {given!r} is not a size in bytes; {valid}")
+        raise ValueError(f"budget {budget!r} is not a size in bytes; {valid}")
     if isinstance(budget, numbers.Integral):
         return int(budget)
     if not math.isfinite(budget):
-        raise ValueError(f"budget {given!r} is not a finite size; {valid}")
+        raise ValueError(f"budget {budget!r} is not a finite size; {valid}")
     if 0 < budget <= 1:
-        raise ValueError(
-            f"budget {given!r} is a fraction of the device, which an estimate cannot resolve (it does not know the "
-            f"device's capacity); {valid}"
-        )
+        raise ValueError(f"budget {budget!r} is {fraction}; {valid}")
     return int(budget)  # a float count of bytes
 
 
