@@ -59,11 +59,10 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import warnings
 from typing import Any
 
 from nnmem_callbacks.adapters.common import Guard, predicted_peak
-from nnmem_callbacks.adapters.transformers import estimation, planning
+from nnmem_callbacks.adapters.transformers import estimation, planning, warning_site
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import MemoryBudgetExceeded, Plan, check_budget, check_margin, describe_plan
 from nnmem_callbacks.core.units import format_bytes
@@ -170,9 +169,10 @@ class MemoryBudgetCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ state
     def _say(self, message: str) -> None:
-        """Warns, from the main process only (every rank estimates the same step)."""
+        """Warns, from the main process only (every rank estimates the same step), at the user's ``trainer.train()``
+        line (:func:`~nnmem_callbacks.adapters.transformers.warning_site.warn`)."""
         if self._world_zero:
-            warnings.warn(message, stacklevel=4)
+            warning_site.warn(message)
 
     def _reset(self) -> None:
         self._early: str | None = None  # the decision of an estimate made at init (sharded runs)
@@ -472,7 +472,10 @@ class MemoryBudgetCallback(TrainerCallback):
 
     # --------------------------------------------------------------- logging
     def _log_figures(self) -> dict[str, float]:
-        """The figures a log gets: the epoch's pending comparison, or the latest one (CUDA: read now)."""
+        """The figures a log gets: the epoch's pending comparison, or the latest one (CUDA: read now).
+
+        Before the first measurement only the prediction: the measured figure and the error are left out until
+        there is a measurement (never a NaN that every reporter would plot)."""
         if self._pending is not None:
             figures, self._pending = self._pending, None
             return figures
@@ -486,7 +489,7 @@ class MemoryBudgetCallback(TrainerCallback):
         if predicted is None:
             return {}
         names = monitor.metric_names(TensorPeakMeter()).for_lightning()
-        return {names.predicted_peak: predicted / 2**20, names.measured: math.nan, names.relative_error: math.nan}
+        return {names.predicted_peak: predicted / 2**20}
 
     def _wrap_log(self, trainer: Any) -> None:
         """Puts the memory figures into each training log before the reporters see it (instance attribute)."""
@@ -504,7 +507,8 @@ class MemoryBudgetCallback(TrainerCallback):
             if not any(str(key).startswith(("eval_", "test_")) for key in logs):
                 figures = callback._guard.safe(callback._log_figures, "adding the memory figures to the logs")
                 for key, value in (figures or {}).items():
-                    logs.setdefault(key, value)
+                    if not (isinstance(value, float) and math.isnan(value)):  # a figure not measured: left out
+                        logs.setdefault(key, value)
                 callback._last_log_step = int(getattr(trainer.state, "global_step", 0))
             return original(logs, *args, **kwargs)
 

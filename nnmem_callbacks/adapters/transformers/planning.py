@@ -38,7 +38,7 @@ import dataclasses
 from typing import Any
 
 from nnmem_callbacks.adapters.lightning.planning import device_budget
-from nnmem_callbacks.adapters.transformers import estimation
+from nnmem_callbacks.adapters.transformers import estimation, warning_site
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import (
     DEFAULT_MARGIN,
@@ -57,6 +57,7 @@ __all__ = [
     "checked_setting",
     "eight_bit_suggestion",
     "keep_effective_batch",
+    "nothing_fits",
     "plan_step",
     "plan_training_arguments",
     "sample_at",
@@ -162,9 +163,11 @@ def sample_at(sample: Any, batch_size: int) -> Any:
     return resize(sample)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class TrainingPlan:
     """What :func:`plan_training_arguments` decided.
+
+    ``print(plan)`` shows the decision on one line (the arguments and the estimate are attributes).
 
     Attributes:
         args: A copy of the arguments with :attr:`batch_size` and :attr:`accumulate`.
@@ -174,7 +177,7 @@ class TrainingPlan:
         accumulate: The ``gradient_accumulation_steps`` to train with.
         changed: Whether the arguments differ from the configured ones.
         checked: The direct estimate at the chosen batch and accumulation (``None`` when unchanged, or when
-            not even batch 1 fits).
+            no per-device batch fits).
     """
 
     args: Any
@@ -191,6 +194,23 @@ class TrainingPlan:
         if self.checked is not None:
             return int(self.checked.peak_bytes_at(self.batch_size))
         return int(self.estimate.peak_bytes_at(self.batch_size))
+
+    @property
+    def fits(self) -> bool:
+        """Whether the chosen batch and accumulation fit the budget (``plan.fits`` is about the configured ones)."""
+        return bool(self.plan.fits or self.checked is not None)
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Samples per optimizer step on each device: :attr:`batch_size` times :attr:`accumulate`."""
+        return self.batch_size * self.accumulate
+
+    def __repr__(self) -> str:
+        return (
+            f"TrainingPlan(batch_size={self.batch_size}, accumulate={self.accumulate}, "
+            f"effective_batch={self.effective_batch_size}, predicted_peak={format_bytes(self.predicted_peak_bytes)}, "
+            f"budget={format_bytes(self.plan.budget_bytes)}, fits={self.fits}, changed={self.changed})"
+        )
 
 
 @estimation.sharing_traced_ops()  # the estimate and the direct checks of smaller batches share their op memo
@@ -219,7 +239,10 @@ def plan_training_arguments(
         probe_kernels: The estimator's ``probe_kernels`` (``True``, ``False`` or a ``ProbeSettings``).
 
     Returns:
-        The :class:`TrainingPlan`; ``plan.args`` is the copy to train with.
+        The :class:`TrainingPlan`; ``plan.args`` is the copy to train with. When no per-device batch fits (not
+        even 1, at the accumulation that keeps the effective batch), the arguments are returned unchanged,
+        ``TrainingPlan.fits`` is ``False``, and a ``UserWarning`` names the budget, the smallest predicted peak
+        and what to try.
 
     Raises:
         ValueError: For an invalid budget or margin, or without ``sample`` and ``trainer``.
@@ -263,17 +286,51 @@ def plan_training_arguments(
         verify=True,
     )
     new_batch, new_accumulate, checked = batch_size, accumulate, None
+    include_reserve = devices.device_type(device) == "cuda" and estimate.reserved_bytes is not None
     if not plan.fits and plan.max_fitting_batch_size >= 1:
-        include_reserve = devices.device_type(device) == "cuda" and estimate.reserved_bytes is not None
         new_batch, new_accumulate, checked = checked_setting(
             model, sample, facts, loss_fn, plan, include_reserve=include_reserve, probe_kernels=probe_kernels
         )
+    if not plan.fits and checked is None:  # nothing fits: the arguments stay as they were, and the user is told
+        new_batch, new_accumulate = batch_size, accumulate
+        warning_site.warn(nothing_fits(estimate, plan, include_reserve=include_reserve, accumulate=accumulate))
     planned = copy.copy(args)
     planned.per_device_train_batch_size = new_batch
     planned.gradient_accumulation_steps = new_accumulate
     changed = (new_batch, new_accumulate) != (batch_size, accumulate)
     plan = dataclasses.replace(plan, batch_size=new_batch, accumulate_grad_batches=new_accumulate)
     return TrainingPlan(planned, estimate, plan, new_batch, new_accumulate, changed, checked)
+
+
+def nothing_fits(estimate: MemoryEstimate, plan: Plan, *, include_reserve: bool, accumulate: int) -> str:
+    """The warning of :func:`plan_training_arguments` when no per-device batch fits: the budget, the smallest
+    predicted peak (at per-device batch 1) and what to try."""
+    peak = estimate.device_bytes_at if include_reserve else estimate.upper_bytes_at
+    kept = f" ({format_bytes(plan.usable_bytes)} usable, keeping {plan.margin:.0%} free)" if plan.margin else ""
+    largest = plan.max_fitting_batch_size
+    if largest >= 1:
+        where = (
+            f"per-device batch {largest} fits without accumulation ({format_bytes(peak(largest))}), but no divisor "
+            f"of per_device_train_batch_size={plan.original_batch_size} fits at the gradient accumulation that keeps "
+            f"the effective batch of {plan.original_batch_size * accumulate} (the accumulated gradients stay live)"
+        )
+    else:
+        where = f"the smallest predicted peak, at per-device batch 1, is {format_bytes(peak(1))}"
+    settings = {"checkpointing": "gradient_checkpointing=True", "bf16": "bf16=True"}  # their TrainingArguments
+    tries = [
+        f"{s.text} ({settings[s.kind]})" if s.kind in settings else s.text
+        for s in plan.suggestions
+        if s.kind not in ("accumulate", "batch_size")
+    ]
+    if largest >= 1:
+        tries.append(f"per_device_train_batch_size={largest} without accumulation (a smaller effective batch)")
+    tries.append("a larger budget, a smaller model or shorter sequences")
+    return (
+        f"plan_training_arguments: nothing fits the budget of {format_bytes(plan.budget_bytes)}{kept}. The "
+        f"configured per_device_train_batch_size={plan.original_batch_size}, gradient_accumulation_steps="
+        f"{accumulate} predicts {format_bytes(plan.predicted_bytes)}; {where}. The arguments are returned "
+        "unchanged (TrainingPlan.fits is False). To fit, try:\n" + "\n".join(f"- {text}" for text in tries)
+    )
 
 
 def checked_setting(
