@@ -16,7 +16,11 @@ Trainer's ``log`` method (on the instance, undone at train end): the memory
 figures are in ``logs`` before any reporter sees them, and in
 ``state.log_history``. At each epoch's end it asks for a log
 (``control.should_log``), or logs the figures itself when the Trainer already
-logged at that step.
+logged at that step. A log before the epoch's first measurement carries the
+prediction only (no NaN measured figure for the reporters to plot).
+
+Warnings are shown at the user's ``trainer.train()`` line, not inside the
+Trainer's callback handler (:mod:`~nnmem_callbacks.adapters.transformers.warning_site`).
 
 The Trainer is not among the hook's keyword arguments; the callback finds it
 on the call stack at ``on_train_begin`` (the Trainer whose callback handler

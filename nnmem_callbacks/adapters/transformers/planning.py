@@ -11,7 +11,11 @@
   leaves the accumulation, so the effective batch shrinks).
 * :func:`plan_training_arguments` returns a copy of the ``TrainingArguments``
   (or of a TRL config, which subclasses them) with that batch and
-  accumulation, and the estimate it was decided on.
+  accumulation, and the estimate it was decided on. When no per-device batch
+  fits it warns (the budget, the smallest predicted peak, what to try:
+  :func:`nothing_fits`) and returns the arguments unchanged; the function has
+  no policy, so it never raises for a budget it cannot meet.
+  ``print(plan)`` shows the decision on one line.
 
 Example:
     >>> keep_effective_batch(16, 2, largest=6)
