@@ -156,13 +156,14 @@ def sequence_summary(estimate: MemoryEstimate, seq_len: int, fit: "FitSummary") 
     the traced length (their share of the peak), which the notes of the answer say.
     """
     batch = estimate.batch_size
-    peak = estimate.peak_bytes_at(batch, seq_len=seq_len)
+    peak = checked_value(lambda length: estimate.peak_bytes_at(batch, seq_len=length), seq_len, "--seq-len")
     answer: dict[str, Any] = {
         "traced_seq_len": estimate.sequence.seq_len,
         "seq_len": seq_len,
         "batch_size": batch,
         "peak_bytes": peak,
         "max_sequence_length": None,
+        "max_positions": estimate.sequence.max_positions,  # the model's own limit (None: none found)
     }
     usable = fit.usable_bytes
     if usable is not None:

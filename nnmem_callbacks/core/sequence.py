@@ -28,6 +28,9 @@ Example:
     19944
     >>> curve.max_sequence_length(10_472, batch_size=4)
     128
+    >>> capped = dataclasses.replace(curve, max_positions=100, max_positions_source="the position embedding 'wpe'")
+    >>> capped.max_sequence_length(10**9, batch_size=4)  # the model takes no longer sequence
+    100
 
 Known limitations:
     * Exact where every tensor's size is a polynomial of degree two or less in
@@ -35,6 +38,9 @@ Known limitations:
       workspaces measured by probes may not follow it.
     * The tensor peak only: the allocator reserve and the device total at
       another length are not modelled.
+    * A model's longest sequence (:attr:`SequenceCurve.max_positions`) is known only where the estimator found a
+      table of learned positions (GPT-2, BERT); rotary or relative positions (Llama, T5) have no hard limit here,
+      and lengths beyond what the model was trained on are answered as any other.
 """
 
 from __future__ import annotations
@@ -97,6 +103,9 @@ class SequenceCurve:
         phases: One :class:`SequencePhase` per phase.
         traced_lengths: The lengths the curve was fitted through.
         dim: The input dimension that holds the sequence (``1`` for token ids ``(batch, length)``).
+        max_positions: The longest sequence the model takes (its table of learned positions), ``None`` when it
+            has no such table: :meth:`peak_bytes_at` refuses longer ones and :meth:`max_sequence_length` stops there.
+        max_positions_source: Where :attr:`max_positions` comes from, for messages.
     """
 
     seq_len: int
@@ -104,30 +113,50 @@ class SequenceCurve:
     phases: tuple[SequencePhase, ...]
     traced_lengths: tuple[int, ...] = ()
     dim: int = 1
+    max_positions: int | None = None
+    max_positions_source: str = ""
 
     def peak_bytes_at(self, batch_size: int, seq_len: int) -> int:
-        """The largest phase's peak at ``batch_size`` and ``seq_len``."""
+        """The largest phase's peak at ``batch_size`` and ``seq_len``.
+
+        Raises:
+            ValueError: If either is not a positive integer, or ``seq_len`` is longer than the model takes
+                (:attr:`max_positions`).
+        """
         for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_positions is not None and seq_len > self.max_positions:
+            raise ValueError(
+                f"seq_len {seq_len} is longer than the model takes: at most {self.max_positions} positions "
+                f"({self.max_positions_source}); a real step at that length fails"
+            )
+        return self._peak(batch_size, seq_len)
+
+    def _peak(self, batch_size: int, seq_len: int) -> int:
         return max(phase.at(batch_size, seq_len, self.batch_size) for phase in self.phases)
 
     def max_sequence_length(self, budget_bytes: int, batch_size: int, limit: int = MAX_SEQUENCE_SEARCH_LIMIT) -> int:
         """The longest sequence whose peak at ``batch_size`` is within ``budget_bytes`` (0: not even a length of 1).
 
         The peak grows with the length (a quadratic with non-negative growth above the traced lengths), so the
-        answer is found by doubling and bisection.
+        answer is found by doubling and bisection. It is at most :attr:`max_positions`, the longest sequence the
+        model takes, when that is known.
         """
         if self.peak_bytes_at(batch_size, 1) > budget_bytes:
             return 0
+        if self.max_positions is not None:
+            limit = min(limit, self.max_positions)
+
+        def fits(length: int) -> bool:
+            return length <= limit and self._peak(batch_size, length) <= budget_bytes
+
         low, high = 1, 2
-        while high <= limit and self.peak_bytes_at(batch_size, high) <= budget_bytes:
+        while fits(high):
             low, high = high, high * 2
-        if high > limit:
-            return limit
-        while high - low > 1:
+        while high - low > 1:  # low fits, high does not
             middle = (low + high) // 2
-            if self.peak_bytes_at(batch_size, middle) <= budget_bytes:
+            if fits(middle):
                 low = middle
             else:
                 high = middle
@@ -139,5 +168,7 @@ class SequenceCurve:
             "batch_size": self.batch_size,
             "dim": self.dim,
             "traced_lengths": list(self.traced_lengths),
+            "max_positions": self.max_positions,
+            "max_positions_source": self.max_positions_source,
             "phases": [{"phase": p.phase, "curves": [list(curve) for curve in p.curves]} for p in self.phases],
         }

@@ -538,7 +538,9 @@ def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool
         def trace_at(length: int) -> TraceResult:
             return run_trace(config, batch_size, steps=1, optimizer_steps=False, session=session, seq_len=length)
 
-        sequence = sequence_curve(config.batch, main, lines, notes, trace_at, session.scaling_traces.get("fit"))
+        sequence = sequence_curve(
+            config.batch, main, lines, notes, trace_at, session.scaling_traces.get("fit"), config.model
+        )
     phases = upper_envelope(lines)
     peak_phase = max(main.phase_peaks, key=lambda p: main.phase_peaks[p])
     peak_bytes = main.phase_peaks[peak_phase]

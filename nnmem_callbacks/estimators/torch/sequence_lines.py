@@ -22,10 +22,14 @@ Known limitations:
     * Phases the other traces do not run (the optimizer step) are taken as
       independent of the length.
     * The length must be 4 or more.
+    * The longest sequence a model takes (:func:`position_limit`) is found from its table of learned positions,
+      an ``nn.Embedding`` named like one (``wpe``, ``position_embeddings``, ``embed_positions``, ``pos_emb``);
+      a table under another name is not found, and the curve then answers at lengths the model refuses.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from nnmem_callbacks.core.estimate import PhaseLine
@@ -33,7 +37,46 @@ from nnmem_callbacks.core.sequence import SequenceCurve, SequencePhase, fit_quad
 from nnmem_callbacks.estimators.torch.batch_lines import aligned, base_phase, moment_slopes, phase_values
 from nnmem_callbacks.estimators.torch.tracer import TraceResult
 
-__all__ = ["KEPT_AT", "sequence_curve"]
+__all__ = ["KEPT_AT", "position_limit", "sequence_curve"]
+
+#: The names of tables of learned positions (GPT-2's ``wpe``, BERT's ``position_embeddings``, BART's and OPT's
+#: ``embed_positions``, ``pos_emb``), matched against a module's own name.
+_POSITION_TABLE = re.compile(r"^wpe$|position|(^|_)pos(_|$)")
+
+
+def position_limit(model: Any) -> tuple[int, str] | None:
+    """The longest sequence ``model`` takes and where that comes from: the rows of its table of learned positions.
+
+    A row per position (less the rows before the first position: ``padding_idx`` + 1 for RoBERTa, the ``offset``
+    of BART's and OPT's tables). ``None`` when the model has no such table (rotary or relative positions).
+
+    Example:
+        >>> import torch
+        >>> class Tiny(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.wte, self.wpe = torch.nn.Embedding(100, 8), torch.nn.Embedding(32, 8)
+        >>> position_limit(Tiny())
+        (32, "the position embedding 'wpe', 32 rows")
+        >>> position_limit(torch.nn.Embedding(100, 8)) is None
+        True
+    """
+    import torch
+
+    found = []
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Embedding) or not _POSITION_TABLE.search(name.rsplit(".", 1)[-1].lower()):
+            continue
+        offset = getattr(module, "offset", 0)
+        before = (module.padding_idx + 1 if module.padding_idx is not None else 0) + (
+            offset if isinstance(offset, int) and not isinstance(offset, bool) else 0
+        )
+        found.append((module.num_embeddings - before, name, module.num_embeddings))
+    if not found:
+        return None
+    rows, name, table = min(found)
+    kept = f", less {table - rows} before the first position" if table != rows else ""
+    return rows, f"the position embedding {name!r}, {table} rows{kept}"
 
 
 #: Lengths, as multiples of the traced one, at which the moments that are a phase's peak are found and kept.
@@ -62,6 +105,7 @@ def sequence_curve(
     notes: list[str],
     trace_at: Callable[[int], TraceResult],
     fit: tuple[int, TraceResult] | None = None,
+    model: Any = None,
 ) -> SequenceCurve:
     """Each phase's peak against the sequence length, from one-step traces (``trace_at(length)``, at the main
     batch) at half and twice ``batch.seq_len``.
@@ -70,6 +114,7 @@ def sequence_curve(
         lines: The main trace's batch lines per phase (a phase's fixed bytes where its moments do not pair).
         fit: ``(batch size, trace)``: the one-step trace at another batch size that gave the batch lines;
             each moment's fixed bytes come from it.
+        model: The traced model, whose table of learned positions caps the length (:func:`position_limit`).
     """
     batch_size, length = batch.batch_size, batch.seq_len
     half, double = length // 2, 2 * length
@@ -113,7 +158,16 @@ def sequence_curve(
         f"in the length through the traces at {', '.join(str(s) for s in lengths)}"
         + (f"; {', '.join(unpaired)} did not pair moment by moment and follow their peaks" if unpaired else "")
     )
-    return SequenceCurve(length, batch_size, tuple(phases), lengths, batch.seq_dim or 1)
+    limit = position_limit(model) if model is not None else None
+    if limit is not None:
+        notes.append(f"sequence axis: at most {limit[0]} positions, from {limit[1]}")
+        if length > limit[0]:
+            notes.append(
+                f"warning: the batch's length {length} is longer than the model takes ({limit[0]} positions, "
+                f"{limit[1]}): a real step fails"
+            )
+    cap = (None, "") if limit is None else limit
+    return SequenceCurve(length, batch_size, tuple(phases), lengths, batch.seq_dim or 1, *cap)
 
 
 def _slopes(main: TraceResult, fit: tuple[int, TraceResult] | None, phase: str, batch_size: int) -> list[float] | None:
