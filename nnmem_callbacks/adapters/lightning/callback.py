@@ -117,7 +117,9 @@ class MemoryBudgetCallbackMixin:
 
             When the batch size cannot be changed (dataloaders passed straight
             to ``fit``, no ``batch_size_attr``), ``shrink`` and ``accumulate``
-            say why and fall back to ``warn``.
+            say why and fall back to ``warn``, suggesting the batch to set.
+            After a change, the prediction logged every epoch is a direct
+            estimate at the batch and accumulation trained with.
         margin: Headroom kept below the budget when choosing a batch size
             (and, with ``budget=None``, below the free memory).
         batch_size_attr: Name of the attribute holding the per-device batch
@@ -146,8 +148,9 @@ class MemoryBudgetCallbackMixin:
         measurements: One dict per finished epoch with the measured and
             predicted figures (bytes).
         summary: The fit-start summary line the callback logged (the
-            prediction, the budget, the policy, the decision and the batch
-            size trained with); ``None`` without an estimate.
+            prediction, the budget, the policy, the decision, the batch size
+            and accumulation trained with, or the sequence length ``shrink``
+            set); ``None`` without an estimate.
 
     Example:
         >>> from nnmem_callbacks.lightning import MemoryBudgetCallback
