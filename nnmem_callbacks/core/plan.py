@@ -29,6 +29,7 @@ from nnmem_callbacks.core.verification import Verification, verify_batch_size
 
 __all__ = [
     "accumulated_gradient_bytes",
+    "accumulation_split",
     "check_budget",
     "check_margin",
     "check_policy",
@@ -366,9 +367,12 @@ def make_plan(
             direct = accumulating(accumulate_grad_batches * math.ceil(original / batch))
             return direct(batch) if direct is not None else plain(batch)
 
+    lines: Any = estimate
+    if policy == "accumulate" and changes and accumulating is not None:
+        lines = _AccumulatingLines(estimate)  # the lines of the step the direct checks estimate
     if verifier is not None and max_fit >= 1 and (changes if verify is None else verify):
         verification = verify_batch_size(
-            estimate,
+            lines,
             usable,
             verifier=verifier,
             candidate=max_fit,
@@ -396,6 +400,29 @@ def make_plan(
         verification=verification,
         margin=float(margin),
     )
+
+
+class _AccumulatingLines:
+    """An estimate's lines with the gradients accumulated through the next micro-batch added
+    (:func:`accumulated_gradient_bytes`): what the lines predict for a step with more accumulation.
+
+    Example:
+        >>> from nnmem_callbacks.core.estimate import PhaseLine
+        >>> lines = (PhaseLine("step2/forward", 100, 10), PhaseLine("step2/optimizer", 130, 0))
+        >>> est = MemoryEstimate(peak_bytes=140, breakdown={}, batch_size=1, phases=lines,
+        ...                      peak_phase="step2/optimizer", phase_breakdowns={"step2/optimizer": {"gradients": 30}})
+        >>> est.upper_bytes_at(4), _AccumulatingLines(est).upper_bytes_at(4)  # forward 140 + gradients 30
+        (140, 170)
+    """
+
+    def __init__(self, estimate: MemoryEstimate) -> None:
+        self._estimate, self.method = estimate, estimate.method
+
+    def upper_bytes_at(self, batch_size: int) -> int:
+        return self._estimate.upper_bytes_at(batch_size) + accumulated_gradient_bytes(self._estimate, batch_size)
+
+    def device_bytes_at(self, batch_size: int) -> int:
+        return self._estimate.device_bytes_at(batch_size) + accumulated_gradient_bytes(self._estimate, batch_size)
 
 
 def checkpointing_saving(estimate: MemoryEstimate, num_blocks: int | None = None) -> int:
@@ -437,6 +464,23 @@ def accumulated_gradient_bytes(estimate: MemoryEstimate, batch_size: int) -> int
     return max(0, max(running) + gradients - max(line.at(batch_size) for line in estimate.phases))
 
 
+def accumulation_split(batch_size: int, largest: int) -> tuple[int, int]:
+    """``(batch, accumulation)`` for a run of ``batch_size`` whose largest fitting batch is ``largest``.
+
+    The split that keeps the effective batch exactly (the largest divisor of ``batch_size`` that fits) when it
+    needs at most twice the fewest steps; otherwise the fewest steps, whose effective batch is a little larger.
+
+    Example:
+        >>> accumulation_split(64, 30), accumulation_split(8, 3), accumulation_split(61, 30)
+        ((16, 4), (2, 4), (21, 3))
+    """
+    fewest = math.ceil(batch_size / largest)
+    divisor = max(d for d in range(1, min(largest, batch_size) + 1) if batch_size % d == 0)
+    if batch_size // divisor <= 2 * fewest:
+        return divisor, batch_size // divisor
+    return max(1, math.ceil(batch_size / fewest)), fewest
+
+
 def suggest(
     estimate: MemoryEstimate,
     budget_bytes: int,
@@ -450,16 +494,21 @@ def suggest(
     current = measure(estimate.batch_size)
     suggestions: list[Suggestion] = []
     if 1 <= max_fitting_batch_size < estimate.batch_size:
-        factor = math.ceil(estimate.batch_size / max_fitting_batch_size)
-        smaller = max(1, math.ceil(estimate.batch_size / factor))  # smaller * factor >= batch_size
+        smaller, factor = accumulation_split(estimate.batch_size, max_fitting_batch_size)
         saving = current - measure(smaller) - accumulated_gradient_bytes(estimate, smaller)
         if saving > 0:
+            effective = smaller * factor
+            keeps = (
+                f"keeps the effective batch of {effective}"
+                if effective == estimate.batch_size
+                else f"makes the effective batch {effective} (was {estimate.batch_size})"
+            )
             suggestions.append(
                 Suggestion(
                     "accumulate",
                     saving,
-                    f"batch size {smaller} with gradient accumulation x{factor} keeps the effective batch "
-                    f"of {smaller * factor} and saves {format_bytes(saving)}",
+                    f"batch size {smaller} with gradient accumulation x{factor} {keeps} and saves "
+                    f"{format_bytes(saving)}",
                 )
             )
     activations = estimate.breakdown[str(Category.ACTIVATIONS)]
@@ -500,7 +549,8 @@ def describe_plan(plan: Plan, estimate: MemoryEstimate, suggestions: Sequence[Su
     if plan.max_fitting_batch_size:
         lines.append(f"Largest batch size that fits: {plan.max_fitting_batch_size}.")
     if plan.verification is not None:
-        lines.append(f"Checked: {plan.verification.text}.")
+        at = f" at accumulate_grad_batches {plan.accumulate_grad_batches}" if plan.accumulate_grad_batches > 1 else ""
+        lines.append(f"Checked{at}: {plan.verification.text}.")
     for suggestion in suggestions if suggestions is not None else plan.suggestions:
         lines.append(f"- {suggestion.text}")
     return "\n".join(lines)

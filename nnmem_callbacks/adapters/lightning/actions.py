@@ -17,8 +17,10 @@ Example:
     ...             original_batch_size=8, batch_size=2, accumulate_grad_batches=1, max_fitting_batch_size=2)
     >>> blocked = BatchSizeSetting(loaders_from_module=False, found=True, value=8, automatic_optimization=True)
     >>> decision = decide(plan, est, blocked, policy="shrink", batch_size_attr="batch_size")
-    >>> decision.action, "Falling back to policy='warn'" in decision.message
-    ('warn', True)
+    >>> decision.action, "Falling back to policy='warn'" in decision.message, "8 -> 2" in decision.message
+    ('warn', True, False)
+    >>> decision.message.splitlines()[0].split(": training goes on ")[1]
+    'at batch size 8; set batch size 2 yourself to fit.'
     >>> free = dataclasses.replace(blocked, loaders_from_module=True)
     >>> decision = decide(plan, est, free, policy="shrink", batch_size_attr="batch_size")
     >>> decision.action, decision.batch_size, decision.accumulate_grad_batches
@@ -133,10 +135,16 @@ def decide(
                 batch_size=plan.batch_size,
                 accumulate_grad_batches=plan.accumulate_grad_batches if policy == "accumulate" else None,
             )
+        # nothing is changed: the message describes the run as it trains, and the change as a suggestion
+        kept = dataclasses.replace(plan, batch_size=plan.original_batch_size)
+        setting = f"batch size {plan.batch_size}"
+        if policy == "accumulate":
+            setting += f" with `Trainer(accumulate_grad_batches={plan.accumulate_grad_batches})`"
         return Decision(
             "warn",
             f"MemoryBudgetCallback(policy={policy!r}) cannot change the batch size: {blocker}. "
-            f"Falling back to policy='warn'.\n{message}",
+            f"Falling back to policy='warn': training goes on at batch size {plan.original_batch_size}; set "
+            f"{setting} yourself to fit.\n{describe_plan(kept, estimate)}",
         )
     return Decision("warn", f"MemoryBudgetCallback: the predicted peak exceeds the budget.\n{message}")
 

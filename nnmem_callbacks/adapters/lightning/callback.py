@@ -37,7 +37,6 @@ apply them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 import warnings
@@ -118,7 +117,9 @@ class MemoryBudgetCallbackMixin:
 
             When the batch size cannot be changed (dataloaders passed straight
             to ``fit``, no ``batch_size_attr``), ``shrink`` and ``accumulate``
-            say why and fall back to ``warn``.
+            say why and fall back to ``warn``, suggesting the batch to set.
+            After a change, the prediction logged every epoch is a direct
+            estimate at the batch and accumulation trained with.
         margin: Headroom kept below the budget when choosing a batch size
             (and, with ``budget=None``, below the free memory).
         batch_size_attr: Name of the attribute holding the per-device batch
@@ -147,8 +148,9 @@ class MemoryBudgetCallbackMixin:
         measurements: One dict per finished epoch with the measured and
             predicted figures (bytes).
         summary: The fit-start summary line the callback logged (the
-            prediction, the budget, the policy, the decision and the batch
-            size trained with); ``None`` without an estimate.
+            prediction, the budget, the policy, the decision, the batch size
+            and accumulation trained with, or the sequence length ``shrink``
+            set); ``None`` without an estimate.
 
     Example:
         >>> from nnmem_callbacks.lightning import MemoryBudgetCallback
@@ -200,7 +202,7 @@ class MemoryBudgetCallbackMixin:
         self.failure: str | None = None
         self.summary: str | None = None
         self.last_diagnosis: str | None = None
-        self._guard = Guard(functools.partial(self._ns.rank_zero_warn, stacklevel=5), log)
+        self._guard = Guard(self._ns.user_warn, log)  # warnings name the user's line
         self._applied = False
         self._original_accumulate = 1
         self._train_batch_size: int | None = None
@@ -214,6 +216,9 @@ class MemoryBudgetCallbackMixin:
         self._fit_started = False
         self._device_kind = "cpu"
         self._seq_len: tuple[int, int] | None = None  # (configured, trained with) when shrink shortened the sequence
+        self._seq_change: tuple[str, int, int, int] | None = None  # for the summary: attr, before, after, peak
+        self._changed_run: MemoryEstimate | None = None  # the direct estimate of the run after a change
+        self._traced_accumulate = 1  # the accumulation the estimate was traced with
 
     def state_dict(self) -> dict[str, Any]:
         """The decisions taken at fit start, as plain values (saved in checkpoints)."""
@@ -225,7 +230,7 @@ class MemoryBudgetCallbackMixin:
             "batch_size": self._train_batch_size,
             "original_accumulate_grad_batches": int(self._original_accumulate),
             "accumulate_grad_batches": plan.accumulate_grad_batches if (plan and self._applied) else None,
-            "predicted_peak_bytes": predicted_peak(self.estimate, self._train_batch_size),
+            "predicted_peak_bytes": predicted_peak(self._run_estimate, self._train_batch_size),
             "budget_bytes": plan.budget_bytes if plan else None,
             "decision": plan.decision if plan else (self.failure or ""),
             "seq_len": list(self._seq_len) if self._seq_len else None,
@@ -239,6 +244,7 @@ class MemoryBudgetCallbackMixin:
             trainer = getattr(self, "_trainer", None)
             if trainer is not None:
                 self._apply_restored(trainer, trainer.lightning_module)
+                self._estimate_changed_run(trainer)
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -262,7 +268,7 @@ class MemoryBudgetCallbackMixin:
         self._fit_started, self._trainer = True, trainer
         facts = self._read_facts(trainer, pl_module, reading)
         self._device_kind = facts.device_kind
-        self._original_accumulate = facts.accumulate_grad_batches
+        self._original_accumulate = self._traced_accumulate = facts.accumulate_grad_batches
         if reading is not None and reading.strategy is None:
             self._stand_aside(
                 f"the strategy is not modelled: {reading.reason}",
@@ -304,9 +310,11 @@ class MemoryBudgetCallbackMixin:
                 plan, estimate, facts.batch_size, policy=self.policy, batch_size_attr=self.batch_size_attr
             )
             if decision.message and self.seq_len_attr is not None:
-                decision = dataclasses.replace(decision, message=decision.message + self._longest_sequence_line())
+                line = planning.longest_sequence_line(estimate, plan, self._device_kind, str(self.seq_len_attr))
+                decision = dataclasses.replace(decision, message=decision.message + line)
             self._apply(trainer, pl_module, decision)
         self._restored = None
+        self._estimate_changed_run(trainer)
         self.summary = summary = self._summary()
         self._info(summary)
         if facts.is_global_zero:
@@ -376,12 +384,12 @@ class MemoryBudgetCallbackMixin:
             baseline_bytes=self._baseline_rss or 0,
             measured_peak_bytes=self._largest_over_ranks(trainer, phases.peak_bytes(reading)),
             predicted_bytes=self._predicted_comparable(),
-            predicted_peak_bytes=predicted_peak(self.estimate, size),
+            predicted_peak_bytes=predicted_peak(self._run_estimate, size),
             budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
             phase_peaks=phases.peaks,
             phase_rises=phases.rises,
-            predicted_reserved_bytes=self.estimate.reserved_bytes_at(size) if cuda_predictions else None,
-            predicted_device_bytes=self.estimate.device_bytes_at(size) if cuda_predictions else None,
+            predicted_reserved_bytes=self._run_estimate.reserved_bytes_at(size) if cuda_predictions else None,
+            predicted_device_bytes=self._run_estimate.device_bytes_at(size) if cuda_predictions else None,
             details=True,
         )
         if self._device_kind == "cpu" and self.estimate is not None:
@@ -394,7 +402,7 @@ class MemoryBudgetCallbackMixin:
             self._guard.safe(lambda logger=logger: logger.log_metrics(metrics, step=step), "logging metrics")
         # the rise of process RSS says too little to blame the estimate for (freed memory stays resident)
         if not self._miss_warned and not comparison.process_level:
-            predicted_phase = self.estimate.peak_phase if self.estimate is not None else None
+            predicted_phase = self._run_estimate.peak_phase if self.estimate is not None else None
             warning = epoch_report.miss_warning(comparison, predicted_phase=predicted_phase, causes=_MISS_CAUSES)
             if warning is not None:
                 self._miss_warned = True
@@ -405,7 +413,7 @@ class MemoryBudgetCallbackMixin:
     ) -> epoch_report.EpochComparison:
         """CPU: the sampled step's tensor peak (largest over the ranks) beside the estimate's peak, and its cost."""
         tensors = TensorPeakMeter(sampled)
-        predicted = predicted_peak(self.estimate, self._train_batch_size)
+        predicted = predicted_peak(self._run_estimate, self._train_batch_size)
         comparison = epoch_report.compare_epoch(
             tensors,
             tensors.read(),
@@ -450,7 +458,7 @@ class MemoryBudgetCallbackMixin:
             ),
         )
         if getattr(trainer, "is_global_zero", True):
-            self._ns.rank_zero_warn(self.last_diagnosis)
+            self._ns.user_warn(self.last_diagnosis)
         else:  # the failing rank may not be rank zero: say it from here
             warnings.warn(f"[rank {trainer.global_rank}] {self.last_diagnosis}", stacklevel=2)
 
@@ -511,7 +519,7 @@ class MemoryBudgetCallbackMixin:
                     device_kind=facts.device_kind,
                     accumulate_grad_batches=facts.accumulate_grad_batches,
                 )
-        return plan
+        return planning.with_optimizer_suggestion(plan, estimate)
 
     def _agree_with_other_ranks(self, trainer: pl.Trainer, plan: Plan | None, facts: TrainerFacts) -> Plan | None:
         """The plan all ranks use (see :mod:`~nnmem_callbacks.adapters.lightning.ranks`); ``None`` when any failed."""
@@ -542,20 +550,6 @@ class MemoryBudgetCallbackMixin:
         if decision.message:
             self._guard.warn(decision.message)
 
-    def _longest_sequence_line(self) -> str:
-        """The warning's line on the sequence (``seq_len_attr``): the longest length that fits at the batch."""
-        assert self.plan is not None and self.estimate is not None
-        longest = planning.longest_sequence(self.estimate, self.plan, self._device_kind)
-        if longest is None:
-            return (
-                f"\n`{self.seq_len_attr}`: the estimate has no sequence axis (no (batch, length) token ids in the "
-                "batch, or a sharded strategy)"
-            )
-        return (
-            f"\nLongest sequence that fits at batch size {self.estimate.batch_size}: {longest} "
-            f"(`{self.seq_len_attr}`; traced at {self.estimate.sequence.seq_len})."
-        )
-
     def _shorten(self, trainer: pl.Trainer, pl_module: pl.LightningModule, facts: TrainerFacts) -> bool:
         """``shrink`` with ``seq_len_attr``: sets the longest sequence that fits, then estimates and plans again.
 
@@ -567,26 +561,19 @@ class MemoryBudgetCallbackMixin:
         assert self.plan is not None and self.estimate is not None
         longest = planning.longest_sequence(self.estimate, self.plan, facts.device_kind)
         current = trainer_io.read_setting(pl_module, self._ns, self.seq_len_attr)
-        blocker = None
-        if longest is None:
-            blocker = (
-                "the estimate has no sequence axis (no (batch, length) token ids in the batch, or a sharded strategy)"
-            )
-        elif not facts.batch_size.loaders_from_module:
-            blocker = "the train dataloaders were passed straight to `trainer.fit(...)`, so they cannot be rebuilt"
-        elif not isinstance(current, int) or isinstance(current, bool):
-            blocker = f"`{self.seq_len_attr}` is {current!r}, not a length on the model, its hparams or the datamodule"
-        elif current != self.estimate.sequence.seq_len:
-            blocker = (
-                f"`{self.seq_len_attr}` is {current} but the first batch's sequence has length "
-                f"{self.estimate.sequence.seq_len}; name the attribute the loaders cut or pad to"
-            )
-        elif longest < 1:
-            blocker = "not even a sequence of length 1 fits at this batch size"
+        blocker = planning.shorten_blocker(
+            longest,
+            current,
+            self.estimate,
+            attr=str(self.seq_len_attr),
+            loaders_rebuilt=facts.batch_size.loaders_from_module,
+        )
         if blocker is not None:
             self._guard.warn(f"MemoryBudgetCallback: cannot shorten the sequence: {blocker}; shrinking the batch.")
             return False
-        before = describe_plan(self.plan, self.estimate)
+        # the plan as it stood (its batch change is not made: the sequence is shortened instead)
+        before = describe_plan(actions.unchanged_plan(self.plan, self._original_accumulate), self.estimate)
+        self._seq_change = (str(self.seq_len_attr), int(current), int(longest), self.plan.predicted_bytes)
         trainer_io.set_loader_setting(trainer, pl_module, self._ns, self.seq_len_attr, longest)
         self._seq_len = (int(current), int(longest))
         estimate, reason, batch = self._estimate(trainer, pl_module, facts)
@@ -595,15 +582,18 @@ class MemoryBudgetCallbackMixin:
                 f"MemoryBudgetCallback(policy='shrink') set `{self.seq_len_attr}` {current} -> {longest}, but could not "
                 f"estimate the run again ({reason}); training goes on at that length."
             )
-            self._applied = True
+            self._applied, self._seq_change = True, None
+            self.plan = actions.unchanged_plan(self.plan, self._original_accumulate)
             return True
         self.estimate, self.plan = estimate, self._plan(pl_module, estimate, batch, facts)
+        if self.plan.changed:  # the batch is kept: the plan describes the run that trains
+            self.plan = actions.unchanged_plan(self.plan, self._original_accumulate)
         self._train_batch_size = estimate.batch_size
         self._applied = True
         self._guard.warn(
             f"MemoryBudgetCallback(policy='shrink') changed the run: `{self.seq_len_attr}` {current} -> {longest} "
             f"(batch size {estimate.batch_size} kept). Predicted peak now "
-            f"{format_bytes(predicted_peak(estimate, estimate.batch_size))}.\n{before}"
+            f"{format_bytes(predicted_peak(estimate, estimate.batch_size))}.\nAt `{self.seq_len_attr}` {current}: {before}"
         )
         return True
 
@@ -629,6 +619,23 @@ class MemoryBudgetCallbackMixin:
             f"{restored['batch_size']}, accumulate_grad_batches {trainer.accumulate_grad_batches}."
         )
 
+    @property
+    def _run_estimate(self) -> Any:
+        """The estimate of the run as it trains: the direct estimate after a change, else the fit-start one."""
+        return self._changed_run if self._changed_run is not None else self.estimate
+
+    def _estimate_changed_run(self, trainer: pl.Trainer) -> None:
+        """After the batch or accumulation changed: the direct estimate there, the figure predicted from now on."""
+        estimate, size = self.estimate, self._train_batch_size
+        if estimate is None or not size:
+            return
+        accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        with self._ns.isolate_rng():
+            self._changed_run = self._guard.safe(
+                lambda: estimation.estimate_changed_run(estimate, size, accumulate, self._traced_accumulate),
+                "estimating the changed run directly (the prediction falls back to the fit-start lines)",
+            )
+
     def _stand_aside(self, failure: str, warning: str) -> None:
         """Training goes on unchanged, measured only: ``failure`` says why (and ``warning`` says it once)."""
         self.failure = failure
@@ -639,7 +646,7 @@ class MemoryBudgetCallbackMixin:
     def _predicted_comparable(self) -> int | None:
         """The prediction of what the epoch measurement compares (CUDA: allocated; CPU: the rise of process RSS)."""
         return compared_prediction(
-            self.estimate,
+            self._run_estimate,
             self._train_batch_size,
             process_level=self._device_kind == "cpu",
             resident_bytes=self._resident_bytes,
@@ -656,6 +663,9 @@ class MemoryBudgetCallbackMixin:
             batch_size=self._train_batch_size,
             baseline_rss=self._baseline_rss if self._device_kind == "cpu" else None,
             predicted_rss_rise=rise,
+            accumulate_grad_batches=int(getattr(self._trainer, "accumulate_grad_batches", 1) or 1),
+            changed_peak=predicted_peak(self._changed_run, self._train_batch_size),
+            seq_change=self._seq_change,
         )
 
     def _write_tensorboard(self, trainer: pl.Trainer, summary: str) -> None:

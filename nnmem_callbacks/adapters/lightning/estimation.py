@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # the same classes serve lightning.pytorch
 __all__ = [
     "batch_and_loss",
     "configured_optimizers",
+    "estimate_changed_run",
     "estimate_module",
     "instance_patches",
     "log",
@@ -205,6 +206,25 @@ def configured_optimizers(pl_module: Any) -> list[Any]:
     import torch
 
     return [c for c in configured if isinstance(c, torch.optim.Optimizer)]
+
+
+def estimate_changed_run(
+    estimate: MemoryEstimate, batch_size: int, accumulate_grad_batches: int, traced_accumulation: int
+) -> MemoryEstimate | None:
+    """The direct estimate of the run the callback changed: ``batch_size`` with ``accumulate_grad_batches``.
+
+    ``estimate`` was traced at the configured batch and ``traced_accumulation``; its lines do not hold the
+    gradients that more accumulation keeps live through the next micro-batch, so the figure to predict and
+    compare after a change is a direct estimate of the changed step (the estimate's verifier). ``None``: the
+    run is unchanged, or the estimate has no verifier (or none at that accumulation).
+    """
+    verifier: Any = estimate.verifier
+    if batch_size == estimate.batch_size and accumulate_grad_batches == traced_accumulation:
+        return None
+    if verifier is not None and accumulate_grad_batches != traced_accumulation:
+        accumulating = getattr(verifier, "accumulating", None)
+        verifier = accumulating(int(accumulate_grad_batches)) if accumulating is not None else None
+    return verifier(int(batch_size)) if verifier is not None else None
 
 
 def sum_outputs(out: Any) -> Any:

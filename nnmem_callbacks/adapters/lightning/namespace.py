@@ -15,8 +15,21 @@ Example:
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import warnings
 
-__all__ = ["Namespace"]
+__all__ = ["Namespace", "user_stacklevel"]
+
+#: Packages whose frames a warning skips to point at the user's code (the callback, Lightning, their helpers).
+_LIBRARY_PACKAGES = (
+    "nnmem_callbacks",
+    "lightning",
+    "pytorch_lightning",
+    "lightning_fabric",
+    "lightning_utilities",
+    "torch",
+)
 
 _INSTALL_HINT = {
     "pytorch_lightning": "pip install 'nnmem_callbacks[lightning]' (or pip install pytorch-lightning)",
@@ -51,8 +64,47 @@ class Namespace:
         self.Callback = self.pl.Callback
         self.rank_zero_warn = rank_zero.rank_zero_warn
         self.rank_zero_info = rank_zero.rank_zero_info
+        self._rank_zero_only = rank_zero.rank_zero_only
         self.lightning_hasattr = parsing.lightning_hasattr
         self.lightning_getattr = parsing.lightning_getattr
         self.lightning_setattr = parsing.lightning_setattr
         self.isolate_rng = seed.isolate_rng
         self.TensorBoardLogger = importlib.import_module(f"{root}.loggers").TensorBoardLogger
+
+    def user_warn(self, message: str) -> None:
+        """Warns ``message`` on global rank zero, at the first frame of the user's code (``trainer.fit(...)``).
+
+        ``rank_zero_warn`` takes a fixed ``stacklevel``, which lands in this package or in Lightning: the
+        warning would name a library line instead of the call that started the run.
+        """
+        if getattr(self._rank_zero_only, "rank", 0) == 0:
+            warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = [os.path.dirname(importlib.import_module("contextlib").__file__ or "") + os.sep + "contextlib.py"]
+    for name in _LIBRARY_PACKAGES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(module.__file__) + os.sep)
+    return tuple(dirs)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the caller name the first frame outside the libraries.
+
+    Counted from the function that calls this one (stacklevel 1 there); frames of this package, Lightning,
+    PyTorch and ``contextlib`` are skipped. Where every frame is a library's, the outermost one is named.
+
+    Example:
+        >>> def warn_here():
+        ...     return user_stacklevel()
+        >>> warn_here()  # called from this doctest: its caller is the user's code
+        2
+    """
+    skipped = _library_dirs()
+    frame = sys._getframe(2)  # the caller of the function that warns
+    level = 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(skipped):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -13,6 +13,9 @@ what only the training device and the trainer's settings say:
   :func:`offers_bf16` says so; the callback then estimates again under
   ``bf16-mixed``, and :func:`with_bf16_offer` makes the plan again, under the
   same budget, with that estimate as an alternative.
+* :func:`with_optimizer_suggestion` adds, to a plan that does not fit, what
+  an optimizer with less state saves (the optimizer state in the peak's
+  breakdown), a suggestion that holds even where no batch size fits.
 * :func:`longest_sequence` is the longest sequence length whose step fits the
   plan's usable budget at the configured batch (``seq_len_attr``).
 
@@ -27,10 +30,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from nnmem_callbacks.core.estimate import MemoryEstimate
-from nnmem_callbacks.core.plan import Plan, make_plan, planning_margin, resolve_budget
+from nnmem_callbacks.core.estimate import Category, MemoryEstimate
+from nnmem_callbacks.core.plan import Plan, Suggestion, make_plan, planning_margin, resolve_budget
+from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.hardware import devices
 
 __all__ = [
@@ -38,9 +43,12 @@ __all__ = [
     "FP32_PRECISIONS",
     "includes_reserve",
     "longest_sequence",
+    "longest_sequence_line",
     "offers_bf16",
     "plan_on_device",
+    "shorten_blocker",
     "with_bf16_offer",
+    "with_optimizer_suggestion",
 ]
 
 #: The trainer precisions that train in full precision (where ``bf16-mixed`` is offered).
@@ -151,3 +159,78 @@ def longest_sequence(estimate: MemoryEstimate, plan: Plan, device_kind: str) -> 
     if usable <= 0:
         return 0
     return estimate.max_sequence_length(usable, estimate.batch_size)
+
+
+def shorten_blocker(
+    longest: int | None, current: Any, estimate: MemoryEstimate, *, attr: str, loaders_rebuilt: bool
+) -> str | None:
+    """Why ``shrink`` cannot shorten the sequence to ``longest`` (``None``: it can).
+
+    Args:
+        longest: :func:`longest_sequence` (``None``: the estimate has no sequence axis).
+        current: The value of ``attr`` (``seq_len_attr``) where Lightning keeps it.
+        estimate: The estimate (its traced sequence length).
+        attr: The ``seq_len_attr``.
+        loaders_rebuilt: Whether the train loaders come from the module or datamodule (not from ``fit``).
+
+    Example:
+        >>> est = MemoryEstimate(peak_bytes=1, breakdown={}, batch_size=8)
+        >>> shorten_blocker(None, 128, est, attr="max_length", loaders_rebuilt=True)[:37]
+        'the estimate has no sequence axis (no'
+    """
+    if longest is None or estimate.sequence is None:
+        return "the estimate has no sequence axis (no (batch, length) token ids in the batch, or a sharded strategy)"
+    if not loaders_rebuilt:
+        return "the train dataloaders were passed straight to `trainer.fit(...)`, so they cannot be rebuilt"
+    if not isinstance(current, int) or isinstance(current, bool):
+        return f"`{attr}` is {current!r}, not a length on the model, its hparams or the datamodule"
+    if current != estimate.sequence.seq_len:
+        return (
+            f"`{attr}` is {current} but the first batch's sequence has length {estimate.sequence.seq_len}; name the "
+            "attribute the loaders cut or pad to"
+        )
+    if longest < 1:
+        return "not even a sequence of length 1 fits at this batch size"
+    return None
+
+
+def with_optimizer_suggestion(plan: Plan, estimate: MemoryEstimate) -> Plan:
+    """``plan`` with the saving of an optimizer that keeps less state, when the plan does not fit.
+
+    The saving is the optimizer state in the peak's breakdown (an optimizer without state, such as SGD without
+    momentum, keeps none of it; an 8-bit Adam about a quarter); offered when the state is at least a tenth of
+    the peak. It holds where no batch size fits, as the state does not depend on the batch.
+
+    Example:
+        >>> est = MemoryEstimate(peak_bytes=3 * 2**20, breakdown={"optimizer_state": 2**20, "parameters": 2**21},
+        ...                      batch_size=8)
+        >>> plan = make_plan(est, 2**20, "warn")
+        >>> print(with_optimizer_suggestion(plan, est).suggestions[-1].text)
+        the optimizer state is 1.00 MiB (33% of the peak): an optimizer without state (SGD without momentum) saves about 1.00 MiB, an 8-bit Adam (e.g. bitsandbytes.optim.Adam8bit) about 768.00 KiB
+    """
+    state = int(estimate.breakdown.get(str(Category.OPTIMIZER_STATE), 0))
+    if plan.fits or state < 0.1 * max(estimate.peak_bytes, 1):
+        return plan
+    text = (
+        f"the optimizer state is {format_bytes(state)} ({state / max(estimate.peak_bytes, 1):.0%} of the peak): an "
+        f"optimizer without state (SGD without momentum) saves about {format_bytes(state)}, an 8-bit Adam (e.g. "
+        f"bitsandbytes.optim.Adam8bit) about {format_bytes(state * 3 // 4)}"
+    )
+    return dataclasses.replace(plan, suggestions=(*plan.suggestions, Suggestion("optimizer", state, text)))
+
+
+def longest_sequence_line(estimate: MemoryEstimate, plan: Plan, device_kind: str, attr: str) -> str:
+    """The warning's line on the sequence (``seq_len_attr`` ``attr``): the longest length that fits at the batch.
+
+    Example:
+        >>> est = MemoryEstimate(peak_bytes=2**20, breakdown={"activations": 2**20}, batch_size=8)
+        >>> longest_sequence_line(est, make_plan(est, 2**19, "warn", 0.0), "cpu", "max_length")[:40]
+        '\\n`max_length`: the estimate has no seque'
+    """
+    longest = longest_sequence(estimate, plan, device_kind)
+    if longest is None or estimate.sequence is None:
+        return f"\n`{attr}`: the estimate has no sequence axis (no (batch, length) token ids in the batch, or a sharded strategy)"
+    return (
+        f"\nLongest sequence that fits at batch size {estimate.batch_size}: {longest} "
+        f"(`{attr}`; traced at {estimate.sequence.seq_len})."
+    )

@@ -25,6 +25,9 @@ def fit_start_summary(
     batch_size: int | None,
     baseline_rss: int | None = None,
     predicted_rss_rise: int = 0,
+    accumulate_grad_batches: int = 1,
+    changed_peak: int | None = None,
+    seq_change: tuple[str, int, int, int] | None = None,
 ) -> str:
     """The one-line summary: the prediction, the budget, the policy and its decision.
 
@@ -36,6 +39,11 @@ def fit_start_summary(
         batch_size: The batch size trained with.
         baseline_rss: CPU: the process RSS at fit start (``None`` on CUDA).
         predicted_rss_rise: CPU: the predicted rise of the RSS above it.
+        accumulate_grad_batches: The accumulation trained with.
+        changed_peak: The peak predicted for the run as changed (a direct estimate at the batch and accumulation
+            trained with), when the callback changed it.
+        seq_change: ``(attribute, configured length, trained length, predicted peak at the configured length)``
+            when ``shrink`` shortened the sequence (``plan`` is then the plan at the trained length).
 
     Example:
         >>> from nnmem_callbacks.core.plan import make_plan
@@ -47,14 +55,27 @@ def fit_start_summary(
         >>> fit_start_summary(make_plan(est, 2**10, "shrink"), est, policy="shrink", applied=False, batch_size=8
         ...                   ).split("decision: ")[-1]
         "does not fit even at batch size 1; training unchanged at batch size 8 (policy 'shrink': not even batch size 1 fits; see the warning)"
+        >>> fit_start_summary(make_plan(est, 2**30), est, policy="shrink", applied=True, batch_size=8,
+        ...                   seq_change=("max_length", 128, 38, 26 * 2**20)).split("decision: ")[-1]
+        '`max_length` 128 -> 38 (predicted peak 26.00 MiB at 128), batch size 8 kept: fits at 38'
     """
+    decision = plan.decision
+    if seq_change is not None:
+        attr, configured, trained, before = seq_change
+        decision = f"`{attr}` {configured} -> {trained} (predicted peak {format_bytes(before)} at {configured}), "
+        decision += f"batch size {plan.original_batch_size} kept: " + ("fits" if plan.fits else plan.decision)
+        decision += f" at {trained}"
     text = (
         f"MemoryBudgetCallback: predicted peak {format_bytes(plan.predicted_bytes)} at batch size "
         f"{plan.original_batch_size} ({estimate.method}, {estimate.precision}, {estimate.device}); budget "
-        f"{format_bytes(plan.budget_bytes)}; policy {policy!r}; decision: {plan.decision}"
+        f"{format_bytes(plan.budget_bytes)}; policy {policy!r}; decision: {decision}"
     )
     if applied and batch_size != plan.original_batch_size:
         text += f"; training with batch size {batch_size}"
+        if accumulate_grad_batches > 1:
+            text += f" and accumulate_grad_batches {accumulate_grad_batches}"
+        if changed_peak is not None:
+            text += f" (predicted peak there {format_bytes(changed_peak)}, by a direct estimate)"
     elif not plan.fits:
         text += f"; training unchanged at batch size {batch_size}"
         if policy in ("shrink", "accumulate"):
