@@ -11,7 +11,7 @@ import sys
 from typing import Any, Iterator
 
 from nnmem_callbacks.cli.errors import CliError, checked_value, first_line, require_module
-from nnmem_callbacks.cli.models import build_model, check_forward, load_factory, make_batch
+from nnmem_callbacks.cli.models import build_model, check_forward, check_forward_inputs, load_factory, make_batch
 from nnmem_callbacks.cli.targets import Target
 from nnmem_callbacks.cli.values import parse_count, parse_input_shape, parse_model_args
 from nnmem_callbacks.core.estimate import MemoryEstimate
@@ -20,6 +20,9 @@ from nnmem_callbacks.estimators import napkin
 from nnmem_callbacks.hardware import gpus as gpu_table
 
 __all__ = [
+    "calc_mode",
+    "CALC_MODES",
+    "check_options_apply",
     "fit_summary",
     "FitSummary",
     "gathered_unit_bytes",
@@ -77,6 +80,8 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
                 "--compile estimates a torch.compile'd PyTorch step; for a Keras model set jit_compile in "
                 "model.compile() before saving it"
             )
+        if getattr(args, "seq_len", None):
+            raise CliError("--seq-len traces the step at other lengths for PyTorch factory models only, not Keras")
         return _keras_estimate(spec, args, target)
     require_module("torch", "nnmem estimate needs PyTorch for factory models: pip install 'nnmem_callbacks[torch]'")
     factory = load_factory(spec)
@@ -85,7 +90,10 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
         raise CliError("give the model's input shape, e.g. --input-shape 3,224,224 (per sample, no batch dimension)")
     precision = checked_value(napkin.check_precision, args.precision, "--precision")
     model = build_model(spec, parse_model_args(args.model_arg), factory=factory)
+    if getattr(args, "seq_len", None):
+        _check_token_ids(inputs, args.seq_len)
     batch = make_batch(inputs, args.batch_size)
+    check_forward_inputs(model, inputs)
     traced_model = _compiled(model, args)
     import warnings
 
@@ -133,6 +141,30 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     return estimate
 
 
+def _check_token_ids(inputs: list[Any], seq_len: int) -> None:
+    """``--seq-len`` needs an input of token ids (integer, per-sample shape ``(LEN,)``, ``LEN`` >= 4), the one
+    ``sequence_dim="auto"`` takes the length from.
+
+    Raises:
+        CliError: Naming the inputs given and the ``-i`` that gives token ids.
+    """
+    token_ids = [spec for spec in inputs if not spec.dtype.startswith(("float", "bfloat")) and len(spec.shape) == 1]
+    if any(spec.shape[0] >= 4 for spec in token_ids):
+        return
+    if token_ids:
+        raise CliError(
+            f"--seq-len {seq_len}: the token ids' length must be 4 or more to trace other lengths; "
+            f"e.g. -i input_ids=int64:128"
+        )
+    given = " ".join(
+        f"-i {spec.name + '=' if spec.name else ''}{spec.dtype}:{','.join(map(str, spec.shape))}" for spec in inputs
+    )
+    raise CliError(
+        f"--seq-len {seq_len} scales the length of the token ids, and the inputs given ({given}) hold none; "
+        f"give integer token ids, e.g. -i input_ids=int64:LEN (LEN the length to trace at, such as 128)"
+    )
+
+
 @contextlib.contextmanager
 def _logging_at(name: str, level: int, handler: logging.Handler | None = None) -> Iterator[None]:
     """The logger ``name`` at ``level`` (and with ``handler``) inside; as it was after."""
@@ -159,6 +191,7 @@ def sequence_summary(estimate: MemoryEstimate, seq_len: int, fit: "FitSummary") 
     peak = checked_value(lambda length: estimate.peak_bytes_at(batch, seq_len=length), seq_len, "--seq-len")
     answer: dict[str, Any] = {
         "traced_seq_len": estimate.sequence.seq_len,
+        "traced_lengths": list(estimate.sequence.traced_lengths),
         "seq_len": seq_len,
         "batch_size": batch,
         "peak_bytes": peak,
@@ -290,8 +323,11 @@ def napkin_from_args(args: argparse.Namespace, device: str = "cuda") -> MemoryEs
     """
     common = dict(optimizer=args.optimizer, precision=args.precision, device=device)
     layers = args.layers
+    mode = calc_mode(args)
+    if mode is not None:
+        check_options_apply(args, mode)
     try:
-        if getattr(args, "lora_rank", None) is not None:
+        if mode == "lora":
             return _lora_from_args(args, common)
         if args.hidden is not None:
             missing = [
@@ -348,6 +384,103 @@ def napkin_from_args(args: argparse.Namespace, device: str = "cuda") -> MemoryEs
         "nnmem calc needs one of: transformer (--layers L --hidden H --heads A --seq-len S [--vocab V]), "
         "MLP (--layers 1000,100,10) or counts (--params N --activations N); see `nnmem calc --help`"
     )
+
+
+#: ``nnmem calc``'s modes, as the options that pick them are written (``nnmem calc --help``).
+CALC_MODES = {
+    "transformer": "transformer mode (--layers L --hidden H --heads A --seq-len S)",
+    "lora": "LoRA mode (--lora-rank R with the transformer options and --ffn)",
+    "mlp": "MLP mode (--layers W1,W2,..., no --hidden)",
+    "counts": "counts mode (--params N --activations N)",
+}
+
+#: The mode-specific ``nnmem calc`` options: (flag, dest, the value that means "not written", modes that use it).
+#: The parser records an option written even at its default (``<dest>_given``); the value is the fallback for a
+#: namespace built without the parser.
+_MODE_OPTIONS = (
+    ("--layers", "layers", None, ("transformer", "lora", "mlp")),
+    ("--heads", "heads", None, ("transformer", "lora")),
+    ("--seq-len", "seq_len", None, ("transformer", "lora")),
+    ("--vocab", "vocab", 0, ("transformer", "lora")),
+    ("--ffn", "ffn", None, ("transformer", "lora")),
+    ("--recompute", "recompute", "none", ("transformer", "lora")),
+    ("--attention", "attention", None, ("transformer", "lora")),
+    ("--arch", "arch", "gpt", ("transformer",)),
+    ("--max-positions", "max_positions", None, ("transformer",)),
+    ("--activation", "activation", "gelu", ("transformer",)),
+    ("--no-dropout", "no_dropout", False, ("transformer",)),
+    ("--kv-heads", "kv_heads", None, ("lora",)),
+    ("--lora-targets", "lora_targets", "q,k,v,o", ("lora",)),
+    ("--quantize", "quantize", "none", ("lora",)),
+    ("--params", "params", None, ("transformer", "counts")),
+    ("--activations", "activations", None, ("counts",)),
+    ("--input-size", "input_size", 0, ("counts",)),
+)
+
+
+def calc_mode(args: argparse.Namespace) -> str | None:
+    """The ``nnmem calc`` mode the options pick (a key of :data:`CALC_MODES`), ``None`` when they pick none.
+
+    ``--lora-rank`` picks LoRA; else ``--hidden`` the transformer; else ``--layers`` the MLP; else ``--params``
+    with ``--activations`` the counts mode.
+
+    Example:
+        >>> import argparse
+        >>> calc_mode(argparse.Namespace(lora_rank=None, hidden=None, layers="784,10", params=None, activations=None))
+        'mlp'
+    """
+    if getattr(args, "lora_rank", None) is not None:
+        return "lora"
+    if getattr(args, "hidden", None) is not None:
+        return "transformer"
+    if getattr(args, "layers", None) is not None:
+        return "mlp"
+    if getattr(args, "params", None) is not None and getattr(args, "activations", None) is not None:
+        return "counts"
+    return None
+
+
+def _written(args: argparse.Namespace, dest: str, unset: Any) -> bool:
+    """Whether the option ``dest`` was written (at its default too, where the parser recorded it)."""
+    return bool(getattr(args, f"{dest}_given", False)) or getattr(args, dest, unset) != unset
+
+
+def check_options_apply(args: argparse.Namespace, mode: str) -> None:
+    """Refuses the options written that ``mode`` does not use, naming the mode each belongs to.
+
+    Raises:
+        CliError: Naming each such option and the modes in which it applies.
+
+    Example:
+        >>> import argparse
+        >>> ns = argparse.Namespace(layers="784,10", params=19_000_000)
+        >>> try:
+        ...     check_options_apply(ns, "mlp")
+        ... except CliError as error:
+        ...     print(str(error).split(":")[0])
+        --params does not apply in MLP mode (--layers W1,W2,..., no --hidden), which would ignore it
+    """
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for flag, dest, unset, modes in _MODE_OPTIONS:
+        if mode not in modes and hasattr(args, dest) and _written(args, dest, unset):
+            groups.setdefault(modes, []).append(flag)
+    if not groups:
+        return
+    flags = [flag for group in groups.values() for flag in group]
+    one = len(flags) == 1
+    where = "; ".join(
+        f"{_and(group) if len(groups) > 1 else 'it' if one else 'they'} {'applies' if len(group) == 1 else 'apply'} "
+        f"in {' or '.join(CALC_MODES[m] for m in modes)}"
+        for modes, group in groups.items()
+    )
+    raise CliError(
+        f"{_and(flags)} {'does' if one else 'do'} not apply in {CALC_MODES[mode]}, which would ignore "
+        f"{'it' if one else 'them'}: {where}; drop {'it' if one else 'them'}, or give the options of the mode meant"
+    )
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _lora_from_args(args: argparse.Namespace, common: dict[str, Any]) -> MemoryEstimate:

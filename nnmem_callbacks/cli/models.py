@@ -13,7 +13,14 @@ from typing import Any, Sequence
 from nnmem_callbacks.cli.errors import CliError, first_line
 from nnmem_callbacks.cli.values import InputSpec
 
-__all__ = ["build_model", "check_forward", "load_factory", "looks_like_a_shape_error", "make_batch"]
+__all__ = [
+    "build_model",
+    "check_forward",
+    "check_forward_inputs",
+    "load_factory",
+    "looks_like_a_shape_error",
+    "make_batch",
+]
 
 _MODEL_SPEC_HELP = (
     "MODEL must be 'package.module:factory', 'path/to/file.py:factory' (a callable returning a "
@@ -163,6 +170,63 @@ def _real_batch(inputs: Sequence[InputSpec], batch_size: int) -> Any:
     return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
 
+def check_forward_inputs(model: Any, inputs: Sequence[InputSpec]) -> None:
+    """Checks the ``-i`` inputs against the parameters of ``model.forward``, where its signature can be read.
+
+    Several unnamed inputs are passed positionally (``model(*batch)``), named ones as keywords
+    (``model(**batch)``). Nothing is said when the signature cannot be read or takes ``*args``/``**kwargs``
+    that could absorb the difference.
+
+    Raises:
+        CliError: Naming forward's inputs, how many were given and the ``-i`` to add or drop.
+    """
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError, AttributeError):
+        return
+    kinds = inspect.Parameter
+    positional = [p for p in parameters if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    required_keywords = [p for p in parameters if p.kind == kinds.KEYWORD_ONLY and p.default is p.empty]
+    star_args = any(p.kind == kinds.VAR_POSITIONAL for p in parameters)
+    star_kwargs = any(p.kind == kinds.VAR_KEYWORD for p in parameters)
+    shown = f"({', '.join(p.name for p in positional)})"
+    if inputs and inputs[0].name is not None:  # keywords
+        if any(p.kind == kinds.POSITIONAL_ONLY for p in parameters):
+            return
+        names = {spec.name for spec in inputs}
+        missing = [p.name for p in (*required, *required_keywords) if p.name not in names]
+        if missing:
+            add = " ".join(f"-i {name}=DTYPE:DIMS" for name in missing)
+            raise CliError(
+                f"forward{shown} also needs {', '.join(missing)}, and the named inputs give "
+                f"{', '.join(sorted(names))}; add {add}"
+            )
+        known = {p.name for p in parameters}
+        unknown = sorted(names - known)
+        if unknown and not star_kwargs:
+            raise CliError(
+                f"forward{shown} has no input named {', '.join(unknown)}; name the inputs after forward's "
+                f"parameters: {', '.join(p.name for p in parameters if p.kind != kinds.VAR_POSITIONAL)}"
+            )
+        return
+    given = len(inputs)
+    if required_keywords:
+        return  # keyword-only inputs cannot be given unnamed; the forward check says what went wrong
+    plural = "input" if len(required) == 1 else "inputs"
+    if given < len(required):
+        more = "another -i" if len(required) - given == 1 else f"{len(required) - given} more -i"
+        raise CliError(
+            f"forward takes {len(required)} {plural} {shown}, {given} given; add {more} "
+            f"(one per input, in forward's order)"
+        )
+    if given > len(positional) and not star_args:
+        takes = f"{len(positional)} {'input' if len(positional) == 1 else 'inputs'} {shown}"
+        raise CliError(f"forward takes {takes}, {given} given; drop {given - len(positional)} -i")
+
+
 def check_forward(model: Any, inputs: Sequence[InputSpec]) -> None:
     """Runs the model once on a real batch of 2; a failure is a shape mistake."""
     import torch
@@ -179,6 +243,8 @@ def check_forward(model: Any, inputs: Sequence[InputSpec]) -> None:
             else:
                 model(batch)
     except Exception as error:  # noqa: BLE001 - user code
+        if isinstance(error, TypeError):
+            check_forward_inputs(model, inputs)  # a wrong number of inputs, named as such where forward tells
         shapes = ", ".join(_describe_input(spec) for spec in inputs)
         if looks_like_a_shape_error(error):
             raise CliError(

@@ -33,10 +33,10 @@ exit status:
 _EPILOG_ESTIMATE = (
     """\
 examples:
-  nnmem estimate examples/models.py:mlp --input-shape 1000 --batch-size 256 --optimizer sgd
-  nnmem estimate examples/models.py:bert_base_mlm --input-shape input_ids=int64:128 \\
+  nnmem estimate nnmem_callbacks.examples.models:mlp --input-shape 1000 --batch-size 256 --optimizer sgd
+  nnmem estimate nnmem_callbacks.examples.models:bert_base_mlm --input-shape input_ids=int64:128 \\
       --input-shape labels=int64:128 --batch-size 32 --optimizer adamw --device a100-80gb
-  nnmem estimate examples/models.py:resnet50 --input-shape 3,224,224 --batch-size 64 \\
+  nnmem estimate nnmem_callbacks.examples.models:resnet50 --input-shape 3,224,224 --batch-size 64 \\
       --precision 16-mixed --optimizer adam --plot resnet50.png
   nnmem estimate mypkg.models:build --input-shape 3,32,32 --device cpu --budget 4GiB --json
 """
@@ -52,6 +52,7 @@ modes (picked from the options given):
   counts       --params N --activations N [--input-size N]   (activation elements per sample)
   lora         --lora-rank R with the transformer options and --ffn: LoRA / QLoRA of a Llama-style decoder
                [--kv-heads K] [--lora-targets q,k,v,o] [--quantize none|4bit|8bit] [--recompute full|none]
+  an option of another mode is an error (exit status 2), not ignored
 
 examples:
   nnmem calc --layers 1000,100,100,100,100,10 --batch-size 256 --optimizer sgd
@@ -60,7 +61,7 @@ examples:
       --batch-size 32 --optimizer adamw
   nnmem calc --layers 24 --hidden 1024 --heads 16 --vocab 50257 --seq-len 1024 --batch-size 8 \\
       --precision bf16-mixed --recompute selective --device h100
-  nnmem calc --lora-rank 16 --quantize 4bit --layers 32 --hidden 4096 --heads 32 --ffn 11008 \
+  nnmem calc --lora-rank 16 --quantize 4bit --layers 32 --hidden 4096 --heads 32 --ffn 11008 \\
       --vocab 32000 --seq-len 2048 --recompute full --precision bf16-true --device a100-40gb
 """
     + "\n"
@@ -188,7 +189,7 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         "model",
         metavar="MODEL",
         help="package.module:factory, path/to/file.py:factory (a callable returning a torch.nn.Module), "
-        "or a saved Keras model (file.keras), e.g. examples/models.py:resnet50",
+        "or a saved Keras model (file.keras), e.g. nnmem_callbacks.examples.models:resnet50",
     )
     parser.add_argument(
         "--input-shape",
@@ -215,8 +216,8 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="also answer at sequence length N and give the longest sequence that fits the budget at the batch: "
-        "the step is traced at the input's own length (token ids, -i input_ids=int64:LEN) and at a quarter, "
-        "half and twice it; e.g. --seq-len 4096",
+        "the step is traced at the length of the token ids (-i input_ids=int64:LEN), at half it and at twice it; "
+        "e.g. --seq-len 4096",
     )
     parser.add_argument(
         "--compile",
@@ -287,6 +288,7 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         default=0,
         metavar="V",
         help="vocabulary size for the LM head and loss (default 0: none), e.g. --vocab 30522",
+        action=_StoreGiven,
     )
     parser.add_argument(
         "--ffn",
@@ -300,6 +302,7 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         choices=napkin.ARCHITECTURES,
         default="gpt",
         help="gpt: pre-LN decoder with tied LM head; bert: masked-LM encoder (default: gpt)",
+        action=_StoreGiven,
     )
     parser.add_argument(
         "--max-positions",
@@ -314,6 +317,7 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         default="none",
         help="activation recomputation: none, selective (attention scores), full "
         "(checkpoint every layer) (default: none)",
+        action=_StoreGiven,
     )
     parser.add_argument(
         "--attention",
@@ -328,6 +332,7 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         default="gelu",
         help="transformer MLP activation: gelu (one fused kernel; BERT, most models) or gelu_new "
         "(tanh GELU written as elementwise ops, HF GPT-2's default) (default: gelu)",
+        action=_StoreGiven,
     )
     parser.add_argument("--no-dropout", action="store_true", help="dropout off: no 1-byte masks are kept")
     parser.add_argument(
@@ -344,6 +349,7 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         metavar="NAMES",
         help=f"layers with adapters, from {','.join(napkin.LORA_TARGETS)} (default: q,k,v,o), "
         "e.g. --lora-targets q,k,v,o,gate,up,down",
+        action=_StoreGiven,
     )
     parser.add_argument(
         "--quantize",
@@ -351,6 +357,7 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         default="none",
         help="the frozen base's linear layers with --lora-rank: none, 4bit (QLoRA, nf4 with double "
         "quantization) or 8bit (default: none)",
+        action=_StoreGiven,
     )
     parser.add_argument(
         "--kv-heads",
@@ -380,6 +387,7 @@ def calc_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         default=0,
         metavar="N|D1,D2,..",
         help="input elements per sample (counts mode), e.g. --input-size 3,224,224",
+        action=_StoreGiven,
     )
     _add_target_options(parser)
     parser.set_defaults(func=calc_command)
@@ -428,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
         "from bare numbers (calc), with the largest batch that fits each GPU.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
-        "  nnmem estimate examples/models.py:resnet50 -i 3,224,224 -b 64 --precision 16-mixed\n"
+        "  nnmem estimate nnmem_callbacks.examples.models:resnet50 -i 3,224,224 -b 64 --precision 16-mixed\n"
         "  nnmem calc --layers 12 --hidden 768 --heads 12 --vocab 30522 --seq-len 128 --arch bert -b 32\n"
         "  nnmem gpus\n"
         "  nnmem demo\n"

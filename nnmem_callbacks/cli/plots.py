@@ -8,7 +8,7 @@ from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.formatting import breakdown_rows
 from nnmem_callbacks.core.units import format_bytes
 
-__all__ = ["check_plot_path", "plot_estimate"]
+__all__ = ["budget_labels", "check_plot_path", "plot_estimate"]
 
 
 def check_plot_path(path: str) -> None:
@@ -29,6 +29,23 @@ def check_plot_path(path: str) -> None:
             f"--plot {path}: {what} is not an image format matplotlib writes; use one of "
             f"{', '.join(sorted(supported))}, e.g. --plot memory.png"
         )
+
+
+def budget_labels(fit: FitSummary) -> tuple[str, str]:
+    """The legend of the budget line and of the largest batch, saying where the margin was kept free.
+
+    A ``--budget`` keeps the margin free below the line drawn; a budget resolved from the device's memory is
+    that memory less the margin already, and the largest batch fits under the line itself.
+    """
+    batch = f"max batch {fit.max_batch_size}"
+    if fit.budget_named:
+        return f"budget {format_bytes(fit.budget_bytes)}", f"{batch} (keeps {fit.margin:.0%} of the budget free)"
+    where = fit.target.gpu.name if fit.target.gpu else fit.target.label
+    memory = "memory" if fit.target.free_bytes is None else "free memory"
+    return (
+        f"budget {format_bytes(fit.budget_bytes)} ({where}'s {memory} less {fit.margin:.0%})",
+        f"{batch} (the largest under the budget line)",
+    )
 
 
 def plot_estimate(estimate: MemoryEstimate, fit: FitSummary, path: str, *, title: str = "") -> str:
@@ -67,7 +84,8 @@ def plot_estimate(estimate: MemoryEstimate, fit: FitSummary, path: str, *, title
             sizes, [estimate.device_bytes_at(n) / right_scale for n in sizes], label="device total", linestyle="--"
         )
     if fit.budget_bytes is not None:
-        right.axhline(fit.budget_bytes / right_scale, color="tab:red", label=f"budget {format_bytes(fit.budget_bytes)}")
+        budget_label, max_label = budget_labels(fit)
+        right.axhline(fit.budget_bytes / right_scale, color="tab:red", label=budget_label)
         if capped:
             right.plot(
                 [],
@@ -80,7 +98,7 @@ def plot_estimate(estimate: MemoryEstimate, fit: FitSummary, path: str, *, title
                 fit.max_batch_size,
                 color="tab:red",
                 linestyle=":",
-                label=f"max batch {fit.max_batch_size} (keeps {fit.margin:.0%} of the budget free)",
+                label=max_label,
             )
     right.axvline(estimate.batch_size, color="gray", linestyle=":", label=f"batch {estimate.batch_size}")
     right.set_xlabel("batch size")

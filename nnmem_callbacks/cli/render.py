@@ -190,14 +190,17 @@ def sequence_text(answer: dict[str, Any]) -> str:
     """The ``--seq-len`` lines of ``nnmem estimate``.
 
     Example:
-        >>> print(sequence_text({"traced_seq_len": 128, "seq_len": 512, "batch_size": 4, "peak_bytes": 3 * 2**30,
-        ...                      "max_sequence_length": 700, "usable_peak_bytes": 4 * 2**30}))
-        at sequence length 512 (traced at 128, a quarter, half and twice it): peak 3.00 GiB at batch 4
+        >>> print(sequence_text({"traced_seq_len": 128, "traced_lengths": [64, 128, 256], "seq_len": 512,
+        ...                      "batch_size": 4, "peak_bytes": 3 * 2**30, "max_sequence_length": 700,
+        ...                      "usable_peak_bytes": 4 * 2**30}))
+        at sequence length 512 (traced at 64, 128 and 256): peak 3.00 GiB at batch 4
         longest sequence that fits 4.00 GiB at batch 4: 700
     """
+    traced = [int(n) for n in answer.get("traced_lengths") or (answer["traced_seq_len"],)]
+    lengths = traced[0] if len(traced) == 1 else f"{', '.join(map(str, traced[:-1]))} and {traced[-1]}"
     lines = [
-        f"at sequence length {answer['seq_len']} (traced at {answer['traced_seq_len']}, a quarter, half and twice "
-        f"it): peak {format_bytes(answer['peak_bytes'])} at batch {answer['batch_size']}"
+        f"at sequence length {answer['seq_len']} (traced at {lengths}): peak {format_bytes(answer['peak_bytes'])} "
+        f"at batch {answer['batch_size']}"
     ]
     if answer.get("max_sequence_length") is not None:
         lines.append(
