@@ -292,6 +292,7 @@ def test_1_the_lightning_callback_plans_on_the_budget_less_the_margin(tmp_path):
         optimizer=torch.optim.Adam(model.parameters()),
         loss_fn=lambda m, b: m.training_step(b, 0),
         device="cpu",
+        zero_grad="before_backward",  # as Lightning's automatic optimization, which the callback estimates
     ).peak_bytes
     callback = MemoryBudgetCallback(budget=int(peak / 0.97), policy="shrink")  # within the budget, over the margin
     datamodule = DataModule(batch_size=64)

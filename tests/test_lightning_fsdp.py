@@ -52,7 +52,7 @@ SCRIPT = textwrap.dedent(
         loss = lambda m, b: m.training_step(b, 0)
         return estimate_per_rank(model, batch, model.configure_optimizers(), loss,
                                  strategy=Strategy(kind, world_size=world_size, backend="gloo"),
-                                 check_scaling=False).peak_bytes
+                                 check_scaling=False, zero_grad="before_backward").peak_bytes
 
     if __name__ == "__main__":
         rank = int(os.environ.get("LOCAL_RANK", "0"))

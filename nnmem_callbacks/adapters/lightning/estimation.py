@@ -345,6 +345,8 @@ def run_estimator(
         gradient_clip_algorithm=facts.gradient_clip_algorithm,
         check_scaling=batch_lines,
         probe_kernels=probe_kernels,
+        # automatic optimization's closure: training_step, zero_grad, backward (manual: the user's own calls)
+        zero_grad="before_backward" if pl_module.automatic_optimization else "after_step",
     )
     reading = facts.strategy
     try:

@@ -17,7 +17,16 @@ from typing import Sequence
 from nnmem_callbacks.core.estimate import Category, PhaseLine, upper_envelope
 from nnmem_callbacks.estimators.torch.tracer import TraceResult
 
-__all__ = ["aligned", "base_phase", "category_line", "event_lines", "moment_slopes", "paired_lines", "phase_values"]
+__all__ = [
+    "aligned",
+    "base_phase",
+    "category_line",
+    "event_lines",
+    "moment_slopes",
+    "paired_lines",
+    "phase_values",
+    "scaling_sizes",
+]
 
 
 def base_phase(phase: str) -> str:
@@ -117,3 +126,15 @@ def paired_lines(
             phase_lines = [category_line(main, phase, batch_size)]
         lines.extend(dataclasses.replace(line, min_batch=low, max_batch=high) for line in phase_lines)
     return lines, unaligned
+
+
+def scaling_sizes(batch_size: int) -> tuple[int, int]:
+    """The batch sizes of the trace above the batch and of the one below it.
+
+    The one below (a quarter of the batch) checks the lines fitted above and,
+    where growth is not linear, gives the lines that hold below the batch.
+    A batch of one has nothing below it; a trace at three checks instead.
+    """
+    fit = 2 * batch_size
+    check = max(1, batch_size // 4) if batch_size >= 2 else 3
+    return fit, check

@@ -44,7 +44,7 @@ from nnmem_callbacks.core.formatting import first_line
 from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.core.verification import DirectEstimator
 from nnmem_callbacks.estimators.torch import inductor_compat, quantized
-from nnmem_callbacks.estimators.torch.batch_lines import category_line, paired_lines
+from nnmem_callbacks.estimators.torch.batch_lines import category_line, paired_lines, scaling_sizes
 from nnmem_callbacks.estimators.torch.compat import eager_library_checks
 from nnmem_callbacks.estimators.torch.compiled import eager_step, find_compiled
 from nnmem_callbacks.estimators.torch.cuda import libraries as cuda_libraries
@@ -60,6 +60,7 @@ from nnmem_callbacks.estimators.torch.step import (
     LossFn,
     StepConfig,
     build_optimizers,
+    check_zero_grad,
     forward_loss,
     input_dtype_map,
     make_config,
@@ -118,6 +119,7 @@ def estimate_training(
     check_scaling: bool = True,
     probe_kernels: "bool | ProbeSettings" = True,
     sequence_dim: int | str | None = None,
+    zero_grad: str = "after_step",
 ) -> MemoryEstimate:
     """Predicts the peak memory of training ``model`` on batches like ``batch``.
 
@@ -152,6 +154,9 @@ def estimate_training(
             ``"auto"`` finds token ids of shape ``(batch, length)``, an int names
             the dimension of the batch's first tensor that holds the length.
             Two more traces, at half and twice the length. ``None``: no axis.
+        zero_grad: When the loop frees the gradients: ``"after_step"`` (``optimizer.step(); optimizer.zero_grad()``,
+            as a plain loop or the Hugging Face Trainer) or ``"before_backward"`` (Lightning's automatic
+            optimization: after ``training_step``, so the next forward runs beside the last step's gradients).
 
     Returns:
         A :class:`~nnmem_callbacks.core.estimate.MemoryEstimate`.
@@ -188,7 +193,7 @@ def estimate_training(
         gradient_clip_algorithm,
         sequence_dim,
     )
-    config.compiled = compiled
+    config.compiled, config.zero_grad = compiled, check_zero_grad(zero_grad)
     estimate = _estimate_config(config, check_scaling, probe_kernels)
     return dataclasses.replace(estimate, verifier=TraceVerifier(config, probe_kernels))
 
@@ -427,6 +432,8 @@ def _run_trace(
                         suffix = "" if micro == 1 else f".{micro}"
                         tracker.set_phase(f"step{step}/forward{suffix}")
                         loss = forward_loss(config, fake_batch)
+                        if micro == 1 and config.zero_grad == "before_backward":  # Lightning, after training_step
+                            _zero_grad(optimizers, all_params)
                         tracker.set_phase(f"step{step}/backward{suffix}")
                         if config.accumulate_grad_batches > 1:
                             loss = loss / config.accumulate_grad_batches
@@ -443,15 +450,21 @@ def _run_trace(
                         for state in optimizer_state_tensors(optimizers):
                             tracker.register(state, Category.OPTIMIZER_STATE)
                     tracker.mark(optimizer_state_tensors(optimizers), Category.OPTIMIZER_STATE)
-                    for optimizer in optimizers:
-                        optimizer.zero_grad(set_to_none=True)
-                    if not optimizers:
-                        for parameter in all_params:
-                            parameter.grad = None
+                    if config.zero_grad == "after_step":
+                        _zero_grad(optimizers, all_params)
                 tracker.end()
                 del fake_batch, batch_tensors, optimizers, trainable, unique_params, all_params, scaler_state, originals
         result = tracker.result()
     return result
+
+
+def _zero_grad(optimizers, params) -> None:
+    """``optimizer.zero_grad(set_to_none=True)`` of each optimizer; without one, every parameter's gradient."""
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    if not optimizers:
+        for parameter in params:
+            parameter.grad = None
 
 
 def _optimizer_step(config: StepConfig, optimizers, params, scaler_state, device) -> None:
@@ -481,18 +494,6 @@ def _optimizer_step(config: StepConfig, optimizers, params, scaler_state, device
 # ---------------------------------------------------------------------------
 # from traces to an estimate
 # ---------------------------------------------------------------------------
-
-
-def _scaling_sizes(batch_size: int) -> tuple[int, int]:
-    """The batch sizes of the trace above the batch and of the one below it.
-
-    The one below (a quarter of the batch) checks the lines fitted above and,
-    where growth is not linear, gives the lines that hold below the batch.
-    A batch of one has nothing below it; a trace at three checks instead.
-    """
-    fit = 2 * batch_size
-    check = max(1, batch_size // 4) if batch_size >= 2 else 3
-    return fit, check
 
 
 def _estimate_by_trace(config: StepConfig, notes: list[str], check_scaling: bool) -> MemoryEstimate:
@@ -627,7 +628,7 @@ def _scaling_lines(config: StepConfig, main: TraceResult, notes: list[str], sess
     lines through the double-batch trace above it, and a note says so.
     """
     batch_size = config.batch.batch_size
-    fit_size, check_size = _scaling_sizes(batch_size)
+    fit_size, check_size = scaling_sizes(batch_size)
     if not any(spec.scales for spec in config.batch.tensor_specs()):
         notes.append("no batch tensor has the batch dimension first; per-sample bytes assumed 0")
         return []

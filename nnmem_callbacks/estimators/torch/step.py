@@ -31,6 +31,7 @@ from nnmem_callbacks.estimators.torch.inputs import (
 __all__ = [
     "build_optimizers",
     "call_loss_fn",
+    "check_zero_grad",
     "default_loss",
     "EstimationInputError",
     "forward_loss",
@@ -42,9 +43,29 @@ __all__ = [
     "parameter_dtype",
     "scalar_loss",
     "StepConfig",
+    "ZERO_GRAD_POINTS",
 ]
 
 LossFn = Callable[[nn.Module, Any], Any]
+
+#: When a training loop frees the gradients (``optimizer.zero_grad()``): after the optimizer step (a plain loop, the
+#: Hugging Face Trainer), or between the forward and the backward (Lightning's automatic optimization, whose closure
+#: runs ``training_step``, then ``zero_grad``, then ``backward``).
+ZERO_GRAD_POINTS = ("after_step", "before_backward")
+
+
+def check_zero_grad(value: Any) -> str:
+    """``value`` if it is one of :data:`ZERO_GRAD_POINTS`.
+
+    Example:
+        >>> check_zero_grad("sometime")
+        Traceback (most recent call last):
+        ...
+        ValueError: zero_grad must be 'after_step' or 'before_backward', got 'sometime'
+    """
+    if value not in ZERO_GRAD_POINTS:
+        raise ValueError(f"zero_grad must be 'after_step' or 'before_backward', got {value!r}")
+    return value
 
 
 class EstimationInputError(ValueError):
@@ -68,6 +89,7 @@ class StepConfig:
     example_batch: Any = None  # the user's batch: the fallback's small real probe, compat's mask check
     cuda_arch: Any = None  # gpus.CudaArch named by the device ("cuda:h100"), None when not named
     compiled: Any = None  # compiled.CompiledStep: the torch.compile'd parts of the step, None when eager
+    zero_grad: str = "after_step"  # when the loop frees the gradients (ZERO_GRAD_POINTS)
 
     @property
     def op_context(self) -> tuple:
