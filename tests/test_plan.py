@@ -88,6 +88,16 @@ def test_shrink_and_accumulate(accumulate):
     assert acc.batch_size * acc.accumulate_grad_batches >= 64 * accumulate
 
 
+def test_the_accumulate_policy_keeps_the_effective_batch_where_a_divisor_fits():
+    est = linear_estimate()  # 100 KiB fixed, 2 KiB a sample, batch 64
+    budget = math.ceil((100 + 22 * 2 + 1) * KiB / 0.95)  # the largest batch that fits: 22
+    plan = make_plan(est, budget, "accumulate")
+    assert plan.max_fitting_batch_size == 22
+    assert (plan.batch_size, plan.accumulate_grad_batches) == (16, 4)  # 64 kept, not 22 x 3 = 66
+    (suggested,) = [s for s in plan.suggestions if s.kind == "accumulate"]
+    assert "batch size 16 with gradient accumulation x4 keeps the effective batch of 64" in suggested.text
+
+
 def test_nothing_fits():
     est = linear_estimate()
     plan = make_plan(est, 50 * KiB, "shrink")

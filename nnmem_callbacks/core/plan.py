@@ -12,8 +12,8 @@ Example:
     >>> plan = make_plan(est, budget_bytes=5_300, policy="accumulate", margin=0.05)
     >>> plan.batch_size, plan.accumulate_grad_batches, plan.fits
     (4, 2, False)
-    >>> make_plan(est, budget_bytes=4_300, policy="accumulate").batch_size  # at most 3 fit: 3 steps of 3 keep the 8
-    3
+    >>> make_plan(est, budget_bytes=4_300, policy="accumulate").batch_size  # at most 3 fit: 4 steps of 2 keep the 8
+    2
 """
 
 from __future__ import annotations
@@ -348,9 +348,8 @@ def make_plan(
 
     def choose(largest: int) -> int:
         """The batch the policy trains with when ``largest`` is the largest that fits."""
-        if policy == "accumulate":
-            # the fewest accumulation steps that fit, then the smallest batch that keeps the effective batch
-            return math.ceil(original / math.ceil(original / largest))
+        if policy == "accumulate":  # as the suggestion: the effective batch exactly where a divisor fits
+            return accumulation_split(original, largest)[0]
         return min(largest, original)
 
     changes = original > max_fit >= 1 and policy in ("shrink", "accumulate")
