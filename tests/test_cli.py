@@ -575,12 +575,17 @@ def test_estimate_a_saved_keras_model(capsys, tmp_path):
     if keras.backend.backend() != "tensorflow":
         pytest.skip("checks the TensorFlow backend")
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4)])
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     path = tmp_path / "tiny.keras"
     model.save(path)
-    code, out, _ = run_cli(capsys, "estimate", str(path), "--batch-size", "16", "--device", "cpu", "--json")
+    for gpu in ("a100-80gb", "cuda"):  # no GPU here: a GPU's figure cannot be had from the CPU's
+        code, _, err = run_cli(capsys, "estimate", str(path), "--batch-size", "16", "--device", gpu)
+        assert code == 2 and f"--device {gpu}: a saved Keras model is estimated with its Keras backend" in err
+    code, out, _ = run_cli(capsys, "estimate", str(path), "--batch-size", "16", "--json")  # no --device: the CPU
     assert code == 0
     data = json.loads(out)
+    assert data["fit"]["target"]["device"] == "cpu" and not data["fit"].get("gpus")
+    assert data["optimizer"] == "SGD"  # the saved model's, not --optimizer's default
     from nnmem_callbacks.keras import estimate_training as keras_estimate
 
     expected = keras_estimate(keras.models.load_model(path), batch_size=16)

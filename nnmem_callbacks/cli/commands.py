@@ -9,6 +9,8 @@ from nnmem_callbacks.cli.compute import (
     FitSummary,
     fit_summary,
     gathered_unit_bytes,
+    is_keras_file,
+    keras_target,
     napkin_from_args,
     run_estimate,
     sequence_summary,
@@ -43,13 +45,14 @@ def estimate_command(args: argparse.Namespace) -> int:
     _check_vocabulary(args)
     if args.plot:
         check_plot_path(args.plot)
-    target = resolve_target(args.device)
+    target = keras_target(args.device) if is_keras_file(args.model) else resolve_target(args.device)
     budget = resolve_budget_bytes(args.budget, target)
     estimate = run_estimate(args, target)
+    optimizer = estimate.extra.get("keras_optimizer", args.optimizer)
     fit = fit_summary(estimate, target, budget, budget_named=args.budget is not None)
     title = (
         f"nnmem estimate {args.model}: batch {estimate.batch_size}, {estimate.precision}, "
-        f"{args.optimizer}, target {target.label}"
+        f"{optimizer}, target {target.label}"
     )
     extra: dict = {}
     if getattr(args, "seq_len", None) and estimate.sequence is not None:
@@ -61,7 +64,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         title=title,
         model=args.model,
         inputs=list(args.input_shape or []),
-        optimizer=args.optimizer,
+        optimizer=optimizer,
         **extra,
     )
     if extra and not args.json:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from nnmem_callbacks.cli.errors import CliError, checked_value, first_line, require_module
 from nnmem_callbacks.cli.models import build_model, check_forward, check_forward_inputs, load_factory, make_batch
-from nnmem_callbacks.cli.targets import Target
+from nnmem_callbacks.cli.targets import Target, resolve_target
 from nnmem_callbacks.cli.values import parse_count, parse_input_shape, parse_model_args
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import DEFAULT_MARGIN, Plan, make_plan, planning_margin, resolve_budget
@@ -74,7 +74,7 @@ def gathered_unit_bytes(estimate: MemoryEstimate) -> int:
 def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     """Builds the model and batch from ``args`` and calls the estimator."""
     spec = args.model
-    if spec.endswith((".keras", ".h5")):
+    if is_keras_file(spec):
         if getattr(args, "compile", False) or getattr(args, "compile_mode", None):
             raise CliError(
                 "--compile estimates a torch.compile'd PyTorch step; for a Keras model set jit_compile in "
@@ -235,6 +235,28 @@ def _compiled(model: Any, args: argparse.Namespace) -> Any:
     return torch.compile(model, mode=None if mode in (None, "default") else mode)
 
 
+def is_keras_file(spec: str) -> bool:
+    """Whether ``nnmem estimate``'s model is a saved Keras model (else a PyTorch factory)."""
+    return spec.endswith((".keras", ".h5"))
+
+
+def keras_target(device: str | None) -> Target:
+    """Where a saved Keras model is estimated: where its Keras backend runs here (the CPU, without ``--device``).
+
+    The Keras estimators measure and replay the backend on this machine; they cannot model a GPU it does not have,
+    so a GPU named from the table, or ``cuda`` without a local GPU, is refused rather than answered with the CPU's
+    figure.
+    """
+    target = resolve_target("cpu" if device is None else device)
+    if target.is_cuda and (target.gpu is not None or target.capacity_bytes is None):
+        raise CliError(
+            f"--device {device}: a saved Keras model is estimated with its Keras backend on this machine, which "
+            "cannot model a GPU it does not have; drop --device for the CPU's figure (and give --budget), or run "
+            "nnmem estimate on a machine with that GPU (--device cuda)"
+        )
+    return target
+
+
 def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> MemoryEstimate:
     if not os.path.isfile(spec):
         raise CliError(f"Keras model file {spec!r} not found")
@@ -283,7 +305,10 @@ def _keras_estimate(spec: str, args: argparse.Namespace, target: Target) -> Memo
             f"the Keras model in {spec!r} was saved without a loss; compile it with a loss and save it again"
         )
     estimate = keras_estimate(model, batch_size=args.batch_size, probe_kernels=not getattr(args, "no_probes", False))
-    return dataclasses.replace(estimate, notes=(*estimate.notes, *notes)) if notes else estimate
+    optimizer = type(model.optimizer).__name__  # the saved one, or the one --optimizer compiled it with
+    return dataclasses.replace(
+        estimate, notes=(*estimate.notes, *notes), extra={**dict(estimate.extra), "keras_optimizer": optimizer}
+    )
 
 
 def _check_keras_inputs(model: Any, given: list[str] | None, spec: str) -> None:
