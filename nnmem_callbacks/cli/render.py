@@ -195,7 +195,18 @@ def sequence_text(answer: dict[str, Any]) -> str:
         ...                      "usable_peak_bytes": 4 * 2**30}))
         at sequence length 512 (traced at 64, 128 and 256): peak 3.00 GiB at batch 4
         longest sequence that fits 4.00 GiB at batch 4: 700
+        >>> print(sequence_text({"traced_seq_len": 64, "seq_len": 128, "batch_size": 2, "peak_bytes": 2**20,
+        ...                      "max_sequence_length": 1024, "usable_peak_bytes": 2**30, "max_positions": 1024}))
+        at sequence length 128 (traced at 64): peak 1.00 MiB at batch 2
+        longest sequence that fits 1.00 GiB at batch 2: 1024 (the model takes no more positions)
     """
+    limit = answer.get("max_positions")
+
+    def longest(length: int, grouped: bool = False) -> str:
+        return (f"{length:,}" if grouped else str(length)) + (
+            " (the model takes no more positions)" if limit is not None and length >= limit else ""
+        )
+
     traced = [int(n) for n in answer.get("traced_lengths") or (answer["traced_seq_len"],)]
     lengths = traced[0] if len(traced) == 1 else f"{', '.join(map(str, traced[:-1]))} and {traced[-1]}"
     lines = [
@@ -205,13 +216,13 @@ def sequence_text(answer: dict[str, Any]) -> str:
     if answer.get("max_sequence_length") is not None:
         lines.append(
             f"longest sequence that fits {format_bytes(answer['usable_peak_bytes'])} at batch "
-            f"{answer['batch_size']}: {answer['max_sequence_length']}"
+            f"{answer['batch_size']}: {longest(answer['max_sequence_length'])}"
         )
     if answer.get("gpus"):
         lines.append(f"which GPU fits length {answer['seq_len']} at batch {answer['batch_size']}:")
         for row in answer["gpus"]:
             lines.append(
                 f"  {row['name']:<24} {format_bytes(row['memory_bytes']):>10}  {'fits' if row['fits'] else 'no':<4}  "
-                f"longest length {row['max_sequence_length']:,}"
+                f"longest length {longest(row['max_sequence_length'], grouped=True)}"
             )
     return "\n".join(lines)
