@@ -20,6 +20,7 @@ def test_a_named_gpu_gives_its_memory():
     total = find_gpu("A100 80GB").memory_bytes
     assert budget_capacity("a100-80gb", 0.5) == (total, total)
     assert budget_capacity("NVIDIA H100", None)[0] == find_gpu("h100").memory_bytes
+    assert budget_capacity("cuda:a100-80gb", 0.5) == (total, total)  # the torch estimator's spelling
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:3", "gpu", "a100-80gb", "cpu"])

@@ -232,8 +232,8 @@ def fit_plan(
             ``"cuda"``, ``"cuda:N"``, ``"gpu"`` or ``"gpu:N"`` (a GPU that the
             Keras backend sees here) or a GPU model of
             :func:`nnmem_callbacks.hardware.gpus.gpu_names` (``"a100-80gb"``,
-            ``"H100"``: its total memory). The estimate itself is of the
-            backend's own device.
+            ``"cuda:a100-80gb"``, ``"H100"``: its total memory). The estimate
+            itself is of the backend's own device.
 
     Returns:
         A :class:`FitPlan`; ``plan.code`` shows how to use it.
@@ -310,12 +310,13 @@ def budget_capacity(device: Any, budget: int | float | str | None) -> tuple[int,
     if text == "cpu":
         return (0, 0) if absolute else devices.cpu_capacity()
     if local is None:
+        named = text.split(":", 1)[1] if text.startswith(("cuda:", "gpu:")) else text  # "cuda:a100-80gb" as in torch
         try:
-            gpu = gpu_table.find_gpu(text)
+            gpu = gpu_table.find_gpu(named)
         except ValueError as error:
             raise ValueError(
                 f"fit_plan: device={device!r} is not a device: {error}. Valid devices: 'cpu', 'cuda', 'cuda:N', "
-                f"'gpu', 'gpu:N' (a GPU here) or a GPU model"
+                f"'gpu', 'gpu:N' (a GPU here) or a GPU model ('a100-80gb' or 'cuda:a100-80gb')"
             ) from None
         return (0, 0) if absolute else (gpu.memory_bytes, gpu.memory_bytes)
     if absolute:
