@@ -88,6 +88,7 @@ SCRIPT = textwrap.dedent(
         while True:
             yield x[:32], y[:32]
 
+    out["few_samples"] = fit(MemoryBudgetCallback(batch_size=16, budget="2GiB"), x=x[:16], y=y[:16], batch_size=64)
     out["generator"] = fit(MemoryBudgetCallback(budget="2GiB"), x=batches(), steps_per_epoch=2)
     print("RESULT " + json.dumps(out))
     """
@@ -113,6 +114,9 @@ def test_the_callback_in_fit(backend, tmp_path):
     said = [w for w in mismatch["warnings"] if "batch_size=8" in w]
     assert len(said) == 1 and "batch_size=256" in said[0], mismatch["warnings"]
     assert not [w for w in out["agrees"]["warnings"] if "this fit trains with" in w]
+    # fewer samples than fit's batch_size: the batch is the samples, and a callback that says so is right
+    assert out["few_samples"]["estimated_at"] == 16
+    assert not [w for w in out["few_samples"]["warnings"] if "this fit trains with" in w]
     # without one, the callback reads fit's
     assert out["no_batch"]["estimated_at"] == 64
     # on CPU only the RSS rise is measured: said once per process, on every backend, and no relative error logged

@@ -1,8 +1,9 @@
 """The Keras ``MemoryBudgetCallback``: predict at ``on_train_begin``, measure every epoch.
 
 Flat and backend-neutral (TensorFlow, JAX, torch). Keras gives callbacks no
-batch size and a running ``fit`` cannot change it, so the callback takes the
-batch size as an argument, only warns or raises, and points to
+batch size and a running ``fit`` cannot change it, so the callback reads the
+batch size from the running ``fit``'s data adapter (or takes it as an
+argument), only warns or raises, and points to
 :func:`~nnmem_callbacks.keras.fit_plan` for choosing a batch before ``fit``.
 
 Much is shared with the Lightning callback: the guarded call, warn-once and the
@@ -469,9 +470,12 @@ def _fit_batch_size(model: Any, depth: int = 16) -> int | None:
                 adapter = getattr(frame.f_locals.get("epoch_iterator"), "data_adapter", None)
                 try:
                     size = getattr(adapter, "batch_size", None)
+                    samples = getattr(adapter, "_num_samples", None)  # arrays: fewer samples than a batch
                 except Exception:  # noqa: BLE001 - an adapter that cannot tell
                     return None
-                return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+                if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                    return None
+                return min(size, samples) if isinstance(samples, int) and samples > 0 else size
             frame = frame.f_back
         return None
     finally:
