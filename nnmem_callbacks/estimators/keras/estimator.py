@@ -86,8 +86,9 @@ def estimate_training(
             this or an earlier estimate built counts as unbuilt). Keras's
             TensorFlow ``fit`` builds an unbuilt one in its first step, and the
             step check's copies then do too. Pass ``True`` for a ``fit`` in this
-            process after the estimate (which builds it): the Keras callback
-            does. With TensorFlow the two can differ: the benchmark's GRU text
+            process after the estimate (which, on TensorFlow, leaves it
+            built): the Keras callback does. Only the TensorFlow estimate
+            reads it. With TensorFlow the two can differ: the benchmark's GRU text
             model with oneDNN on peaked at 16.8 MiB after an estimate and at
             18.9-21.9 MiB in fresh processes
             (``benchmarks/results/tf_optimizer_build_gru_text_avx2*_onednn1.md``).
