@@ -74,8 +74,11 @@ def test_without_allocator_statistics_the_callback_measures_rss_and_says_so(tmp_
     fallback = [w for w in result["warnings"] if "cannot read TensorFlow's allocator peak" in w]
     assert len(fallback) == 1, result["warnings"]
     assert "TF_CPU_ALLOCATOR_USE_BFC=true" in fallback[0] and "memory_measured_rss_rise_mib" in fallback[0]
-    for name in result["names"]:
+    assert "no relative error is logged" in fallback[0]
+    for name in result["names"][:3] + result["names"][4:]:
         assert len(result["history"][name]) == 3, (name, result["history"].keys())
+    # RSS also holds code, caches and freed memory: no relative error is logged from it
+    assert result["names"][3] not in result["history"] and "relative_error" not in result["measurements"][-1]
     assert "rss" in result["names"][1] and all(v >= 0 for v in result["history"][result["names"][1]])
     assert {"memory/measured_rss_rise_mib", "memory/predicted_rss_rise_mib", "memory/predicted_peak_mib"} <= set(
         result["scalars"]

@@ -1,8 +1,9 @@
 """The Keras ``MemoryBudgetCallback``: predict at ``on_train_begin``, measure every epoch.
 
 Flat and backend-neutral (TensorFlow, JAX, torch). Keras gives callbacks no
-batch size and a running ``fit`` cannot change it, so the callback takes the
-batch size as an argument, only warns or raises, and points to
+batch size and a running ``fit`` cannot change it, so the callback reads the
+batch size from the running ``fit``'s data adapter (or takes it as an
+argument), only warns or raises, and points to
 :func:`~nnmem_callbacks.keras.fit_plan` for choosing a batch before ``fit``.
 
 Much is shared with the Lightning callback: the guarded call, warn-once and the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import warnings
 from typing import Any
 
@@ -58,6 +60,30 @@ def _tf_counted(num_bytes: int) -> int:
     return tf_allocator_bytes(num_bytes)
 
 
+#: Why no relative error is logged from process RSS (RSS_NOTE: and that only its rise is measured).
+RSS_WHY = (
+    "RSS also holds compiled code, the runtime's caches and memory the allocator keeps after freeing it, so no "
+    "relative error is logged from it."
+)
+RSS_NOTE = (
+    "Only the rise of the process RSS above its fit-start level is measured (memory_measured_rss_rise_mib, beside "
+    f"memory_predicted_rss_rise_mib); {RSS_WHY}"
+)
+
+_RSS_WARNED: set[str] = set()
+
+
+def _warn_rss_once(backend: str) -> None:
+    """Once per process and backend: this fit's device keeps no allocator statistics, so only RSS is measured."""
+    if backend in _RSS_WARNED:
+        return
+    _RSS_WARNED.add(backend)
+    _warn(
+        f"MemoryBudgetCallback: the Keras {backend} backend keeps no allocator statistics on this device (CPU), "
+        f"so the callback cannot measure the tensors' peak that it predicts. {RSS_NOTE}"
+    )
+
+
 def _warn(message: str) -> None:
     warnings.warn(message, UserWarning, stacklevel=4)  # the callback's hook, as Keras calls it
 
@@ -67,7 +93,8 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
 
     Args:
         batch_size: The batch size passed to ``fit``. Keras does not tell
-            callbacks the batch size; when omitted it is read from ``data``
+            callbacks the batch size; when omitted it is read from ``fit``'s
+            data adapter (see below), else from ``data``
             (a ``tf.data.Dataset`` with a static batch dimension, a
             ``keras.utils.PyDataset`` with a ``batch_size``, or arrays whose
             length divided by ``self.params["steps"]`` gives it), otherwise the
@@ -92,15 +119,24 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     * the backend's allocator (TensorFlow with allocator statistics, JAX on
       GPU, torch on CUDA): ``memory_predicted_peak_mib``,
       ``memory_measured_peak_mib``, ``memory_relative_error``;
-    * otherwise process RSS, compared as its rise above the fit-start level:
-      ``memory_measured_rss_rise_mib``, ``memory_predicted_rss_rise_mib``,
-      ``memory_rss_rise_relative_error``, beside ``memory_predicted_peak_mib``
-      (the tensor peak). TensorFlow on a CPU whose allocator keeps no
-      statistics lands here, with one warning that says how to get the
-      allocator's figure.
+    * otherwise (CPU without allocator statistics: JAX, torch, and
+      TensorFlow unless its CPU allocator keeps them) process RSS, as its
+      rise above the fit-start level: ``memory_measured_rss_rise_mib`` and
+      ``memory_predicted_rss_rise_mib``, beside ``memory_predicted_peak_mib``
+      (the tensor peak). RSS also holds compiled code, caches and freed
+      memory the allocator keeps, so no relative error is logged from it.
+      One warning says so (on TensorFlow it also says how to get the
+      allocator's figure).
 
-    ``memory_budget_mib`` is logged too. Every key is present every epoch: a
-    figure that could not be measured is NaN, and a warning says why.
+    ``memory_budget_mib`` is logged too. With an estimate, every key is
+    present every epoch: a figure that could not be measured is NaN, and a
+    warning says why. Without one (no batch size known, or the estimator
+    failed: a warning says which) only the measured figure is logged.
+
+    The batch size is read from the ``fit`` that runs the callback where its
+    data tell it (arrays, fixed-batch datasets, data loaders); a
+    ``batch_size`` given here that differs is warned about, and ``fit``'s is
+    used.
 
     Raises:
         ValueError: For a policy other than ``"warn"``/``"raise"`` (the message
@@ -162,6 +198,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self.message: str | None = None
         self.measurements: list[dict[str, Any]] = []
         self._train_batch_size: int | None = None
+        self._pending_warnings: list[str] = []
         self._meter: monitor.Meter | None = None
         self._names: monitor.MetricNames | None = None
         self._writer: Any = None
@@ -182,8 +219,12 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self._meter, meter_warning = chosen if chosen is not None else (monitor.RssMeter(), None)
         self._names = monitor.metric_names(self._meter)
         if meter_warning:
-            guard.warn(meter_warning)
+            guard.warn(meter_warning + " " + RSS_WHY)
+        elif self._meter.process_level:
+            _warn_rss_once(keras.backend.backend())
         batch_size, reason = self._infer_batch_size()
+        for message in self._pending_warnings:
+            guard.warn(message)
         self._train_batch_size = batch_size
         if batch_size is None:
             self.failure = reason
@@ -235,8 +276,18 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self.message = "MemoryBudgetCallback: " + text
 
     def _infer_batch_size(self) -> tuple[int | None, str | None]:
+        fitted = _fit_batch_size(self.model)
         if self.batch_size is not None:
+            if fitted is not None and fitted != self.batch_size:
+                self._pending_warnings.append(
+                    f"MemoryBudgetCallback(batch_size={self.batch_size}), but this fit trains with batch_size={fitted}: "
+                    f"the callback estimates at fit's batch size, {fitted}. Pass batch_size={fitted} to the callback "
+                    f"(or leave it out: the callback reads it from fit)."
+                )
+                return fitted, None
             return self.batch_size, None
+        if fitted is not None:
+            return fitted, None
         data = self.data
         steps = (self.params or {}).get("steps")
         if data is not None:
@@ -293,10 +344,14 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             predicted_peak_bytes=predicted_peak(self.estimate, self._train_batch_size),
             budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
         )
-        self.measurements.append(comparison.row)
+        metrics, row = dict(comparison.metrics), dict(comparison.row)
+        if self._meter.process_level:  # RSS holds more than tensors: its rise is no measure of the estimate's error
+            metrics.pop(self._names.relative_error, None)
+            row.pop("relative_error", None)
+        self.measurements.append(row)
         if logs is not None:
-            logs.update(comparison.metrics)
-        self._write_scalars(comparison.metrics, epoch)
+            logs.update(metrics)
+        self._write_scalars(metrics, epoch)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._close_writer()
@@ -396,6 +451,35 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         writer, self._writer = getattr(self, "_writer", None), None
         if writer is not None:
             self._guard.safe(writer.close, "closing the TensorBoard event file")
+
+
+def _fit_batch_size(model: Any, depth: int = 16) -> int | None:
+    """The batch size of the ``fit`` that is calling back, from its data adapter (``None`` when unknown).
+
+    Keras gives callbacks no batch size; every backend's ``fit`` holds its
+    ``epoch_iterator``, whose data adapter knows it for arrays, fixed-batch
+    datasets and data loaders. It is read, never changed; outside a ``fit``
+    of ``model`` (a hook called by hand) the answer is ``None``.
+    """
+    frame = sys._getframe(1)
+    try:
+        for _ in range(depth):
+            if frame is None:
+                return None
+            if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+                adapter = getattr(frame.f_locals.get("epoch_iterator"), "data_adapter", None)
+                try:
+                    size = getattr(adapter, "batch_size", None)
+                    samples = getattr(adapter, "_num_samples", None)  # arrays: fewer samples than a batch
+                except Exception:  # noqa: BLE001 - an adapter that cannot tell
+                    return None
+                if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                    return None
+                return min(size, samples) if isinstance(samples, int) and samples > 0 else size
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
 
 
 def _num_samples(data: Any) -> int | None:

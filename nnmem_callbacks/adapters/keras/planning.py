@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any, Callable
 
 from nnmem_callbacks.core.estimate import Category, MemoryEstimate
@@ -25,15 +26,26 @@ from nnmem_callbacks.core.plan import (
     DEFAULT_MARGIN,
     Plan,
     Suggestion,
+    check_budget,
     check_margin,
     make_plan,
+    parse_budget_text,
     planning_margin,
     resolve_budget,
 )
 from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.core.verification import Verification
 
-__all__ = ["describe", "fit_plan", "FitPlan", "keras_suggestions", "keras_verifier", "optimizer_name", "type_name"]
+__all__ = [
+    "budget_capacity",
+    "describe",
+    "fit_plan",
+    "FitPlan",
+    "keras_suggestions",
+    "keras_verifier",
+    "optimizer_name",
+    "type_name",
+]
 
 
 def keras_suggestions(
@@ -103,10 +115,35 @@ def keras_suggestions(
 
 
 def describe(plan: Plan, estimate: MemoryEstimate, suggestions: list[Suggestion]) -> str:
-    """The warning/error text: decision, breakdown, largest fitting batch and Keras code."""
+    """The warning/error text: decision, breakdown, largest fitting batch and Keras code.
+
+    Where the plan budgets with an upper bound above the estimate (the
+    runtime's run-to-run variation), the first line gives both, labelled, so
+    that it agrees with the breakdown's ``peak`` row (the estimate).
+
+    Example:
+        >>> from nnmem_callbacks.core.estimate import PhaseLine
+        >>> from nnmem_callbacks.core.plan import make_plan
+        >>> est = MemoryEstimate(peak_bytes=2048, breakdown={"parameters": 2048}, batch_size=8,
+        ...                      variability=PhaseLine("scheduling", 1024, 0))
+        >>> print(describe(make_plan(est, 1000, margin=0.0), est, []).splitlines()[0])
+        Predicted peak: estimate 2.00 KiB, upper bound 3.00 KiB (+1.00 KiB for scheduling; the budget is checked \
+against the upper bound) at batch size 8 vs budget 1000 B: does not fit even at batch size 1.
+    """
     from nnmem_callbacks.core.plan import describe_plan
 
-    return describe_plan(plan, estimate, suggestions)
+    text = describe_plan(plan, estimate, suggestions)
+    extra = plan.predicted_bytes - estimate.peak_bytes
+    if extra <= 0 or plan.original_batch_size != estimate.batch_size or "\n" not in text:
+        return text
+    kept = f" ({format_bytes(plan.usable_bytes)} usable, keeping {plan.margin:.0%} free)" if plan.margin else ""
+    cause = getattr(estimate.variability, "phase", None) or "run-to-run variation"
+    first = (
+        f"Predicted peak: estimate {format_bytes(estimate.peak_bytes)}, upper bound {format_bytes(plan.predicted_bytes)} "
+        f"(+{format_bytes(extra)} for {cause}; the budget is checked against the upper bound) at batch size "
+        f"{plan.original_batch_size} vs budget {format_bytes(plan.budget_bytes)}{kept}: {plan.decision}."
+    )
+    return first + "\n" + text.split("\n", 1)[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +216,7 @@ def fit_plan(
     y: Any = None,
     *,
     margin: float = DEFAULT_MARGIN,
-    device: str = "cpu",
+    device: Any = "cpu",
 ) -> FitPlan:
     """The batch size (and gradient accumulation) that fits ``budget``; call it before ``fit``.
 
@@ -190,18 +227,26 @@ def fit_plan(
         batch_size: The batch size you want (the effective batch to keep).
         x, y: Example arrays (see :func:`~nnmem_callbacks.keras.estimate_training`).
         margin: Headroom kept below the budget.
-        device: ``"cpu"`` or ``"cuda"``-like, for the capacity behind ``None``
-            and fractional budgets.
+        device: Whose memory a ``None`` or fractional budget is taken from
+            (unused for a size: bytes or ``"2GiB"``): ``"cpu"`` (host RAM),
+            ``"cuda"``, ``"cuda:N"``, ``"gpu"`` or ``"gpu:N"`` (a GPU that the
+            Keras backend sees here) or a GPU model of
+            :func:`nnmem_callbacks.hardware.gpus.gpu_names` (``"a100-80gb"``,
+            ``"cuda:a100-80gb"``, ``"H100"``: its total memory). The estimate
+            itself is of the backend's own device.
 
     Returns:
         A :class:`FitPlan`; ``plan.code`` shows how to use it.
+
+    Raises:
+        ValueError: For an unknown ``device``, or a local GPU that the
+            backend does not see (the message names the valid values).
     """
     from nnmem_callbacks.estimators.keras.estimator import estimate_training
-    from nnmem_callbacks.hardware import devices
 
     check_margin(margin)
+    capacity, free = budget_capacity(device, budget)  # before the estimate: a bad device fails fast
     estimate = estimate_training(model, batch_size, x, y)
-    capacity, free = devices.device_capacity(device)
     budget_bytes = resolve_budget(budget, capacity_bytes=capacity, free_bytes=free, margin=margin)
     plan = make_plan(
         estimate,
@@ -229,6 +274,107 @@ def fit_plan(
         ),
         verification=plan.verification,
     )
+
+
+_LOCAL_GPU = re.compile(r"(cuda|gpu)(?::(\d+))?")
+
+
+def budget_capacity(device: Any, budget: int | float | str | None) -> tuple[int, int]:
+    """``(capacity, free)`` bytes behind a ``None`` or fractional ``budget`` on ``device`` (see :func:`fit_plan`).
+
+    A budget that is a size needs no capacity: ``(0, 0)`` is returned after
+    ``device`` is checked, and no GPU is queried.
+
+    Raises:
+        ValueError: For an unknown ``device`` or a local GPU that the Keras
+            backend does not see, naming the valid values.
+
+    Example:
+        >>> budget_capacity("a100-80gb", 0.5)[0] // 2**20
+        81920
+        >>> budget_capacity("cuda", "1GiB")
+        (0, 0)
+    """
+    from nnmem_callbacks.hardware import devices
+    from nnmem_callbacks.hardware import gpus as gpu_table
+
+    check_budget(budget)
+    parsed = parse_budget_text(budget) if isinstance(budget, str) else budget
+    absolute = isinstance(parsed, int) and not isinstance(parsed, bool)
+    if device is None or isinstance(device, str):
+        text = (device or "cpu").strip().lower()
+    else:  # a torch.device or the like
+        index = getattr(device, "index", None)
+        text = str(getattr(device, "type", device)).lower() + (f":{index}" if isinstance(index, int) else "")
+    local = _LOCAL_GPU.fullmatch(text)
+    if text == "cpu":
+        return (0, 0) if absolute else devices.cpu_capacity()
+    if local is None:
+        named = text.split(":", 1)[1] if text.startswith(("cuda:", "gpu:")) else text  # "cuda:a100-80gb" as in torch
+        try:
+            gpu = gpu_table.find_gpu(named)
+        except ValueError as error:
+            raise ValueError(
+                f"fit_plan: device={device!r} is not a device: {error}. Valid devices: 'cpu', 'cuda', 'cuda:N', "
+                f"'gpu', 'gpu:N' (a GPU here) or a GPU model ('a100-80gb' or 'cuda:a100-80gb')"
+            ) from None
+        return (0, 0) if absolute else (gpu.memory_bytes, gpu.memory_bytes)
+    if absolute:
+        return 0, 0
+    return _local_gpu_capacity(str(device), int(local.group(2) or 0))
+
+
+def _local_gpu_capacity(device: str, index: int) -> tuple[int, int]:
+    """``(total, free)`` of GPU ``index`` as the active Keras backend sees it (never another framework's)."""
+    from nnmem_callbacks.estimators.keras.common import backend_name
+    from nnmem_callbacks.hardware import gpus as gpu_table
+
+    backend = backend_name()
+    found: tuple[int, int] | None = None
+    count = 0
+    if backend == "torch":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if index < count:
+            from nnmem_callbacks.hardware.devices import cuda_capacity
+
+            found = cuda_capacity(f"cuda:{index}")
+    elif backend == "jax":
+        import jax
+
+        gpus = [d for d in jax.devices() if d.platform == "gpu"] if jax.default_backend() == "gpu" else []
+        count = len(gpus)
+        if index < count:
+            stats = gpus[index].memory_stats() or {}
+            limit = int(stats.get("bytes_limit", 0))
+            found = (limit, limit - int(stats.get("bytes_in_use", 0))) if limit else None
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        physical = tf.config.list_physical_devices("GPU")
+        count = len(physical)
+        if index < count:
+            details = tf.config.experimental.get_device_details(physical[index])
+            total = int(details.get("memory_limit", 0) or 0)
+            if not total and details.get("device_name"):
+                try:  # TensorFlow does not say the card's memory: the table does, by its name
+                    total = gpu_table.find_gpu(str(details["device_name"])).memory_bytes
+                except ValueError:
+                    total = 0
+            if total:
+                used = int(tf.config.experimental.get_memory_info(f"GPU:{index}")["current"])
+                found = (total, total - used)
+    if found is None:
+        have = "no GPU" if count == 0 else f"{count} GPU(s) (indices 0-{count - 1})"
+        if index < count:
+            have = f"GPU {index} but not its memory"
+        raise ValueError(
+            f"fit_plan: device={device!r}, but the Keras {backend} backend sees {have} here. To plan for a GPU "
+            f"that is not here, name its model (device='a100-80gb'; one of {', '.join(gpu_table.gpu_names())}), "
+            f"or give the budget as a size (budget='10GiB')"
+        )
+    return found
 
 
 def keras_verifier(model: Any, x: Any = None, y: Any = None) -> Callable[[int], MemoryEstimate]:

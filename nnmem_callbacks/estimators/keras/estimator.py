@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.estimators.keras.common import KerasEstimationError, backend_name, input_specs, is_compiled
 
-__all__ = ["build_like_fit", "estimate_training", "METHODS", "optimizer_built_by_user"]
+__all__ = ["build_like_fit", "estimate_training", "METHODS", "optimizer_built_by_user", "snapshot_build_state"]
 
 #: ``method=`` values accepted by :func:`estimate_training`.
 METHODS = ("auto", "backend", "layer-rules")
@@ -53,8 +53,12 @@ def estimate_training(
     Args:
         model: A compiled Keras 3 model (Sequential, Functional or subclassed);
             its optimizer, loss and dtype policy are used. Nothing about it
-            changes, except that an unbuilt optimizer may be built (TensorFlow
-            backend), as Keras does at the first ``fit`` step.
+            changes, except that an unbuilt optimizer is left built on the
+            TensorFlow backend (as Keras does at the first ``fit`` step) and
+            an unbuilt subclassed model is built: the compiled loss and
+            metrics (and, on JAX and torch, the optimizer) that the estimate
+            builds are put back unbuilt (:func:`snapshot_build_state`), so a
+            seeded ``fit`` afterwards trains exactly as without the estimate.
         batch_size: The batch size; default: the first dimension of ``x``.
         x: Example inputs (arrays, or lists/dicts of arrays). Only shapes and
             dtypes are used. Required for subclassed models.
@@ -82,8 +86,9 @@ def estimate_training(
             this or an earlier estimate built counts as unbuilt). Keras's
             TensorFlow ``fit`` builds an unbuilt one in its first step, and the
             step check's copies then do too. Pass ``True`` for a ``fit`` in this
-            process after the estimate (which builds it): the Keras callback
-            does. With TensorFlow the two can differ: the benchmark's GRU text
+            process after the estimate (which, on TensorFlow, leaves it
+            built): the Keras callback does. Only the TensorFlow estimate
+            reads it. With TensorFlow the two can differ: the benchmark's GRU text
             model with oneDNN on peaked at 16.8 MiB after an estimate and at
             18.9-21.9 MiB in fresh processes
             (``benchmarks/results/tf_optimizer_build_gru_text_avx2*_onednn1.md``).
@@ -126,11 +131,45 @@ def estimate_training(
     built_by_user = optimizer_built_by_user(model.optimizer)
     if optimizer_built is None:
         optimizer_built = built_by_user
-    build_like_fit(model, batch_size, x_specs, y_specs)
-    if not built_by_user:
-        _BUILT_BY_AN_ESTIMATE.add(model.optimizer)
-    notes: list[str] = []
     backend = backend_name()
+    # what build_like_fit builds is put back afterwards, so that fit takes the path it takes without the estimate
+    # (on JAX and torch, fit peeks at a batch only while the compiled loss is unbuilt, which draws a shuffle)
+    restore = snapshot_build_state(model, optimizer=backend != "tensorflow")
+    try:
+        build_like_fit(model, batch_size, x_specs, y_specs)
+        if not built_by_user and backend == "tensorflow":
+            _BUILT_BY_AN_ESTIMATE.add(model.optimizer)
+        return _estimate_built(
+            model,
+            backend,
+            batch_size,
+            x_specs,
+            y_specs,
+            method,
+            check_scaling,
+            probe_kernels,
+            check_steps,
+            optimizer_built,
+            step_check_seconds,
+        )
+    finally:
+        restore()
+
+
+def _estimate_built(
+    model: Any,
+    backend: str,
+    batch_size: int,
+    x_specs: Any,
+    y_specs: Any,
+    method: str,
+    check_scaling: bool,
+    probe_kernels: bool,
+    check_steps: bool,
+    optimizer_built: bool,
+    step_check_seconds: float | None,
+) -> MemoryEstimate:
+    notes: list[str] = []
     if method == "layer-rules":
         from nnmem_callbacks.estimators.keras.layer_rules import estimate_layer_rules
 
@@ -257,8 +296,66 @@ def build_like_fit(model: Any, batch_size: int, x_specs: Any, y_specs: Any) -> N
     build(data_batch=(tree_map(symbolic, x_specs), tree_map(symbolic, y_specs)))
 
 
+def snapshot_build_state(model: Any, optimizer: bool = True) -> Callable[[], None]:
+    """Records what :func:`build_like_fit` builds; the function returned puts it back.
+
+    Covers the compiled loss and metrics and (with ``optimizer``) the optimizer
+    (and a wrapped ``inner_optimizer``): their attributes, and the contents of
+    their lists and dicts (Keras's trackers append to those in place). What
+    was built stays reachable only from the estimate; ``fit`` builds it again,
+    as it would have. Layers a model builds are not undone (their weights
+    exist, as after ``fit``'s own build).
+
+    Example:
+        >>> import keras
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> model.compile(optimizer="adam", loss="mse")
+        >>> restore = snapshot_build_state(model)
+        >>> model.optimizer.build(model.trainable_variables)
+        >>> restore()
+        >>> model.optimizer.built
+        False
+    """
+    objects = [getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None)]
+    if optimizer:
+        outer = getattr(model, "optimizer", None)
+        objects += [outer, getattr(outer, "inner_optimizer", None)]
+    saved = []
+    for obj in objects:
+        if obj is None or not hasattr(obj, "__dict__"):
+            continue
+        attributes = dict(vars(obj))
+        contents = {
+            key: list(value) if isinstance(value, list) else dict(value)
+            for key, value in attributes.items()
+            if isinstance(value, (list, dict))
+        }
+        saved.append((obj, attributes, contents))
+
+    def restore() -> None:
+        for obj, attributes, contents in saved:
+            current = vars(obj)
+            for key in [key for key in current if key not in attributes]:
+                del current[key]
+            for key, value in attributes.items():
+                if current.get(key) is not value:
+                    current[key] = value
+                if key in contents and not _same_items(value, contents[key]):
+                    value.clear()
+                    value.extend(contents[key]) if isinstance(value, list) else value.update(contents[key])
+
+    return restore
+
+
+def _same_items(now: Any, then: Any) -> bool:
+    """Whether a list or dict holds the same objects as before (by identity: tensors compare elementwise)."""
+    if isinstance(now, list):
+        return len(now) == len(then) and all(a is b for a, b in zip(now, then))
+    return now.keys() == then.keys() and all(now[k] is then[k] for k in now)
+
+
 def _warn_once(message: str) -> None:
     if message in _warned:
         return
     _warned.add(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)  # the caller of estimate_training

@@ -42,6 +42,7 @@ from nnmem_callbacks.allocators.tensorflow_cpu import (
     onednn_enabled,
     tf_allocator_bytes,
 )
+from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.estimators.keras.tensorflow.fit_pipeline import pipeline_bytes
 from nnmem_callbacks.estimators.keras.tensorflow.replay import GraphReplayer
 from nnmem_callbacks.estimators.keras.tensorflow.state import build_state, resource_indices
@@ -80,9 +81,9 @@ def allocator_terms_note(allocator: str, batch_size: int, counted_peak: int, ten
     }.get(allocator, "allocations as the BFC allocator would count them")
     return (
         f"the step check's figures are TensorFlow's allocator peak (get_memory_info('CPU:0')['peak']: {counts}), "
-        f"not the tensor peak: in those terms batch {batch_size} is predicted at {counted_peak / 2**20:.1f} MiB "
+        f"not the tensor peak: in those terms batch {batch_size} is predicted at {format_bytes(counted_peak)} "
         f"(extra['tf_allocator_peak_bytes']), while the peak above counts live tensor bytes "
-        f"({tensor_peak / 2**20:.1f} MiB)"
+        f"({format_bytes(tensor_peak)})"
     )
 
 
@@ -285,7 +286,7 @@ def estimate_tensorflow(
     if len(steps) > 1 and steps[-1] > steps[0]:
         notes.append(
             f"the allocator peaks in step {steps.index(max(steps)) + 1} of the {len(steps)} replayed, "
-            f"{(max(steps) - steps[0]) / 2**20:.1f} MiB above the first: variables that the first step's updates "
+            f"{format_bytes(max(steps) - steps[0])} above the first: variables that the first step's updates "
             f"copied lie elsewhere, and the free chunks with them"
         )
     unlucky_name, unlucky_counted = replays[batch_size].worst_counted
@@ -330,16 +331,16 @@ def estimate_tensorflow(
     )
     if correction is not None and doubt.at(batch_size) > 0:
         notes.append(
-            f"the upper bound allows {doubt.at(batch_size) / 2**20:.1f} MiB at batch {batch_size} for what the check at "
+            f"the upper bound allows {format_bytes(doubt.at(batch_size))} at batch {batch_size} for what the check at "
             f"batch {correction.measurement.batch_size} cannot see: the replay's error there "
-            f"({abs(correction.difference) / 2**20:.1f} MiB) may hold elsewhere, and the growth beyond it is the "
+            f"({format_bytes(abs(correction.difference))}) may hold elsewhere, and the growth beyond it is the "
             f"replay's, unmeasured ({EXTRAPOLATION_DOUBT:.0%} of it allowed)"
         )
     if spread[batch_size] or unlucky_counted.peak_counted > main.peak_counted:
         notes.append(
             f"TensorFlow's executor overlaps ops and loop iterations differently from run to run: an unlucky run "
-            f"may hold {spread[batch_size] / 2**20:.1f} MiB more tensors, and the allocator "
-            f"{max(unlucky_counted.peak_counted - main.peak_counted, 0) / 2**20:.1f} MiB more ({unlucky_name}); "
+            f"may hold {format_bytes(spread[batch_size])} more tensors, and the allocator "
+            f"{format_bytes(max(unlucky_counted.peak_counted - main.peak_counted, 0))} more ({unlucky_name}); "
             f"planning budgets with that upper bound"
         )
     lines = []
@@ -598,8 +599,6 @@ def _step_check_correction(
     from nnmem_callbacks.estimators.keras.tensorflow import step_check as check
 
     time_budget = check.DEFAULT_TIME_BUDGET if time_budget is None else float(time_budget)
-
-    MiB = 2**20
     peak_counted = replays[batch_size].peak_counted
     slope = (replays[2 * batch_size].peak_counted - peak_counted) / batch_size
 
@@ -616,7 +615,7 @@ def _step_check_correction(
     size = check.check_batch_size(batch_size, predicted, cap)
     if size is None:
         notes.append(
-            f"warning: not checked by real steps: one sample is predicted over the {cap / MiB:.0f} MiB cap of the check; "
+            f"warning: not checked by real steps: one sample is predicted over the {format_bytes(cap)} cap of the check; "
             f"the replay alone"
         )
         return None
@@ -671,19 +670,20 @@ def _step_check_correction(
         f"checked by real steps: fit's second epoch of {check.CHECK_EPOCH_BATCHES} batches on {len(runs)} fresh "
         f"cop{'y' if len(runs) == 1 else 'ies'} of the model at batch {size} ({where}; {measurement.allocator} allocator"
         f"{'' if measurement.optimizer_built else '; their optimizer built by the first step, as a fresh fit builds it'}) peaked at "
-        f"{measurement.upper_median / MiB:.1f} MiB (runs {min(runs) / MiB:.1f}-{max(runs) / MiB:.1f}"
+        f"{format_bytes(measurement.upper_median)} (runs {format_bytes(min(runs))} to {format_bytes(max(runs))}"
         f"{'; the 5th of 7, the upper median' if len(runs) == 7 else ''}); the replay of that "
-        f"batch gives {correction.replay_bytes / MiB:.1f} MiB; "
+        f"batch gives {format_bytes(correction.replay_bytes)}; "
     )
     which = "that run" if correction.at_the_batch else "the run nearest the replay"
     text += (
-        f"{which} differs by {correction.offset / MiB:+.1f} MiB, runtime memory that the replay does not model, "
+        f"{which} differs by {'+' if correction.offset >= 0 else ''}{format_bytes(correction.offset)}, "
+        "runtime memory that the replay does not model, "
         + ("added in proportion to the batch" if correction.at_the_batch else "added at every batch size")
     )
     if correction.headroom:
-        text += f"; the largest run's further {correction.headroom / MiB:.1f} MiB (the executor's race) goes to the upper bound"
+        text += f"; the largest run's further {format_bytes(correction.headroom)} (the executor's race) goes to the upper bound"
     if check.unsettled(measurement, replay_bytes):
-        text += f" (the runs spread wider, {measurement.range / MiB:.1f} MiB; the upper bound allows for it)"
+        text += f" (the runs spread wider, {format_bytes(measurement.range)}; the upper bound allows for it)"
     notes.append(text)
     if measurement.missing:
         notes.append(
