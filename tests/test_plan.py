@@ -15,6 +15,7 @@ from nnmem_callbacks.core.plan import (
     check_policy,
     describe_plan,
     make_plan,
+    parse_budget_text,
     resolve_budget,
 )
 
@@ -214,3 +215,14 @@ def test_the_accumulate_suggestion_counts_the_gradients_that_stay_through_the_mi
     heavy = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
     estimate, offered, accumulated = suggestions(heavy, 1024, 512)
     assert accumulated.peak_bytes > estimate.peak_bytes and offered == []
+
+
+def test_every_size_the_budget_error_suggests_is_a_budget():
+    import re
+
+    with pytest.raises(ValueError) as info:
+        parse_budget_text("abc")
+    examples = re.findall(r"'([^']+)'", str(info.value).split("; ", 1)[1])
+    assert "1048576B" in examples and "1048576" not in examples
+    for example in examples:
+        assert parse_budget_text(example) > 0  # each one the message offers is read

@@ -101,12 +101,6 @@ def _local_cuda(device: str) -> tuple[str, int, int] | None:
     return torch.cuda.get_device_name(index if index is not None else torch.cuda.current_device()), total, free
 
 
-#: What a budget looks like: a number with an optional unit (which unit, and a bare number's range, are
-#: :func:`~nnmem_callbacks.core.plan.parse_budget_text`'s to judge).
-_A_SIZE = re.compile(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*[A-Za-z]*\s*")
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB")
-
-
 def resolve_budget_bytes(budget: str | None, target: Target) -> int | None:
     """``--budget`` in bytes, by :func:`nnmem_callbacks.core.plan.resolve_budget`'s rule (the API's).
 
@@ -127,12 +121,6 @@ def resolve_budget_bytes(budget: str | None, target: Target) -> int | None:
         >>> resolve_budget_bytes(None, resolve_target("T4")) == int(15360 * 2**20 * (1 - DEFAULT_MARGIN))
         True
     """
-    if budget is not None and not _A_SIZE.fullmatch(budget):
-        # parse_bytes' own example of a size is a bare byte count, which a budget reads as a fraction
-        raise CliError(
-            f"--budget: cannot read {budget!r} as a budget; write a size with a unit, e.g. '10GiB', '512MiB', "
-            f"'16GB' or '1048576B' (units: {', '.join(_UNITS)}), or a fraction of the device in (0, 1] such as '0.9'"
-        )
     try:
         parsed = None if budget is None else parse_budget_text(budget)
     except ValueError as error:

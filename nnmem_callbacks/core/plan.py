@@ -24,7 +24,7 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 from nnmem_callbacks.core.estimate import Category, MemoryEstimate
-from nnmem_callbacks.core.units import format_bytes, parse_bytes
+from nnmem_callbacks.core.units import UNIT_NAMES, format_bytes, parse_bytes
 from nnmem_callbacks.core.verification import Verification, verify_batch_size
 
 __all__ = [
@@ -146,8 +146,11 @@ def parse_budget_text(text: str) -> int | float:
         return fraction
     try:
         value = parse_bytes(text)
-    except ValueError as error:
-        raise ValueError(f"{error}; or a fraction of the device in (0, 1] such as '0.9'") from None
+    except ValueError:  # parse_bytes' own example of a size is a bare byte count, which a budget reads as a fraction
+        raise ValueError(
+            f"cannot read {text!r} as a budget; write a size with a unit, e.g. '10GiB', '512MiB', '16GB' or "
+            f"'1048576B' (units: {', '.join(UNIT_NAMES)}), or a fraction of the device in (0, 1] such as '0.9'"
+        ) from None
     if value <= 0:
         raise ValueError(
             f"budget {text!r} is not more than 0 bytes; write a positive size such as '10GiB' or a fraction of the "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_bytes", "GiB", "KiB", "MiB", "parse_bytes", "TiB", "to_mib"]
+__all__ = ["format_bytes", "GiB", "KiB", "MiB", "parse_bytes", "TiB", "to_mib", "UNIT_NAMES"]
 
 KiB = 1024
 MiB = 1024**2
@@ -112,5 +112,9 @@ def parse_bytes(text: str) -> int:
     return int(round(float(number) * factor))
 
 
+#: The units a byte size may be written in (:func:`parse_bytes`).
+UNIT_NAMES = ("B", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB")
+
+
 def _valid_units() -> list[str]:
-    return ["B", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB"]
+    return list(UNIT_NAMES)
