@@ -204,6 +204,7 @@ def test_11_the_step_check_notes_say_which_figure_they_compare():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("the step check is TensorFlow's")
     pytest.importorskip("tensorflow")
+    from nnmem_callbacks.core.units import format_bytes
     from nnmem_callbacks.keras import estimate_training
 
     inputs = keras.Input((16, 16, 3))
@@ -216,8 +217,8 @@ def test_11_the_step_check_notes_say_which_figure_they_compare():
     # (not "allocator peak" alone: with oneDNN off a note says in which replayed step "the allocator peaks")
     (terms,) = [note for note in estimate.notes if note.startswith("the step check's figures are")]
     assert "not the tensor peak" in terms
-    assert f"{estimate.extra['tf_allocator_peak_bytes'] / 2**20:.1f} MiB" in terms
-    assert f"{estimate.peak_bytes / 2**20:.1f} MiB" in terms
+    assert format_bytes(estimate.extra["tf_allocator_peak_bytes"]) in terms
+    assert format_bytes(estimate.peak_bytes) in terms
 
 
 # -- 2: the Keras quickstart says what to install when Keras or its backend is missing ---------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -82,8 +81,9 @@ def test_ddp_ranks_agree_on_the_smallest_batch(tmp_path):
         assert rank["fits"] is False  # rank 0 fits alone, but the agreed plan is rank 1's
         assert len(rank["measured"]) == 1 and rank["measured"][0] > 0
         assert rank["strategy"] == "ddp"  # the per-rank estimate: the model plus DDP's gradient buckets
-    # the agreed plan is rank 1's: the fewest accumulation steps that fit, the smallest batch keeping 64
-    steps = math.ceil(64 / ranks[1]["max_fit"])
-    assert ranks[0]["batch_size"] == math.ceil(64 / steps) <= ranks[1]["max_fit"]
+    # the agreed plan is rank 1's: the batch keeping 64 exactly where a divisor fits (core.plan.accumulation_split)
+    from nnmem_callbacks.core.plan import accumulation_split
+
+    assert ranks[0]["batch_size"] == accumulation_split(64, ranks[1]["max_fit"])[0] <= ranks[1]["max_fit"]
     assert ranks[1]["warnings"] == []  # rank-zero warnings only
     assert any("changed the run" in w for w in ranks[0]["warnings"])
