@@ -15,11 +15,10 @@ Example:
 from __future__ import annotations
 
 import importlib
-import os
-import sys
-import warnings
 
-__all__ = ["Namespace", "user_stacklevel"]
+from nnmem_callbacks.core import warning_site
+
+__all__ = ["Namespace"]
 
 #: Packages whose frames a warning skips to point at the user's code (the callback, Lightning, their helpers).
 _LIBRARY_PACKAGES = (
@@ -29,6 +28,7 @@ _LIBRARY_PACKAGES = (
     "lightning_fabric",
     "lightning_utilities",
     "torch",
+    "contextlib",
 )
 
 _INSTALL_HINT = {
@@ -78,33 +78,4 @@ class Namespace:
         warning would name a library line instead of the call that started the run.
         """
         if getattr(self._rank_zero_only, "rank", 0) == 0:
-            warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
-
-
-def _library_dirs() -> tuple[str, ...]:
-    dirs = [os.path.dirname(importlib.import_module("contextlib").__file__ or "") + os.sep + "contextlib.py"]
-    for name in _LIBRARY_PACKAGES:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            dirs.append(os.path.dirname(module.__file__) + os.sep)
-    return tuple(dirs)
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a ``warnings.warn`` in the caller name the first frame outside the libraries.
-
-    Counted from the function that calls this one (stacklevel 1 there); frames of this package, Lightning,
-    PyTorch and ``contextlib`` are skipped. Where every frame is a library's, the outermost one is named.
-
-    Example:
-        >>> def warn_here():
-        ...     return user_stacklevel()
-        >>> warn_here()  # called from this doctest: its caller is the user's code
-        2
-    """
-    skipped = _library_dirs()
-    frame = sys._getframe(2)  # the caller of the function that warns
-    level = 2
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(skipped):
-        frame, level = frame.f_back, level + 1
-    return level
+            warning_site.warn(message, _LIBRARY_PACKAGES)
