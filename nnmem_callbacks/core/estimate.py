@@ -28,13 +28,12 @@ import dataclasses
 import enum
 import math
 import numbers
-import re
 from typing import Any, Callable, Mapping
 
 from nnmem_callbacks.core.allocation_log import AllocationLog
 from nnmem_callbacks.core.batch_search import MAX_BATCH_SEARCH_LIMIT, gallop_largest, search_largest
 from nnmem_callbacks.core.sequence import SequenceCurve
-from nnmem_callbacks.core.units import format_bytes, parse_bytes
+from nnmem_callbacks.core.units import BARE_NUMBER, format_bytes, parse_bytes
 from nnmem_callbacks.core.verification import Verification, verify_batch_size
 
 __all__ = ["budget_in_bytes", "Category", "MemoryEstimate", "PhaseLine", "STATIC_CATEGORIES", "upper_envelope"]
@@ -553,10 +552,6 @@ class MemoryEstimate:
         )
 
 
-#: A number without a unit (a budget's fraction of the device), as :mod:`nnmem_callbacks.core.plan` reads it.
-_BARE_NUMBER = re.compile(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*")
-
-
 def budget_in_bytes(budget: Any) -> int:
     """A budget in bytes, for :meth:`MemoryEstimate.max_batch_size` and its siblings.
 
@@ -580,7 +575,7 @@ def budget_in_bytes(budget: Any) -> int:
     valid = "pass bytes, e.g. 8 * 2**30, or a size with a unit, e.g. '8GiB', '512MiB' or '16GB'"
     fraction = "a fraction of the device, which an estimate cannot resolve (it does not know the device's capacity)"
     if isinstance(budget, str):
-        if _BARE_NUMBER.fullmatch(budget):  # as plan.parse_budget_text reads it: a fraction, never bytes
+        if BARE_NUMBER.fullmatch(budget):  # as plan.parse_budget_text reads it: a fraction, never bytes
             what = fraction if 0 < float(budget) <= 1 else "a number without a unit"
             raise ValueError(f"budget {budget!r} is {what}; {valid}")
         try:

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any, Callable, Mapping, Sequence
 
 from nnmem_callbacks.core.estimate import Category, MemoryEstimate
-from nnmem_callbacks.core.units import UNIT_NAMES, format_bytes, parse_bytes
+from nnmem_callbacks.core.units import BARE_NUMBER, UNIT_NAMES, format_bytes, parse_bytes
 from nnmem_callbacks.core.verification import Verification, verify_batch_size
 
 __all__ = [
@@ -114,9 +113,6 @@ def check_budget(budget: int | float | str | None) -> int | float | str | None:
     raise ValueError(_budget_error(budget))
 
 
-_BARE_NUMBER = re.compile(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*")
-
-
 def parse_budget_text(text: str) -> int | float:
     """Reads a budget written as text (the CLI's ``--budget``, or a string passed to the API).
 
@@ -139,7 +135,7 @@ def parse_budget_text(text: str) -> int | float:
         ...
         ValueError: budget '1.5' has no unit, so it is read as a fraction of the device, which must be in (0, 1]; for a size add a unit, e.g. '1.5GiB' or '1.5GB'
     """
-    if _BARE_NUMBER.fullmatch(str(text)):
+    if BARE_NUMBER.fullmatch(str(text)):
         fraction = float(text)
         if not 0 < fraction <= 1:
             raise ValueError(_bare_number_error(str(text).strip(), fraction))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_bytes", "GiB", "KiB", "MiB", "parse_bytes", "TiB", "to_mib", "UNIT_NAMES"]
+__all__ = ["BARE_NUMBER", "format_bytes", "GiB", "KiB", "MiB", "parse_bytes", "TiB", "to_mib", "UNIT_NAMES"]
 
 KiB = 1024
 MiB = 1024**2
@@ -44,6 +44,9 @@ _UNIT_FACTORS = {
 }
 
 _SIZE_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+#: A number without a unit: what a budget reads as a fraction of the device (``core.plan.parse_budget_text``), never
+#: as bytes.
+BARE_NUMBER = re.compile(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*")
 
 
 def format_bytes(num_bytes: int | float, precision: int = 2) -> str:
