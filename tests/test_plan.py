@@ -136,6 +136,44 @@ def test_describe_plan_has_breakdown_and_advice():
     assert text.count("\n- ") == len(plan.suggestions)
 
 
+def test_describe_plan_names_the_figure_the_budget_was_checked_against():
+    """On CUDA the callbacks budget what the device shows; the first line must not call that the peak, which the
+    breakdown's ``peak`` row states as the tensor peak."""
+    from nnmem_callbacks.core.formatting import format_breakdown
+    from nnmem_callbacks.core.units import format_bytes
+
+    base = linear_estimate()
+    device = MemoryEstimate(
+        peak_bytes=base.peak_bytes,
+        breakdown=base.breakdown,
+        batch_size=base.batch_size,
+        phases=base.phases,
+        reserved_bytes=base.peak_bytes + 32 * KiB,
+        overhead_bytes=500 * KiB,
+    )
+    plan = make_plan(device, 600 * KiB, "warn", include_reserve=True)
+    first = describe_plan(plan, device).splitlines()[0]
+    assert plan.predicted_bytes == device.device_bytes != device.peak_bytes
+    assert first.startswith(
+        f"Predicted device use {format_bytes(plan.predicted_bytes)} (tensor peak "
+        f"{format_bytes(device.peak_bytes)}, allocator reserve {format_bytes(device.reserved_bytes)}"
+    )
+    assert format_bytes(device.peak_bytes) in format_breakdown(device)
+
+    varying = MemoryEstimate(
+        peak_bytes=base.peak_bytes,
+        breakdown=base.breakdown,
+        batch_size=base.batch_size,
+        phases=base.phases,
+        variability=PhaseLine("scheduling", 8 * KiB, 0),
+    )
+    first = describe_plan(make_plan(varying, 180 * KiB, "warn"), varying).splitlines()[0]
+    assert first.startswith(
+        f"Predicted peak: estimate {format_bytes(varying.peak_bytes)}, upper bound "
+        f"{format_bytes(varying.upper_bytes)} (+8.00 KiB for scheduling"
+    )
+
+
 def test_no_budget_keeps_the_margin_once():
     from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
     from nnmem_callbacks.core.plan import make_plan, planning_margin, resolve_budget

@@ -534,13 +534,52 @@ def suggest(
     return suggestions
 
 
+def _predicted_figure(plan: Plan, estimate: MemoryEstimate) -> str:
+    """The figure the budget was checked against, labelled so that it agrees with the breakdown's ``peak`` row.
+
+    A plan compares the budget with the tensor peak, with an upper bound above it (run-to-run variation), or with
+    what the device shows (allocator reserve and runtime overhead on top); only the first is the breakdown's peak.
+
+    Example:
+        >>> from nnmem_callbacks.core.estimate import PhaseLine
+        >>> est = MemoryEstimate(peak_bytes=2048, breakdown={"parameters": 2048}, batch_size=8,
+        ...                      variability=PhaseLine("scheduling", 1024, 0))
+        >>> _predicted_figure(make_plan(est, 1000, margin=0.0), est)
+        'Predicted peak: estimate 2.00 KiB, upper bound 3.00 KiB (+1.00 KiB for scheduling; the budget is checked \
+against the upper bound)'
+        >>> est = MemoryEstimate(peak_bytes=2048, breakdown={"parameters": 2048}, batch_size=8, reserved_bytes=4096,
+        ...                      overhead_bytes=1024)
+        >>> _predicted_figure(make_plan(est, 1000, margin=0.0, include_reserve=True), est)
+        'Predicted device use 5.00 KiB (tensor peak 2.00 KiB, allocator reserve 4.00 KiB, runtime overhead 1.00 KiB; \
+the budget is checked against device use)'
+    """
+    predicted, batch = plan.predicted_bytes, plan.original_batch_size
+    if batch != estimate.batch_size or predicted == estimate.peak_bytes:
+        return f"Predicted peak {format_bytes(predicted)}"
+    peak = format_bytes(estimate.peak_bytes)
+    if estimate.reserved_bytes is not None and predicted == estimate.device_bytes_at(batch):
+        return (
+            f"Predicted device use {format_bytes(predicted)} (tensor peak {peak}, allocator reserve "
+            f"{format_bytes(estimate.reserved_bytes_at(batch))}, runtime overhead {format_bytes(estimate.overhead_bytes)}; "
+            "the budget is checked against device use)"
+        )
+    extra = predicted - estimate.peak_bytes
+    if predicted == estimate.upper_bytes_at(batch) and extra > 0:
+        cause = getattr(estimate.variability, "phase", None) or "run-to-run variation"
+        return (
+            f"Predicted peak: estimate {peak}, upper bound {format_bytes(predicted)} (+{format_bytes(extra)} for {cause}; "
+            "the budget is checked against the upper bound)"
+        )
+    return f"Predicted peak {format_bytes(predicted)} (the estimate's tensor peak: {peak})"
+
+
 def describe_plan(plan: Plan, estimate: MemoryEstimate, suggestions: Sequence[Suggestion] | None = None) -> str:
     """A multi-line human description of a plan (for warnings and errors)."""
     from nnmem_callbacks.core.formatting import format_breakdown
 
     kept = f" ({format_bytes(plan.usable_bytes)} usable, keeping {plan.margin:.0%} free)" if plan.margin else ""
     lines = [
-        f"Predicted peak {format_bytes(plan.predicted_bytes)} at batch size {plan.original_batch_size} "
+        f"{_predicted_figure(plan, estimate)} at batch size {plan.original_batch_size} "
         f"vs budget {format_bytes(plan.budget_bytes)}{kept}: {plan.decision}.",
         format_breakdown(estimate),
     ]
