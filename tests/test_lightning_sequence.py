@@ -141,3 +141,7 @@ def test_resume_keeps_the_shortened_sequence(tmp_path):
     assert datamodule.max_length == shortened
     assert recorder.shapes and set(recorder.shapes) == {(4, shortened)}
     assert resumed.state_dict()["seq_len"] == [256, shortened]
+    # estimated at the length it trains with, not the configured 256: the prediction is the shortened run's
+    assert resumed.estimate.sequence.seq_len == shortened
+    predicted = resumed.state_dict()["predicted_peak_bytes"]
+    assert predicted == pytest.approx(callback.estimate.peak_bytes, rel=0.01) and predicted < estimate.peak_bytes

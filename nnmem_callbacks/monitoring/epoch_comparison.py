@@ -47,6 +47,7 @@ from nnmem_callbacks.monitoring.meters import Meter, MetricNames, PeakReading
 
 __all__ = [
     "beside",
+    "beside_sampled_step",
     "compare_epoch",
     "EpochComparison",
     "MISS_CAUSES",
@@ -261,6 +262,45 @@ def beside(comparison: EpochComparison, other: EpochComparison) -> EpochComparis
         row[f"{prefix}_relative_error"] = other.row.get("relative_error", math.nan)
     metrics = {**other.metrics, **comparison.metrics}
     return dataclasses.replace(comparison, row=row, metrics=metrics)
+
+
+def beside_sampled_step(
+    rss: EpochComparison,
+    sampled_bytes: int,
+    *,
+    predicted_bytes: int,
+    budget_bytes: int | None,
+    sampled_seconds: float | None,
+) -> EpochComparison:
+    """CPU: the sampled step's tensor peak compared with the estimate's peak, with ``rss`` (the process RSS rise)
+    beside it (:func:`beside`); Lightning's metric names (``memory/...``), its cost in the row.
+
+    Example:
+        >>> from nnmem_callbacks.monitoring.meters import RssMeter, metric_names
+        >>> rss = compare_epoch(RssMeter(), PeakReading(kind="rss", peak_bytes=1050), epoch=0,
+        ...                     names=metric_names(RssMeter()), baseline_bytes=1000, predicted_bytes=80)
+        >>> both = beside_sampled_step(rss, 100, predicted_bytes=110, budget_bytes=None, sampled_seconds=0.5)
+        >>> both.row["relative_error"], both.row["rss_rise_bytes"], both.row["sampled_step_seconds"]
+        (0.1, 50, 0.5)
+    """
+    from nnmem_callbacks.monitoring.meters import metric_names
+    from nnmem_callbacks.monitoring.step_sampling import TensorPeakMeter
+
+    tensors = TensorPeakMeter(sampled_bytes)
+    comparison = compare_epoch(
+        tensors,
+        tensors.read(),
+        epoch=rss.epoch,
+        names=metric_names(tensors).for_lightning(),
+        predicted_bytes=predicted_bytes,
+        predicted_peak_bytes=predicted_bytes,
+        budget_bytes=budget_bytes,
+        phase_peaks=rss.phase_peaks,
+        phase_rises=rss.phase_rises,
+        details=True,
+    )
+    comparison.row["sampled_step_seconds"] = sampled_seconds
+    return beside(comparison, rss)
 
 
 def missed(comparison: EpochComparison, tolerance: float = MISS_TOLERANCE) -> bool:

@@ -61,7 +61,7 @@ from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
 from nnmem_callbacks.monitoring import meters as monitor
 from nnmem_callbacks.monitoring import oom
 from nnmem_callbacks.monitoring.phase_tracking import PhaseTracker
-from nnmem_callbacks.monitoring.step_sampling import SampledStep, TensorPeakMeter, step_tensors
+from nnmem_callbacks.monitoring.step_sampling import SampledStep, step_tensors
 from nnmem_callbacks.monitoring.tensorboard import write_fit_start
 from nnmem_callbacks.probes.runner import live_tensor_bytes
 from nnmem_callbacks.probes.session import ProbeSettings, check_probe_kernels
@@ -243,6 +243,9 @@ class MemoryBudgetCallbackMixin:
             # strategies that restore checkpoints after setup call this after on_fit_start
             trainer = getattr(self, "_trainer", None)
             if trainer is not None:
+                self._restore_sequence(
+                    trainer, trainer.lightning_module
+                )  # (the estimate stays at the fit-start length)
                 self._apply_restored(trainer, trainer.lightning_module)
                 self._estimate_changed_run(trainer)
 
@@ -277,6 +280,8 @@ class MemoryBudgetCallbackMixin:
             )
             return
 
+        if self._restore_sequence(trainer, pl_module):  # estimated at the checkpoint's length, not the configured one
+            early = None
         estimate, reason, batch = early if early is not None else self._estimate(trainer, pl_module, facts)
         self._resident_bytes = estimation.model_resident_bytes(pl_module, facts.device_kind)
         if facts.device_kind == "cpu":
@@ -394,8 +399,19 @@ class MemoryBudgetCallbackMixin:
         )
         if self._device_kind == "cpu" and self.estimate is not None:
             largest = self._largest_over_ranks(trainer, sampled or 0)  # every rank joins the reduction
-            if largest:
-                comparison = epoch_report.beside(self._tensor_comparison(trainer, largest, comparison), comparison)
+            if largest:  # the sampled step's tensor peak (largest over the ranks), the RSS rise beside it
+                comparison = epoch_report.beside_sampled_step(
+                    comparison,
+                    largest,
+                    predicted_bytes=predicted_peak(self._run_estimate, self._train_batch_size),
+                    budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
+                    sampled_seconds=self._sampled.seconds,
+                )
+                accumulate, unsampled = (
+                    max(int(getattr(trainer, "accumulate_grad_batches", 1) or 1), 1),
+                    self._step_seconds,
+                )
+                comparison.row["step_seconds"] = accumulate * sum(unsampled) / len(unsampled) if unsampled else None
         self.measurements.append(comparison.row)
         metrics, step = comparison.metrics, trainer.global_step
         for logger in trainer.loggers:
@@ -407,30 +423,6 @@ class MemoryBudgetCallbackMixin:
             if warning is not None:
                 self._miss_warned = True
                 self._guard.warn(warning)
-
-    def _tensor_comparison(
-        self, trainer: pl.Trainer, sampled: int, rss: epoch_report.EpochComparison
-    ) -> epoch_report.EpochComparison:
-        """CPU: the sampled step's tensor peak (largest over the ranks) beside the estimate's peak, and its cost."""
-        tensors = TensorPeakMeter(sampled)
-        predicted = predicted_peak(self._run_estimate, self._train_batch_size)
-        comparison = epoch_report.compare_epoch(
-            tensors,
-            tensors.read(),
-            epoch=rss.epoch,
-            names=monitor.metric_names(tensors).for_lightning(),
-            predicted_bytes=predicted,
-            predicted_peak_bytes=predicted,
-            budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
-            phase_peaks=rss.phase_peaks,
-            phase_rises=rss.phase_rises,
-            details=True,
-        )
-        accumulate = max(int(getattr(trainer, "accumulate_grad_batches", 1) or 1), 1)
-        unsampled = self._step_seconds
-        comparison.row["sampled_step_seconds"] = self._sampled.seconds
-        comparison.row["step_seconds"] = accumulate * sum(unsampled) / len(unsampled) if unsampled else None
-        return comparison
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._guard.safe(self._sampled.stop, "stopping the sampled step's recording")
@@ -597,11 +589,17 @@ class MemoryBudgetCallbackMixin:
         )
         return True
 
+    def _restore_sequence(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        """Sets the sequence length a checkpoint trained with (``shrink`` shortened it); returns whether it did."""
+        restored = self._restored or {}
+        if self.seq_len_attr is None or not restored.get("applied") or not restored.get("seq_len"):
+            return False
+        trainer_io.set_loader_setting(trainer, pl_module, self._ns, self.seq_len_attr, restored["seq_len"][1])
+        self._seq_len = (int(restored["seq_len"][0]), int(restored["seq_len"][1]))
+        return True
+
     def _apply_restored(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         restored = self._restored or {}
-        if self.seq_len_attr is not None and restored.get("seq_len"):
-            trainer_io.set_loader_setting(trainer, pl_module, self._ns, self.seq_len_attr, restored["seq_len"][1])
-            self._seq_len = (int(restored["seq_len"][0]), int(restored["seq_len"][1]))
         if restored.get("batch_size") is None:
             return
         if trainer_io.batch_size_attr_found(pl_module, self._ns, self.batch_size_attr):

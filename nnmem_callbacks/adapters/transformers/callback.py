@@ -448,19 +448,13 @@ class MemoryBudgetCallback(TrainerCallback):
             )
             sampled = self._sampled.peak_bytes
             if sampled and predicted is not None:
-                tensors = TensorPeakMeter(sampled)
-                compared = epoch_report.compare_epoch(
-                    tensors,
-                    tensors.read(),
-                    epoch=epoch,
-                    names=monitor.metric_names(tensors).for_lightning(),
+                comparison = epoch_report.beside_sampled_step(
+                    comparison,
+                    sampled,
                     predicted_bytes=predicted,
-                    predicted_peak_bytes=predicted,
                     budget_bytes=budget,
-                    details=True,
+                    sampled_seconds=self._sampled.seconds,
                 )
-                compared.row["sampled_step_seconds"] = self._sampled.seconds
-                comparison = epoch_report.beside(compared, comparison)
         comparison.row["global_step"] = int(getattr(state, "global_step", 0))
         self._epoch_metrics = dict(comparison.metrics)
         return comparison
