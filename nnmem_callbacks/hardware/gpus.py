@@ -1,11 +1,19 @@
 """A small built-in table of common GPUs and their memory, for "which GPU fits".
 
-The capacities are the totals that ``nvidia-smi`` (and
-``torch.cuda.mem_get_info()``) report for each card, in MiB, not the round
-number on the box: a "16 GB" T4 shows 15,360 MiB, an "80 GB" H100 81,559 MiB.
-The CUDA context and the cuBLAS workspace come out of that total; estimates
-count them in ``MemoryEstimate.overhead_bytes``, so compare
-``device_bytes_at(n)`` (``include_reserve=True``) against ``memory_bytes``.
+The capacities are the totals that ``nvidia-smi`` reports for each card, in
+MiB, not the round number on the box: a "16 GB" T4 shows 15,360 MiB, an
+"80 GB" H100 81,559 MiB. The CUDA context and the cuBLAS workspace come out of
+that total; estimates count them in ``MemoryEstimate.overhead_bytes``, so
+compare ``device_bytes_at(n)`` (``include_reserve=True``) against
+``memory_bytes``.
+
+Known limitations: the total that ``torch.cuda.mem_get_info()`` reports (and a
+CUDA out-of-memory message calls "total capacity") is lower than
+``nvidia-smi``'s by the driver's reserve, which depends on the driver: the H200
+of ``benchmarks/results/largest_batch/h200.json`` reported 139.80 GiB against
+the 140.40 GiB here. The default 5% margin covers it; a ``--budget`` of the whole
+card (``1.0``) does not. Older drivers also report smaller ``nvidia-smi``
+totals (a V100 32GB 32,510 MiB, an A100 40GB 40,536 MiB).
 
 Names are read forgivingly: case, spaces, dashes and vendor words
 ("NVIDIA", "Tesla", "GeForce") do not matter, and the memory may be written
@@ -215,8 +223,8 @@ GPUS: tuple[GpuSpec, ...] = (
     _gpu("A40 48GB", "a40", 48, 46_068, (8, 6), "a40"),
     _gpu("L40S 48GB", "l40s", 48, 46_068, (8, 9), "l40s"),
     _gpu("RTX A6000 48GB", "a6000", 48, 49_140, (8, 6), "a6000", "rtxa6000", "rtxa600048gb"),
-    _gpu("A100 80GB", "a100", 80, 81_920, (8, 0)),
     _gpu("H100 80GB", "h100", 80, 81_559, (9, 0), "h100"),
+    _gpu("A100 80GB", "a100", 80, 81_920, (8, 0)),
     _gpu("H200 141GB", "h200", 141, 143_771, (9, 0), "h200"),
 )
 
