@@ -225,6 +225,8 @@ GPUS: tuple[GpuSpec, ...] = (
     _gpu("RTX A6000 48GB", "a6000", 48, 49_140, (8, 6), "a6000", "rtxa6000", "rtxa600048gb"),
     _gpu("H100 80GB", "h100", 80, 81_559, (9, 0), "h100"),
     _gpu("A100 80GB", "a100", 80, 81_920, (8, 0)),
+    # "NVL" is a form factor of the H200 (same memory), but the H100 NVL is another card: 94 GB, 95,830 MiB
+    _gpu("H100 NVL 94GB", "h100nvl", 94, 95_830, (9, 0), "h100nvl", "h10094gb", "h10094"),
     _gpu("H200 141GB", "h200", 141, 143_771, (9, 0), "h200"),
 )
 
@@ -268,6 +270,8 @@ def find_gpu(name: str) -> GpuSpec:
             several (naming them and how to pick one).
 
     Example:
+        >>> find_gpu("NVIDIA H100 NVL").name, find_gpu("H100 PCIe").name, find_gpu("NVIDIA H200 NVL").name
+        ('H100 NVL 94GB', 'H100 80GB', 'H200 141GB')
         >>> find_gpu("A100")
         Traceback (most recent call last):
         ...
@@ -277,7 +281,12 @@ def find_gpu(name: str) -> GpuSpec:
     if not key:
         raise ValueError(f"empty GPU name; valid GPUs: {', '.join(gpu_names())}")
     raw = re.sub(r"[^a-z0-9]", "", _FORM_FACTORS.sub("", _strip_vendor(name.lower())))
-    exact = [gpu for gpu in GPUS if raw in gpu.keys()] or [gpu for gpu in GPUS if key in gpu.keys()]
+    whole = re.sub(r"(\d)g$", r"\1gb", re.sub(r"[^a-z0-9]", "", _strip_vendor(name.lower())))  # form factor kept
+    exact = (
+        [gpu for gpu in GPUS if whole in gpu.keys()]
+        or [gpu for gpu in GPUS if raw in gpu.keys()]
+        or [gpu for gpu in GPUS if key in gpu.keys()]
+    )
     if len(exact) == 1:
         return exact[0]
     by_model = [gpu for gpu in GPUS if gpu.model == key or gpu.model == "rtx" + key]
