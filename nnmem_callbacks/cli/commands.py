@@ -53,7 +53,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     fit = fit_summary(estimate, target, budget, budget_named=args.budget is not None)
     title = (
         f"nnmem estimate {args.model}: batch {estimate.batch_size}, {estimate.precision}, "
-        f"{optimizer}, target {target.label}"
+        f"{optimizer}, target {target.label}{_per_rank(args)}"
     )
     extra: dict = {}
     if getattr(args, "seq_len", None) and estimate.sequence is not None:
@@ -97,10 +97,16 @@ def calc_command(args: argparse.Namespace) -> int:
     why = napkin.explain(estimate) if strategy.kind == "single" else _explain_per_rank(estimate, single, strategy)
     title = (
         f"nnmem calc ({estimate.method}): batch {estimate.batch_size}, {estimate.precision}, "
-        f"{estimate.extra['napkin']['optimizer']}, target {target.label}"
+        f"{estimate.extra['napkin']['optimizer']}, target {target.label}{_per_rank(args)}"
     )
     emit_estimate(estimate, fit, args, title=title, why=why)
     return _exit_status(args, fit)
+
+
+def _per_rank(args: argparse.Namespace) -> str:
+    """The title's word for ``--world-size``, ``--fsdp`` and ``--zero-stage``: the figures below are one rank's."""
+    strategy = strategy_from_args(args)
+    return "" if strategy.kind == "single" else f", per rank of {strategy.describe()}"
 
 
 def _check_positions(args: argparse.Namespace) -> None:
