@@ -158,3 +158,22 @@ def test_lora_targets_that_name_no_layer_are_a_usage_error(capsys, targets):
     code, out, err = run_cli(capsys, *argv, "--vocab", "100", "--seq-len", "32", "--lora-targets", targets)
     assert code == 2 and out == ""
     assert "names no layer" in err and "q,k,v,o,gate,up,down" in err
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 NVL", "H100 NVL", "h100-nvl", "H100 94GB"])
+def test_the_h100_nvl_is_its_own_card(name):
+    # "NVL" was dropped as a form factor, so the 94 GB H100 NVL (nvidia-smi: 95,830 MiB) was read as the H100 80GB
+    gpu = gpus.find_gpu(name)
+    assert gpu.nominal_gb == 94 and gpu.memory_bytes == 95_830 * 2**20
+    assert gpus.find_gpu("NVIDIA H200 NVL").name == "H200 141GB"  # the H200's NVL is a form factor
+    assert gpus.find_gpu("NVIDIA H100 PCIe").name == gpus.find_gpu("h100").name == "H100 80GB"
+
+
+@pytest.mark.parametrize("strategy, said", [(["--world-size", "8", "--zero-stage", "3"], "per rank of zero-3 x8")])
+def test_the_title_says_the_figures_are_per_rank(capsys, strategy, said):
+    # the breakdown was one rank's, but only a note at the end said so
+    code, out, err = run_cli(capsys, "calc", *COUNTS, *strategy)
+    assert code == 0, err
+    assert said in " ".join(" ".join(out.splitlines()[:2]).split())
+    code, out, err = run_cli(capsys, "calc", *COUNTS)
+    assert "per rank" not in out.splitlines()[0]
