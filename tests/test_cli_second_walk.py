@@ -177,3 +177,25 @@ def test_the_title_says_the_figures_are_per_rank(capsys, strategy, said):
     assert said in " ".join(" ".join(out.splitlines()[:2]).split())
     code, out, err = run_cli(capsys, "calc", *COUNTS)
     assert "per rank" not in out.splitlines()[0]
+
+
+# -- --plot is checked before the estimate ---------------------------------------------------------------
+def test_a_plot_in_a_missing_folder_is_refused_before_the_trace(capsys, tmp_path, monkeypatch):
+    # the whole step was traced first (40 s for a small MLP on a busy host), then writing the figure failed
+    pytest.importorskip("matplotlib")
+    from nnmem_callbacks.cli import commands
+
+    monkeypatch.setattr(commands, "run_estimate", lambda *a, **k: pytest.fail("estimated before checking --plot"))
+    argv = ["estimate", "m.py:f", "-i", "4", "--device", "cpu", "--plot", str(tmp_path / "missing" / "m.png")]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert "does not exist" in err and str(tmp_path / "missing") in err
+
+
+def test_a_plot_path_that_is_a_folder_names_a_file_in_it(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    code, out, err = run_cli(capsys, "calc", *COUNTS, "--plot", str(tmp_path))
+    assert code == 2 and out == ""
+    assert "is a folder" in err and str(tmp_path / "memory.png") in err
+    code, out, err = run_cli(capsys, "calc", *COUNTS, "--plot", str(tmp_path / "memory"))
+    assert code == 2 and "has no file suffix" in err and "not an image format" not in err
