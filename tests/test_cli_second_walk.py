@@ -199,3 +199,14 @@ def test_a_plot_path_that_is_a_folder_names_a_file_in_it(capsys, tmp_path):
     assert "is a folder" in err and str(tmp_path / "memory.png") in err
     code, out, err = run_cli(capsys, "calc", *COUNTS, "--plot", str(tmp_path / "memory"))
     assert code == 2 and "has no file suffix" in err and "not an image format" not in err
+
+
+def test_input_size_takes_the_dims_input_shape_takes(capsys):
+    # -i 3x224x224 was read, --input-size 3x224x224 was refused
+    sizes = []
+    for text in ("3,224,224", "3x224x224"):
+        code, out, err = run_cli(capsys, "calc", *COUNTS, "--input-size", text, "--json")
+        assert code == 0, err
+        sizes.append(json.loads(out)["extra"]["napkin"]["input_size"])
+    assert sizes == [3 * 224 * 224] * 2
+    assert cli.parse_input_shape("3x224x224").shape == (3, 224, 224)
