@@ -210,3 +210,15 @@ def test_input_size_takes_the_dims_input_shape_takes(capsys):
         sizes.append(json.loads(out)["extra"]["napkin"]["input_size"])
     assert sizes == [3 * 224 * 224] * 2
     assert cli.parse_input_shape("3x224x224").shape == (3, 224, 224)
+
+
+def test_a_factory_returning_a_keras_model_is_told_how_keras_is_estimated(capsys, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("keras")
+    path = tmp_path / "keras_factory.py"
+    path.write_text(
+        "import keras\n\ndef build():\n    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])\n"
+    )
+    code, out, err = run_cli(capsys, "estimate", f"{path}:build", "-i", "8", "--device", "cpu")
+    assert code == 2 and out == ""
+    assert "torch.nn.Module" in err and "model.save('model.keras')" in err
