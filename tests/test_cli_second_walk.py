@@ -222,3 +222,12 @@ def test_a_factory_returning_a_keras_model_is_told_how_keras_is_estimated(capsys
     code, out, err = run_cli(capsys, "estimate", f"{path}:build", "-i", "8", "--device", "cpu")
     assert code == 2 and out == ""
     assert "torch.nn.Module" in err and "model.save('model.keras')" in err
+
+
+def test_a_cpu_budget_line_names_the_host_ram_once(capsys):
+    # "budget 1.00 GiB (cpu (host RAM))" and "cpu (host RAM)'s free memory less 5%"
+    code, out, err = run_cli(capsys, "calc", *COUNTS, "--device", "cpu", "--budget", "1GiB")
+    assert code == 0, err
+    assert "budget 1.00 GiB (host RAM), keeping 5% free" in out and "(cpu (host RAM))" not in out
+    code, out, err = run_cli(capsys, "calc", *COUNTS, "--device", "cpu")
+    assert "host RAM's free memory less 5%" in out and "cpu (host RAM)'s" not in out

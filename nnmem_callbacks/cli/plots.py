@@ -46,7 +46,7 @@ def budget_labels(fit: FitSummary) -> tuple[str, str]:
     batch = f"max batch {fit.max_batch_size}"
     if fit.budget_named:
         return f"budget {format_bytes(fit.budget_bytes)}", f"{batch} (keeps {fit.margin:.0%} of the budget free)"
-    where = fit.target.gpu.name if fit.target.gpu else fit.target.label
+    where = fit.target.where
     memory = "memory" if fit.target.free_bytes is None else "free memory"
     return (
         f"budget {format_bytes(fit.budget_bytes)} ({where}'s {memory} less {fit.margin:.0%})",

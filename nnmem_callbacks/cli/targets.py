@@ -37,6 +37,11 @@ class Target:
     def is_cuda(self) -> bool:
         return self.device.startswith("cuda")
 
+    @property
+    def where(self) -> str:
+        """Whose memory a budget is, in a sentence: ``"A100 80GB"``, ``"host RAM"``, ``"cuda (NVIDIA H100, local)"``."""
+        return self.gpu.name if self.gpu is not None else "host RAM" if self.device == "cpu" else self.label
+
 
 def resolve_target(device: str | None) -> Target:
     """Turns ``--device`` into a :class:`Target`.
