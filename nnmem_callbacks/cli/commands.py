@@ -7,6 +7,7 @@ import json
 
 from nnmem_callbacks.cli.compute import (
     FitSummary,
+    calc_mode,
     fit_summary,
     gathered_unit_bytes,
     is_keras_file,
@@ -16,7 +17,7 @@ from nnmem_callbacks.cli.compute import (
     sequence_summary,
     strategy_from_args,
 )
-from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_OK, checked_value
+from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_OK, CliError, checked_value
 from nnmem_callbacks.cli.plots import check_plot_path
 from nnmem_callbacks.cli.render import emit_estimate, make_console, sequence_text
 from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
@@ -52,7 +53,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     fit = fit_summary(estimate, target, budget, budget_named=args.budget is not None)
     title = (
         f"nnmem estimate {args.model}: batch {estimate.batch_size}, {estimate.precision}, "
-        f"{optimizer}, target {target.label}"
+        f"{optimizer}, target {target.label}{_per_rank(args)}"
     )
     extra: dict = {}
     if getattr(args, "seq_len", None) and estimate.sequence is not None:
@@ -80,6 +81,7 @@ def calc_command(args: argparse.Namespace) -> int:
     target = resolve_target(args.device)
     budget = resolve_budget_bytes(args.budget, target)
     device = "cpu" if target.device == "cpu" else "cuda"
+    _check_positions(args)
     single = napkin_from_args(args, device=device)
     strategy = strategy_from_args(args)
     estimate = single
@@ -92,13 +94,59 @@ def calc_command(args: argparse.Namespace) -> int:
     fit = fit_summary(estimate, target, budget, budget_named=args.budget is not None)
     if fit.gpus and strategy.kind != "single":
         fit = _with_gpu_counts(fit, single, strategy, args.margin if hasattr(args, "margin") else fit.margin)
-    why = napkin.explain(estimate)
+    why = napkin.explain(estimate) if strategy.kind == "single" else _explain_per_rank(estimate, single, strategy)
     title = (
         f"nnmem calc ({estimate.method}): batch {estimate.batch_size}, {estimate.precision}, "
-        f"{estimate.extra['napkin']['optimizer']}, target {target.label}"
+        f"{estimate.extra['napkin']['optimizer']}, target {target.label}{_per_rank(args)}"
     )
     emit_estimate(estimate, fit, args, title=title, why=why)
     return _exit_status(args, fit)
+
+
+def _per_rank(args: argparse.Namespace) -> str:
+    """The title's word for ``--world-size``, ``--fsdp`` and ``--zero-stage``: the figures below are one rank's."""
+    strategy = strategy_from_args(args)
+    return "" if strategy.kind == "single" else f", per rank of {strategy.describe()}"
+
+
+def _check_positions(args: argparse.Namespace) -> None:
+    """Transformer mode: ``--seq-len`` within the model's learned positions (``--max-positions``, else napkin's
+    default: 1024 for gpt, 512 for bert), as ``nnmem estimate --seq-len`` is within the model's table."""
+    if calc_mode(args) != "transformer" or args.seq_len is None:
+        return
+    positions = args.max_positions or (1024 if args.arch == "gpt" else 512)
+    if args.seq_len > positions:
+        whose = "--max-positions" if args.max_positions else f"--arch {args.arch}'s default"
+        raise CliError(
+            f"--seq-len {args.seq_len} is more than the model's {positions} learned positions ({whose}), "
+            f"so such a model cannot take it; give --seq-len {positions} or less, or --max-positions "
+            f"{args.seq_len} for a model with that many"
+        )
+
+
+def _explain_per_rank(estimate, single, strategy) -> list[str]:
+    """:func:`napkin.explain` of a per-rank estimate: each "what would shrink it" is the single-device variant
+    sharded as ``estimate`` was (``napkin.what_if`` alone rebuilds one device's step)."""
+    from nnmem_callbacks.core.strategy import shard_estimate
+
+    lines = napkin.explain(estimate)
+    if "What would shrink it:" in lines:
+        lines = lines[: lines.index("What would shrink it:")]
+    peak = max(estimate.peak_bytes, 1)
+    options = []
+    for label, other in napkin.what_if(single):
+        params = int(other.extra.get("params") or other.extra.get("napkin", {}).get("params") or 0)
+        rank = shard_estimate(other, strategy, parameters=params, gathered_bytes=gathered_unit_bytes(other))
+        if rank.peak_bytes < estimate.peak_bytes:
+            options.append((label, rank.peak_bytes))
+    options.sort(key=lambda item: item[1])
+    if options:
+        lines.append("What would shrink it (per rank):")
+        for label, other_peak in options[:4]:
+            lines.append(
+                f"  {label} -> peak {format_bytes(other_peak)} (-{(estimate.peak_bytes - other_peak) / peak:.0%})"
+            )
+    return lines
 
 
 def _with_gpu_counts(fit: FitSummary, single, strategy, margin: float) -> FitSummary:

@@ -71,6 +71,11 @@ def gathered_unit_bytes(estimate: MemoryEstimate) -> int:
     return 2 * (params // int(layers)) * per_param
 
 
+#: ``nnmem estimate`` options a saved Keras model cannot take: (flag, dest, the value that means "not written").
+_FACTORY_ONLY = (("--model-arg", "model_arg", None), ("--world-size", "world_size", 1), ("--fsdp", "fsdp", False))
+_FACTORY_ONLY += (("--zero-stage", "zero_stage", None),)
+
+
 def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
     """Builds the model and batch from ``args`` and calls the estimator."""
     spec = args.model
@@ -82,7 +87,18 @@ def run_estimate(args: argparse.Namespace, target: Target) -> MemoryEstimate:
             )
         if getattr(args, "seq_len", None):
             raise CliError("--seq-len traces the step at other lengths for PyTorch factory models only, not Keras")
+        unused = [flag for flag, dest, unset in _FACTORY_ONLY if getattr(args, dest, unset) != unset]
+        if unused:
+            raise CliError(
+                f"{' and '.join(unused)} {'applies' if len(unused) == 1 else 'apply'} to PyTorch factory models "
+                f"only; a saved Keras model is estimated as saved, on one device: drop {' and '.join(unused)}"
+            )
         return _keras_estimate(spec, args, target)
+    if getattr(args, "seq_len", None) and strategy_from_args(args).kind != "single":
+        raise CliError(
+            f"--seq-len {args.seq_len} traces other lengths on one device, and the per-rank estimate of "
+            "--world-size, --fsdp and --zero-stage has no sequence axis; drop --seq-len, or estimate one device"
+        )
     require_module("torch", "nnmem estimate needs PyTorch for factory models: pip install 'nnmem_callbacks[torch]'")
     factory = load_factory(spec)
     inputs = [parse_input_shape(text) for text in (args.input_shape or [])]
@@ -528,6 +544,10 @@ def _lora_from_args(args: argparse.Namespace, common: dict[str, Any]) -> MemoryE
         raise CliError(f"--layers {args.layers!r}: with --lora-rank, give the number of layers, e.g. --layers 32")
     if args.recompute == "selective":
         raise CliError("--recompute selective: LoRA mode models full (gradient checkpointing) or none")
+    targets = [name.strip() for name in args.lora_targets.split(",") if name.strip()]
+    if not targets:
+        valid = ",".join(napkin.LORA_TARGETS)
+        raise CliError(f"--lora-targets {args.lora_targets!r} names no layer; give some of {valid}, e.g. q,k,v,o")
     return napkin.lora_estimate(
         layers=int(args.layers),
         hidden=args.hidden,
@@ -538,7 +558,7 @@ def _lora_from_args(args: argparse.Namespace, common: dict[str, Any]) -> MemoryE
         vocab=args.vocab,
         ffn=args.ffn,
         lora_rank=args.lora_rank,
-        lora_targets=[name.strip() for name in args.lora_targets.split(",") if name.strip()],
+        lora_targets=targets,
         quantization=args.quantize,
         recompute=args.recompute,
         attention=args.attention or "flash",

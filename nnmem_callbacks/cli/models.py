@@ -136,7 +136,9 @@ def build_model(spec: str, model_args: dict[str, Any] | None = None, *, factory:
             f"check that it runs on its own (and its --model-arg values)"
         ) from None
     if not isinstance(model, torch.nn.Module):
-        raise CliError(f"the factory {spec!r} returned {_an_object(model)}; it must return a torch.nn.Module")
+        keras = type(model).__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow")
+        hint = "; for a Keras model, save it (model.save('model.keras')) and give the file as MODEL" if keras else ""
+        raise CliError(f"the factory {spec!r} returned {_an_object(model)}; it must return a torch.nn.Module{hint}")
     return model
 
 

@@ -15,20 +15,26 @@ def check_plot_path(path: str) -> None:
     """Checks ``--plot FILE`` before any estimate is made: matplotlib is there and can write that format.
 
     Raises:
-        CliError: Without matplotlib, or for a suffix matplotlib cannot write (naming the ones it can).
+        CliError: Without matplotlib, for a folder or a path in a folder that is missing or not writable, or for
+            a suffix matplotlib cannot write (naming the ones it can).
     """
     try:
         from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
         raise CliError("--plot needs matplotlib: pip install matplotlib") from None
+    import os
+
+    if os.path.isdir(path):
+        raise CliError(f"--plot {path} is a folder; name a file in it, e.g. --plot {os.path.join(path, 'memory.png')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        why = "does not exist" if not os.path.isdir(folder) else "is not writable"
+        raise CliError(f"--plot {path}: the folder {folder} {why}; name a file in a folder you can write to")
     supported = FigureCanvasBase.get_supported_filetypes()
-    suffix = path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
+    suffix = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
     if suffix not in supported:
-        what = f"format {suffix!r}" if suffix else "no file suffix"
-        raise CliError(
-            f"--plot {path}: {what} is not an image format matplotlib writes; use one of "
-            f"{', '.join(sorted(supported))}, e.g. --plot memory.png"
-        )
+        what = f": format {suffix!r} is not an image format matplotlib writes" if suffix else " has no file suffix"
+        raise CliError(f"--plot {path}{what}; use one of {', '.join(sorted(supported))}, e.g. --plot memory.png")
 
 
 def budget_labels(fit: FitSummary) -> tuple[str, str]:
@@ -40,7 +46,7 @@ def budget_labels(fit: FitSummary) -> tuple[str, str]:
     batch = f"max batch {fit.max_batch_size}"
     if fit.budget_named:
         return f"budget {format_bytes(fit.budget_bytes)}", f"{batch} (keeps {fit.margin:.0%} of the budget free)"
-    where = fit.target.gpu.name if fit.target.gpu else fit.target.label
+    where = fit.target.where
     memory = "memory" if fit.target.free_bytes is None else "free memory"
     return (
         f"budget {format_bytes(fit.budget_bytes)} ({where}'s {memory} less {fit.margin:.0%})",

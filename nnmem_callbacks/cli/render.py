@@ -113,7 +113,7 @@ def render_estimate(
         f"{format_bytes(estimate.per_sample_bytes)} per sample; method {estimate.method}"
     )
     if fit.budget_bytes is not None:
-        where = fit.target.gpu.name if fit.target.gpu else fit.target.label
+        where = fit.target.where
         what = "device total" if fit.compared == "device" else "peak"
         verdict = "fits" if fit.fits else "does NOT fit"
         if fit.budget_named:

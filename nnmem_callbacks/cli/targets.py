@@ -9,6 +9,7 @@ import sys
 
 from nnmem_callbacks.cli.errors import CliError
 from nnmem_callbacks.core.plan import DEFAULT_MARGIN, parse_budget_text, resolve_budget
+from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.hardware import gpus as gpu_table
 
 __all__ = ["resolve_budget_bytes", "resolve_target", "Target"]
@@ -35,6 +36,11 @@ class Target:
     @property
     def is_cuda(self) -> bool:
         return self.device.startswith("cuda")
+
+    @property
+    def where(self) -> str:
+        """Whose memory a budget is, in a sentence: ``"A100 80GB"``, ``"host RAM"``, ``"cuda (NVIDIA H100, local)"``."""
+        return self.gpu.name if self.gpu is not None else "host RAM" if self.device == "cpu" else self.label
 
 
 def resolve_target(device: str | None) -> Target:
@@ -111,7 +117,8 @@ def resolve_budget_bytes(budget: str | None, target: Target) -> int | None:
     the device's memory is unknown.
 
     Raises:
-        CliError: For an unreadable budget, or a fraction without a known device.
+        CliError: For an unreadable budget, a fraction without a known device, or a size above the device's
+            memory.
 
     Example:
         >>> resolve_budget_bytes("0.5", resolve_target("T4")) == 15360 * 2**20 // 2
@@ -134,6 +141,20 @@ def resolve_budget_bytes(budget: str | None, target: Target) -> int | None:
                 f"name a GPU (--device a100-80gb) or give a size with a unit (--budget 10GiB)"
             )
         return parsed
+    if isinstance(parsed, int) and parsed > target.capacity_bytes:
+        # a budget the device cannot hold would let a batch "fit" that cannot run there (exit status 0)
+        where = (
+            f"the {target.gpu.name}'s memory"
+            if target.gpu is not None
+            else "this machine's RAM"
+            if target.device == "cpu"
+            else f"the memory of {target.label}"
+        )
+        raise CliError(
+            f"--budget {budget} ({format_bytes(parsed)}) is more than {where} "
+            f"({format_bytes(target.capacity_bytes)}); give at most that, a fraction of it (--budget 0.9), or "
+            f"leave --budget out for its {'free ' if target.free_bytes is not None else ''}memory less 5%"
+        )
     return resolve_budget(
         parsed, capacity_bytes=target.capacity_bytes, free_bytes=target.free_bytes, margin=DEFAULT_MARGIN
     )

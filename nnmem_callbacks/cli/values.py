@@ -101,10 +101,22 @@ def count_arg(text: str) -> int:
 
 
 def dims_product_arg(text: str) -> int:
+    """``--input-size``: a count or per-sample dims, separated as ``--input-shape`` takes them (``3,224,224`` or
+    ``3x224x224``).
+
+    Example:
+        >>> dims_product_arg("3,224,224"), dims_product_arg("3x224x224"), dims_product_arg("150K")
+        (150528, 150528, 150000)
+    """
+    parts = re.split(r"\s*[x×]\s*", text.strip()) if _X_SEPARATED.fullmatch(text.strip()) else text.split(",")
     try:
-        dims = [parse_count(part) for part in text.split(",") if part.strip()] if "," in text else [parse_count(text)]
+        dims = [parse_count(part) for part in parts if part.strip()]
+        if not dims:
+            raise ValueError(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"cannot read {text!r}; write a count (150528) or dims (3,224,224)") from None
+        raise argparse.ArgumentTypeError(
+            f"cannot read {text!r}; write a count (150528) or dims (3,224,224 or 3x224x224)"
+        ) from None
     product = 1
     for dim in dims:
         product *= dim

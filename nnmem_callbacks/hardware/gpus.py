@@ -1,11 +1,19 @@
 """A small built-in table of common GPUs and their memory, for "which GPU fits".
 
-The capacities are the totals that ``nvidia-smi`` (and
-``torch.cuda.mem_get_info()``) report for each card, in MiB, not the round
-number on the box: a "16 GB" T4 shows 15,360 MiB, an "80 GB" H100 81,559 MiB.
-The CUDA context and the cuBLAS workspace come out of that total; estimates
-count them in ``MemoryEstimate.overhead_bytes``, so compare
-``device_bytes_at(n)`` (``include_reserve=True``) against ``memory_bytes``.
+The capacities are the totals that ``nvidia-smi`` reports for each card, in
+MiB, not the round number on the box: a "16 GB" T4 shows 15,360 MiB, an
+"80 GB" H100 81,559 MiB. The CUDA context and the cuBLAS workspace come out of
+that total; estimates count them in ``MemoryEstimate.overhead_bytes``, so
+compare ``device_bytes_at(n)`` (``include_reserve=True``) against
+``memory_bytes``.
+
+Known limitations: the total that ``torch.cuda.mem_get_info()`` reports (and a
+CUDA out-of-memory message calls "total capacity") is lower than
+``nvidia-smi``'s by the driver's reserve, which depends on the driver: the H200
+of ``benchmarks/results/largest_batch/h200.json`` reported 139.80 GiB against
+the 140.40 GiB here. The default 5% margin covers it; a ``--budget`` of the whole
+card (``1.0``) does not. Older drivers also report smaller ``nvidia-smi``
+totals (a V100 32GB 32,510 MiB, an A100 40GB 40,536 MiB).
 
 Names are read forgivingly: case, spaces, dashes and vendor words
 ("NVIDIA", "Tesla", "GeForce") do not matter, and the memory may be written
@@ -215,8 +223,10 @@ GPUS: tuple[GpuSpec, ...] = (
     _gpu("A40 48GB", "a40", 48, 46_068, (8, 6), "a40"),
     _gpu("L40S 48GB", "l40s", 48, 46_068, (8, 9), "l40s"),
     _gpu("RTX A6000 48GB", "a6000", 48, 49_140, (8, 6), "a6000", "rtxa6000", "rtxa600048gb"),
-    _gpu("A100 80GB", "a100", 80, 81_920, (8, 0)),
     _gpu("H100 80GB", "h100", 80, 81_559, (9, 0), "h100"),
+    _gpu("A100 80GB", "a100", 80, 81_920, (8, 0)),
+    # "NVL" is a form factor of the H200 (same memory), but the H100 NVL is another card: 94 GB, 95,830 MiB
+    _gpu("H100 NVL 94GB", "h100nvl", 94, 95_830, (9, 0), "h100nvl", "h10094gb", "h10094"),
     _gpu("H200 141GB", "h200", 141, 143_771, (9, 0), "h200"),
 )
 
@@ -260,6 +270,8 @@ def find_gpu(name: str) -> GpuSpec:
             several (naming them and how to pick one).
 
     Example:
+        >>> find_gpu("NVIDIA H100 NVL").name, find_gpu("H100 PCIe").name, find_gpu("NVIDIA H200 NVL").name
+        ('H100 NVL 94GB', 'H100 80GB', 'H200 141GB')
         >>> find_gpu("A100")
         Traceback (most recent call last):
         ...
@@ -269,7 +281,12 @@ def find_gpu(name: str) -> GpuSpec:
     if not key:
         raise ValueError(f"empty GPU name; valid GPUs: {', '.join(gpu_names())}")
     raw = re.sub(r"[^a-z0-9]", "", _FORM_FACTORS.sub("", _strip_vendor(name.lower())))
-    exact = [gpu for gpu in GPUS if raw in gpu.keys()] or [gpu for gpu in GPUS if key in gpu.keys()]
+    whole = re.sub(r"(\d)g$", r"\1gb", re.sub(r"[^a-z0-9]", "", _strip_vendor(name.lower())))  # form factor kept
+    exact = (
+        [gpu for gpu in GPUS if whole in gpu.keys()]
+        or [gpu for gpu in GPUS if raw in gpu.keys()]
+        or [gpu for gpu in GPUS if key in gpu.keys()]
+    )
     if len(exact) == 1:
         return exact[0]
     by_model = [gpu for gpu in GPUS if gpu.model == key or gpu.model == "rtx" + key]
