@@ -586,3 +586,22 @@ def test_a_sharded_run_is_estimated_per_rank_at_init_while_the_model_is_whole(tm
         warnings.simplefilter("ignore")
         trainer.train()
     assert callback.estimate is early and callback.plan is not None and callback.plan.fits
+
+
+@pytest.mark.parametrize(
+    "optim, suggested", [("adamw_torch", True), ("sgd", False), ("adafactor", False), ("adamw_8bit", False)]
+)
+def test_the_8bit_saving_is_offered_only_in_place_of_a_32bit_adam(tmp_path, optim, suggested):
+    """It was offered for any optimizer state (SGD's momentum, Adafactor's factors, an optimizer already 8-bit):
+    the estimate's optimizer name was read from an attribute estimates do not have."""
+    from nnmem_callbacks.adapters.transformers.planning import eight_bit_suggestion
+
+    if optim == "adamw_8bit":
+        pytest.importorskip("bitsandbytes")
+    model = tiny_model("gpt2")
+    args = arguments(tmp_path, optim=optim, **({"optim_args": "momentum=0.9"} if optim == "sgd" else {}))
+    facts = estimation.read_facts(args, model, device="cpu")
+    sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(4)])
+    estimate = estimation.estimate_step(model, sample, facts, batch_lines=False, probe_kernels=False)
+    assert estimate.breakdown["optimizer_state"] > 0
+    assert (eight_bit_suggestion(estimate) is not None) == suggested, estimate.extra["optimizer"]

@@ -155,6 +155,8 @@ def optimizer_for(args: Any, model: Any, optimizer: Any = None) -> tuple[Any, st
     def factory(params: Any) -> Any:
         return cls(params, **kwargs)
 
+    eight_bit = kwargs.get("optim_bits") == 8 and "8bit" not in cls.__name__
+    factory.__name__ = f"{cls.__name__} (8-bit)" if eight_bit else cls.__name__  # est.optimizer names it
     return factory, None
 
 

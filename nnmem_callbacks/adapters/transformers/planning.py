@@ -88,8 +88,10 @@ def keep_effective_batch(batch_size: int, accumulate: int, *, largest: int) -> t
 def eight_bit_suggestion(estimate: MemoryEstimate) -> Suggestion | None:
     """The saving of an 8-bit optimizer (``optim="adamw_8bit"``) when the optimizer state is Adam's moments."""
     state = int(estimate.breakdown.get("optimizer_state", 0))
-    optimizer = str(getattr(estimate, "optimizer", "") or "")
+    optimizer = str((getattr(estimate, "extra", None) or {}).get("optimizer") or "")  # the estimator's label
     if state <= 0 or (optimizer and not any(name.lower() in optimizer.lower() for name in _ADAM_LIKE)):
+        return None
+    if "8bit" in optimizer.replace("-", "").lower():  # already one (AdamW8bit, the Trainer's "AdamW (8-bit)")
         return None
     saving = int(state * 0.75)
     return Suggestion(
