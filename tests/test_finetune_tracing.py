@@ -297,3 +297,21 @@ def test_an_8bit_optimizer_instance_keeps_its_bits(paged):
     if paged:
         for_cuda = estimate_training(model, batch, optimizer=instance, device="cuda", **kwargs)
         assert any("AdamW" in note and "unified memory" in note for note in for_cuda.notes)
+
+
+@pytest.mark.parametrize("name", ["AdamW8bit", "PagedAdamW32bit", "Lion8bit"])
+def test_a_bitsandbytes_step_on_cpu_holds_its_fp32_copies(name):
+    """bitsandbytes' CPU update kernels are Python: the 8-bit one dequantizes the moments to fp32 beside an fp32
+    gradient, then quantizes them back. Their fake kernels return nothing, so an MLP whose peak is the optimizer
+    step was estimated at half its measured peak."""
+    torch.manual_seed(0)
+    model = Mlp()
+    batch = torch.randn(16, 256)
+
+    def factory(parameters):
+        return getattr(bnb.optim, name)(parameters, lr=1e-3)
+
+    estimate = estimate_training(model, batch, optimizer=factory, loss_fn=_loss, check_scaling=False)
+    truth = measure_cpu_peak(model, batch, factory, _loss, copy_model=False)
+    assert estimate.peak_phase.endswith("optimizer") and truth["peak_phase"].endswith("optimizer")
+    assert abs(estimate.peak_bytes - truth["peak_bytes"]) / truth["peak_bytes"] < 0.01, (estimate.peak_bytes, truth)

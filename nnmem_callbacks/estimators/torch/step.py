@@ -276,6 +276,10 @@ def build_optimizers(
             )
     for optimizer in optimizers:
         _apply_default_implementation(optimizer, target)
+    if any(type(optimizer).__module__.startswith("bitsandbytes") for optimizer in optimizers):
+        from nnmem_callbacks.estimators.torch import quantized
+
+        quantized.install_rules()  # its CPU update kernels' temporaries
     return optimizers
 
 
