@@ -643,3 +643,18 @@ def test_plan_estimates_the_checkpointing_the_arguments_turn_on(tmp_path):
     with pytest.warns(UserWarning, match="nothing fits") as caught:
         plan_training_arguments(model, args, budget=1024, sample=sample, probe_kernels=False)
     assert "checkpointing" not in str(caught[0].message)
+
+
+def test_the_checkpointing_the_plan_suggests_is_an_argument_that_does_not_warn(tmp_path):
+    """transformers 5 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name warns); the
+    warning of a plan that does not fit named the old one."""
+    sample = torch.utils.data.default_collate([Tokens("llama")[i] for i in range(8)])
+    args = arguments(tmp_path, per_device_train_batch_size=8)
+    with pytest.warns(UserWarning, match="nothing fits") as caught:
+        plan_training_arguments(tiny_model("llama"), args, budget=1024, sample=sample, probe_kernels=False)
+    named = re.search(r"\((\w*checkpointing)=True\)", str(caught[0].message))
+    assert named is not None, caught[0].message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        settings = {named[1]: True, "report_to": [], "use_cpu": True}
+        assert checkpointing_arguments(tmp_path).to_dict() == arguments(tmp_path, **settings).to_dict()

@@ -59,6 +59,7 @@ from nnmem_callbacks.probes.session import check_probe_kernels
 
 __all__ = [
     "checked_setting",
+    "checkpointing_argument",
     "eight_bit_suggestion",
     "keep_effective_batch",
     "nothing_fits",
@@ -327,7 +328,7 @@ def nothing_fits(estimate: MemoryEstimate, plan: Plan, *, include_reserve: bool,
         )
     else:
         where = f"the smallest predicted peak, at per-device batch 1, is {format_bytes(peak(1))}"
-    settings = {"checkpointing": "gradient_checkpointing=True", "bf16": "bf16=True"}  # their TrainingArguments
+    settings = {"checkpointing": f"{checkpointing_argument()}=True", "bf16": "bf16=True"}  # their TrainingArguments
     tries = [
         f"{s.text} ({settings[s.kind]})" if s.kind in settings else s.text
         for s in plan.suggestions
@@ -342,6 +343,17 @@ def nothing_fits(estimate: MemoryEstimate, plan: Plan, *, include_reserve: bool,
         f"{accumulate} predicts {format_bytes(plan.predicted_bytes)}; {where}. The arguments are returned "
         "unchanged (TrainingPlan.fits is False). To fit, try:\n" + "\n".join(f"- {text}" for text in tries)
     )
+
+
+def checkpointing_argument() -> str:
+    """The ``TrainingArguments`` field that turns checkpointing on: ``activation_checkpointing`` (transformers 5,
+    where ``gradient_checkpointing`` is a deprecated alias that warns) or ``gradient_checkpointing``."""
+    try:
+        from transformers import TrainingArguments
+    except ImportError:  # pragma: no cover - the adapter runs with transformers
+        return "gradient_checkpointing"
+    fields = getattr(TrainingArguments, "__dataclass_fields__", {})
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
 
 
 def checked_setting(
