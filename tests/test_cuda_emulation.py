@@ -7,6 +7,7 @@ torch's own AutocastCUDA registrations and the attention ops' meta kernels.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -163,6 +164,10 @@ H100_OLD_CUDNN = dataclasses.replace(H100, cudnn_version=91000)
         (_call(dtype="float32", head=30), V100, "efficient"),  # no tensor cores for fp32 on sm70: alignment 1
         (_call(heads_kv=2, gqa=True), A100, "flash"),
         (_call(heads_kv=2), A100, "math"),  # unequal heads without enable_gqa
+        # efficient attention takes no grouped-query heads (check_batch_size_and_num_heads_dense<false>)
+        (_call(dtype="float32", heads_kv=2, gqa=True), H100, "math"),
+        (_call(mask="bfloat16", heads_kv=2, gqa=True), A100, "math"),
+        (_call(causal=True, heads_kv=2, gqa=True), H100, "cudnn"),
     ],
 )
 def test_attention_backend_choice_table(call, arch, expected):
@@ -306,6 +311,35 @@ def test_a_named_gpu_selects_its_architecture():
     unnamed = estimate_training(BfAttention(), batch, device="cuda", **kwargs)
     assert any("no GPU named" in note and "sm75" in note for note in unnamed.notes)
     assert "7.5" in unnamed.extra["cuda_emulation"]["uncovered_capabilities"]
+
+
+class GroupedQueryAttention(nn.Module):
+    """Llama's attention shape: 4 query heads share 2 key/value heads (``enable_gqa``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.kv = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        q = self.q(x).view(x.shape[0], x.shape[1], 4, 16).transpose(1, 2)
+        k, v = self.kv(x).view(x.shape[0], x.shape[1], 2, 2, 16).permute(2, 0, 3, 1, 4)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return out.float().mean()
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_grouped_query_attention_traces_for_a_named_gpu(precision):
+    """fp32 GQA on a GPU runs the math kernel (efficient attention takes no grouped heads); it picked the efficient
+    kernel, whose backward failed on the grouped key, and every Llama-3/Mistral/Qwen2 estimate for a named GPU fell
+    back to parameters and optimizer state only."""
+    batch = torch.randn(4, 64, 64)
+    kwargs = dict(optimizer="adamw", loss_fn=lambda m, b: m(b), check_scaling=False, probe_kernels=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the fallback's warning
+        est = estimate_training(GroupedQueryAttention(), batch, device="cuda:h100", precision=precision, **kwargs)
+    assert est.method == "trace"
+    expected = {"32-true": "math", "bf16-mixed": "cudnn"}[precision]
+    assert est.extra["cuda_emulation"]["attention_backends"] == {expected: 1}
 
 
 def test_an_unknown_gpu_name_is_a_clear_error():

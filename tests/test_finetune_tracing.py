@@ -263,3 +263,55 @@ def test_layers_of_other_quantizers_are_named_in_a_note():
     model = torch.nn.Sequential(HQQLinear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     estimate = estimate_training(model, torch.randn(4, 16), check_scaling=False)
     assert any("HQQ (1 layers)" in note and "not yet compared" in note for note in estimate.notes)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_an_8bit_optimizer_instance_keeps_its_bits(paged):
+    """The Trainer's ``optim="adamw_8bit"`` builds ``bnb.optim.AdamW(optim_bits=8)``; its clone dropped ``optim_bits``
+    (kept in ``optimizer.args``, not ``defaults``) and was estimated as a 32-bit AdamW."""
+    torch.manual_seed(0)
+    model = Mlp()
+    batch = torch.randn(16, 256)
+    instance = bnb.optim.AdamW(model.parameters(), lr=1e-3, optim_bits=8, is_paged=paged)
+
+    def eight_bit(parameters):
+        return bnb.optim.AdamW8bit(parameters, lr=1e-3)
+
+    kwargs = dict(loss_fn=_loss, check_scaling=False, probe_kernels=False)
+    estimate = estimate_training(model, batch, optimizer=instance, **kwargs)
+    assert estimate.method == "trace", estimate.notes
+    assert estimate.extra["optimizer"] == "AdamW (8-bit)"
+    expected = estimate_training(model, batch, optimizer=eight_bit, **kwargs).breakdown["optimizer_state"]
+    elements = sum(p.numel() for p in model.parameters())
+    assert estimate.breakdown["optimizer_state"] == expected < 2 * elements + elements // 16  # 1 byte per moment
+    assert instance.state == {} and instance.is_paged == paged  # the user's optimizer is left alone
+    if paged:
+        for_cuda = estimate_training(model, batch, optimizer=instance, device="cuda", **kwargs)
+        assert any("AdamW" in note and "unified memory" in note for note in for_cuda.notes)
+
+
+@pytest.mark.parametrize("name", ["AdamW8bit", "PagedAdamW32bit", "Lion8bit"])
+def test_a_bitsandbytes_step_on_cpu_holds_its_fp32_copies(name):
+    """bitsandbytes' CPU update kernels are Python: the 8-bit one dequantizes the moments to fp32 beside an fp32
+    gradient, then quantizes them back. Their fake kernels return nothing, so an MLP whose peak is the optimizer
+    step was estimated at half its measured peak."""
+    torch.manual_seed(0)
+    model = Mlp()
+    batch = torch.randn(16, 256)
+
+    def factory(parameters):
+        return getattr(bnb.optim, name)(parameters, lr=1e-3)
+
+    estimate = estimate_training(model, batch, optimizer=factory, loss_fn=_loss, check_scaling=False)
+    truth = measure_cpu_peak(model, batch, factory, _loss, copy_model=False)
+    assert estimate.peak_phase.endswith("optimizer") and truth["peak_phase"].endswith("optimizer")
+    assert abs(estimate.peak_bytes - truth["peak_bytes"]) / truth["peak_bytes"] < 0.01, (estimate.peak_bytes, truth)

@@ -181,3 +181,20 @@ def test_the_cli_refuses_a_length_the_model_does_not_take(capsys):
     assert cli.main(["estimate", factory, *small, *inputs, "-b", "2", "--seq-len", "2048", "--no-probes"]) == 2
     error = capsys.readouterr().err
     assert "--seq-len: seq_len 2048 is longer than the model takes: at most 1024 positions" in error
+
+
+@pytest.mark.parametrize("adapter", ["PromptTuningConfig", "PrefixTuningConfig"])
+def test_virtual_tokens_of_a_prompt_learning_adapter_come_off_the_longest_length(adapter):
+    """Prompt tuning puts its virtual tokens before the batch's, prefix tuning its prefix in the cache: both take
+    positions, so a GPT-2 of 64 positions with 16 virtual tokens takes 48 tokens, not the 64 the cap said."""
+    peft = pytest.importorskip("peft")
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64)
+    config.bos_token_id = config.eos_token_id = 0
+    model = transformers.GPT2LMHeadModel(config)
+    model = peft.get_peft_model(model, getattr(peft, adapter)(num_virtual_tokens=16, task_type="CAUSAL_LM"))
+    limit, source = position_limit(model)
+    assert limit == 48 and "less 16 virtual tokens" in source
+    model(input_ids=torch.full((1, 48), 5))
+    with pytest.raises(IndexError):
+        model(input_ids=torch.full((1, 49), 5))
+    assert position_limit(model.get_base_model()) == (64, "the position embedding 'transformer.wpe', 64 rows")

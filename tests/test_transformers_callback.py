@@ -586,3 +586,75 @@ def test_a_sharded_run_is_estimated_per_rank_at_init_while_the_model_is_whole(tm
         warnings.simplefilter("ignore")
         trainer.train()
     assert callback.estimate is early and callback.plan is not None and callback.plan.fits
+
+
+@pytest.mark.parametrize(
+    "optim, suggested", [("adamw_torch", True), ("sgd", False), ("adafactor", False), ("adamw_8bit", False)]
+)
+def test_the_8bit_saving_is_offered_only_in_place_of_a_32bit_adam(tmp_path, optim, suggested):
+    """It was offered for any optimizer state (SGD's momentum, Adafactor's factors, an optimizer already 8-bit):
+    the estimate's optimizer name was read from an attribute estimates do not have."""
+    from nnmem_callbacks.adapters.transformers.planning import eight_bit_suggestion
+
+    if optim == "adamw_8bit":
+        pytest.importorskip("bitsandbytes")
+    model = tiny_model("gpt2")
+    args = arguments(tmp_path, optim=optim, **({"optim_args": "momentum=0.9"} if optim == "sgd" else {}))
+    facts = estimation.read_facts(args, model, device="cpu")
+    sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(4)])
+    estimate = estimation.estimate_step(model, sample, facts, batch_lines=False, probe_kernels=False)
+    assert estimate.breakdown["optimizer_state"] > 0
+    assert (eight_bit_suggestion(estimate) is not None) == suggested, estimate.extra["optimizer"]
+
+
+def checkpointing_arguments(tmp_path: Path, **overrides):
+    name = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in transformers.TrainingArguments.__dataclass_fields__
+        else "gradient_checkpointing"
+    )
+    return arguments(tmp_path, **{name: True}, **overrides)
+
+
+def test_plan_estimates_the_checkpointing_the_arguments_turn_on(tmp_path):
+    """``activation_checkpointing=True`` is turned on by ``Trainer.train()``, after ``plan_training_arguments`` (and
+    ``on_init_end``): the plan estimated the step without it, halved a batch that fits, and suggested checkpointing."""
+    sample = torch.utils.data.default_collate([Tokens("llama")[i] for i in range(8)])
+    plain_args = arguments(tmp_path, per_device_train_batch_size=8)
+    plain = plan_training_arguments(tiny_model("llama"), plain_args, budget="4GiB", sample=sample, probe_kernels=False)
+    reference = tiny_model("llama")
+    reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed = plan_training_arguments(reference, plain_args, budget="4GiB", sample=sample, probe_kernels=False)
+    assert checkpointed.estimate.peak_bytes < plain.estimate.peak_bytes
+    # a budget that the checkpointed step fits and the plain one does not
+    budget = int((checkpointed.estimate.upper_bytes_at(8) + plain.estimate.upper_bytes_at(8)) / 2 / 0.95)
+    model = tiny_model("llama")
+    embedding = model.get_input_embeddings()
+    hooks, use_cache = dict(embedding._forward_hooks), model.config.use_cache
+    args = checkpointing_arguments(tmp_path, per_device_train_batch_size=8)
+    planned = plan_training_arguments(model, args, budget=budget, sample=sample, probe_kernels=False)
+    assert planned.estimate.peak_bytes == checkpointed.estimate.peak_bytes
+    assert planned.fits and not planned.changed, planned
+    assert not any(s.kind == "checkpointing" for s in planned.plan.suggestions)
+    # the model is left as it was: the Trainer turns checkpointing on itself
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    assert dict(embedding._forward_hooks) == hooks and model.config.use_cache == use_cache
+    # under a budget nothing fits, checkpointing is not among what to try: it is on
+    with pytest.warns(UserWarning, match="nothing fits") as caught:
+        plan_training_arguments(model, args, budget=1024, sample=sample, probe_kernels=False)
+    assert "checkpointing" not in str(caught[0].message)
+
+
+def test_the_checkpointing_the_plan_suggests_is_an_argument_that_does_not_warn(tmp_path):
+    """transformers 5 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name warns); the
+    warning of a plan that does not fit named the old one."""
+    sample = torch.utils.data.default_collate([Tokens("llama")[i] for i in range(8)])
+    args = arguments(tmp_path, per_device_train_batch_size=8)
+    with pytest.warns(UserWarning, match="nothing fits") as caught:
+        plan_training_arguments(tiny_model("llama"), args, budget=1024, sample=sample, probe_kernels=False)
+    named = re.search(r"\((\w*checkpointing)=True\)", str(caught[0].message))
+    assert named is not None, caught[0].message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        settings = {named[1]: True, "report_to": [], "use_cpu": True}
+        assert checkpointing_arguments(tmp_path).to_dict() == arguments(tmp_path, **settings).to_dict()

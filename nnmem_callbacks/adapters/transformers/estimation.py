@@ -17,7 +17,11 @@ Part of the ``transformers`` ``MemoryBudgetCallback`` (see
 * :func:`trainer_loss` is the Trainer's own ``compute_loss``;
 * :func:`estimate_step` runs
   :func:`~nnmem_callbacks.estimators.torch.estimator.estimate_training` on
-  fake tensors; the model's ``training`` flags are restored afterwards.
+  fake tensors; the model's ``training`` flags are restored afterwards. When
+  the arguments ask for activation checkpointing and the model does not
+  checkpoint yet (``Trainer.train()`` turns it on later, after
+  ``plan_training_arguments`` and ``on_init_end``), it is turned on as the
+  Trainer does for the estimate and its direct checks, and off again.
 
 Example:
     >>> import torch
@@ -53,17 +57,23 @@ import contextlib
 import dataclasses
 import logging
 import random
+import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from nnmem_callbacks.adapters.transformers.ranks import read_ranks, unit_modules
 from nnmem_callbacks.core.estimate import MemoryEstimate
+from nnmem_callbacks.core.verification import DirectEstimator
 from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 from nnmem_callbacks.estimators.torch.estimator import estimate_training
 from nnmem_callbacks.estimators.torch.tracer import sharing_traced_ops
 
 __all__ = [
+    "CheckpointingVerifier",
+    "checkpointing_for_the_estimate",
+    "checkpointing_of",
     "estimate_step",
     "first_batch",
+    "is_checkpointing",
     "isolated_rng",
     "log",
     "model_loss",
@@ -94,6 +104,11 @@ class StepFacts:
         strategy: The :class:`~nnmem_callbacks.core.strategy.Strategy` each rank is estimated under (DDP,
             FSDP, DeepSpeed ZeRO; :mod:`~nnmem_callbacks.adapters.transformers.ranks`); ``None`` on one device.
         units: FSDP: the modules ``fully_shard`` wraps besides the root (``None``: the estimator's default).
+        checkpointing: The arguments' ``activation_checkpointing_kwargs`` when they ask for checkpointing and the
+            model does not checkpoint yet (the Trainer turns it on in ``train()``, after
+            ``plan_training_arguments`` and ``on_init_end``): :func:`estimate_step` turns it on for the estimate
+            and off again. ``None`` otherwise.
+        checkpointed: Whether the step runs with activation checkpointing (set on the model or by the arguments).
     """
 
     batch_size: int
@@ -105,6 +120,8 @@ class StepFacts:
     device: str = "cpu"
     strategy: Any = None
     units: Any = None
+    checkpointing: dict[str, Any] | None = None
+    checkpointed: bool = False
 
 
 def precision_of(args: Any, model: Any) -> str:
@@ -121,6 +138,77 @@ def precision_of(args: Any, model: Any) -> str:
     if dtypes == {torch.float16}:
         return "16-true"
     return "32-true"
+
+
+def is_checkpointing(model: Any) -> bool:
+    """Whether ``model`` (a transformers model, or a PEFT model around one) has activation checkpointing on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renamed is_gradient_checkpointing
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+            try:
+                value = getattr(model, name, None)
+            except Exception:  # noqa: BLE001 - a property that cannot be read is not an answer
+                continue
+            if isinstance(value, bool):
+                return value
+    return False
+
+
+def checkpointing_of(args: Any) -> dict[str, Any] | None:
+    """The keyword arguments the Trainer turns checkpointing on with, when ``args`` ask for it (else ``None``):
+    ``activation_checkpointing`` (transformers 5) or ``gradient_checkpointing``, and their ``..._kwargs``."""
+    on = getattr(args, "activation_checkpointing", None)
+    if on is None:
+        on = getattr(args, "gradient_checkpointing", False)
+    if not on:
+        return None
+    kwargs = getattr(args, "activation_checkpointing_kwargs", None)
+    if kwargs is None:
+        kwargs = getattr(args, "gradient_checkpointing_kwargs", None)
+    return dict(kwargs or {})
+
+
+@contextlib.contextmanager
+def checkpointing_for_the_estimate(model: Any, kwargs: dict[str, Any] | None) -> Iterator[None]:
+    """Turns activation checkpointing on as ``Trainer.train()`` does (``kwargs`` from :func:`checkpointing_of`)
+    for the block, and puts every module attribute and hook back afterwards; nothing when ``kwargs`` is ``None``."""
+    if kwargs is None:
+        yield
+        return
+    from nnmem_callbacks.estimators.torch.guards import preserved_module_state
+
+    options = dict(kwargs)
+    layout = {key: options.pop(key) for key in ("every_n_layers", "offload") if key in options}
+    config = getattr(model, "config", None)
+    use_cache = getattr(config, "use_cache", None)
+    with preserved_module_state(model), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=options or None, **layout)
+        else:  # transformers 4
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options or None, **layout)
+        try:
+            yield
+        finally:
+            if config is not None and use_cache is not None:
+                config.use_cache = use_cache
+
+
+class CheckpointingVerifier(DirectEstimator):
+    """An estimate's direct estimator with the arguments' checkpointing turned on around each trace, as
+    :func:`estimate_step` traced the estimate itself (the plan's checks of the largest batch run later)."""
+
+    def __init__(self, inner: Any, model: Any, facts: StepFacts) -> None:
+        self._inner, self._model, self._facts = inner, model, facts
+
+    def estimate_at(self, batch_size: int) -> Any:
+        with isolated_rng(), checkpointing_for_the_estimate(self._model, self._facts.checkpointing):
+            return self._inner(batch_size)
+
+    def accumulating(self, accumulate_grad_batches: int) -> Any:
+        inner = self._inner.accumulating(accumulate_grad_batches)
+        return None if inner is None else CheckpointingVerifier(inner, self._model, self._facts)
 
 
 def unwrap_optimizer(optimizer: Any) -> Any:
@@ -155,6 +243,8 @@ def optimizer_for(args: Any, model: Any, optimizer: Any = None) -> tuple[Any, st
     def factory(params: Any) -> Any:
         return cls(params, **kwargs)
 
+    eight_bit = kwargs.get("optim_bits") == 8 and "8bit" not in cls.__name__
+    factory.__name__ = f"{cls.__name__} (8-bit)" if eight_bit else cls.__name__  # est.optimizer names it
     return factory, None
 
 
@@ -176,6 +266,8 @@ def read_facts(
         notes.append(ranks.note)
     if device is None:
         device = getattr(args, "device", None)
+    checkpointing = checkpointing_of(args)
+    already = is_checkpointing(model)
     return StepFacts(
         batch_size=int(batch_size or args.per_device_train_batch_size),
         accumulate=max(int(getattr(args, "gradient_accumulation_steps", 1) or 1), 1),
@@ -186,6 +278,8 @@ def read_facts(
         device=str(device or "cpu"),
         strategy=ranks.strategy,
         units=unit_modules(model, ranks) if ranks.strategy is not None and ranks.strategy.kind == "fsdp" else None,
+        checkpointing=None if already else checkpointing,
+        checkpointed=already or checkpointing is not None,
     )
 
 
@@ -314,10 +408,14 @@ def estimate_step(
         probe_kernels=probe_kernels,
     )
     try:
-        with isolated_rng():
+        with isolated_rng(), checkpointing_for_the_estimate(model, facts.checkpointing):
             if facts.strategy is not None:
-                return estimate_per_rank(model, batch, strategy=facts.strategy, units=facts.units, **kwargs)
-            return estimate_training(model, batch, **kwargs)
+                estimate = estimate_per_rank(model, batch, strategy=facts.strategy, units=facts.units, **kwargs)
+            else:
+                estimate = estimate_training(model, batch, **kwargs)
+        if facts.checkpointing is not None and estimate.verifier is not None:  # its direct traces checkpoint too
+            estimate = dataclasses.replace(estimate, verifier=CheckpointingVerifier(estimate.verifier, model, facts))
+        return estimate
     finally:
         for name, module in model.named_modules():
             if name in training:

@@ -59,6 +59,7 @@ from nnmem_callbacks.probes.session import check_probe_kernels
 
 __all__ = [
     "checked_setting",
+    "checkpointing_argument",
     "eight_bit_suggestion",
     "keep_effective_batch",
     "nothing_fits",
@@ -88,8 +89,10 @@ def keep_effective_batch(batch_size: int, accumulate: int, *, largest: int) -> t
 def eight_bit_suggestion(estimate: MemoryEstimate) -> Suggestion | None:
     """The saving of an 8-bit optimizer (``optim="adamw_8bit"``) when the optimizer state is Adam's moments."""
     state = int(estimate.breakdown.get("optimizer_state", 0))
-    optimizer = str(getattr(estimate, "optimizer", "") or "")
+    optimizer = str((getattr(estimate, "extra", None) or {}).get("optimizer") or "")  # the estimator's label
     if state <= 0 or (optimizer and not any(name.lower() in optimizer.lower() for name in _ADAM_LIKE)):
+        return None
+    if "8bit" in optimizer.replace("-", "").lower():  # already one (AdamW8bit, the Trainer's "AdamW (8-bit)")
         return None
     saving = int(state * 0.75)
     return Suggestion(
@@ -111,6 +114,7 @@ def plan_step(
     accumulate: int = 1,
     bf16: MemoryEstimate | None = None,
     verify: bool | None = None,
+    checkpointed: bool = False,
 ) -> Plan:
     """The plan of ``estimate`` under ``budget`` on ``device``, with the suggestions to fit.
 
@@ -123,6 +127,7 @@ def plan_step(
         accumulate: ``gradient_accumulation_steps``.
         bf16: The estimate at ``bf16-mixed``, offered as an alternative.
         verify: As :func:`~nnmem_callbacks.core.plan.make_plan` takes it.
+        checkpointed: The step already runs with activation checkpointing: it is not suggested.
     """
     kind = devices.device_type(device)
     include_reserve = kind == "cuda" and estimate.reserved_bytes is not None
@@ -139,6 +144,8 @@ def plan_step(
         include_reserve=include_reserve,
         verify=verify,
     )
+    if checkpointed:
+        plan = dataclasses.replace(plan, suggestions=tuple(s for s in plan.suggestions if s.kind != "checkpointing"))
     extra = eight_bit_suggestion(estimate)
     if extra is not None and not plan.fits:
         plan = dataclasses.replace(plan, suggestions=plan.suggestions + (extra,))
@@ -288,6 +295,7 @@ def plan_training_arguments(
         margin=margin,
         accumulate=accumulate,
         verify=True,
+        checkpointed=facts.checkpointed,
     )
     new_batch, new_accumulate, checked = batch_size, accumulate, None
     include_reserve = devices.device_type(device) == "cuda" and estimate.reserved_bytes is not None
@@ -320,7 +328,7 @@ def nothing_fits(estimate: MemoryEstimate, plan: Plan, *, include_reserve: bool,
         )
     else:
         where = f"the smallest predicted peak, at per-device batch 1, is {format_bytes(peak(1))}"
-    settings = {"checkpointing": "gradient_checkpointing=True", "bf16": "bf16=True"}  # their TrainingArguments
+    settings = {"checkpointing": f"{checkpointing_argument()}=True", "bf16": "bf16=True"}  # their TrainingArguments
     tries = [
         f"{s.text} ({settings[s.kind]})" if s.kind in settings else s.text
         for s in plan.suggestions
@@ -335,6 +343,17 @@ def nothing_fits(estimate: MemoryEstimate, plan: Plan, *, include_reserve: bool,
         f"{accumulate} predicts {format_bytes(plan.predicted_bytes)}; {where}. The arguments are returned "
         "unchanged (TrainingPlan.fits is False). To fit, try:\n" + "\n".join(f"- {text}" for text in tries)
     )
+
+
+def checkpointing_argument() -> str:
+    """The ``TrainingArguments`` field that turns checkpointing on: ``activation_checkpointing`` (transformers 5,
+    where ``gradient_checkpointing`` is a deprecated alias that warns) or ``gradient_checkpointing``."""
+    try:
+        from transformers import TrainingArguments
+    except ImportError:  # pragma: no cover - the adapter runs with transformers
+        return "gradient_checkpointing"
+    fields = getattr(TrainingArguments, "__dataclass_fields__", {})
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
 
 
 def checked_setting(

@@ -146,7 +146,9 @@ def optimizer_label(optimizer: Any) -> str:
     if isinstance(optimizer, (list, tuple)):
         return "+".join(optimizer_label(o) for o in optimizer)
     if isinstance(optimizer, torch.optim.Optimizer):
-        return type(optimizer).__name__
+        name = type(optimizer).__name__  # bitsandbytes' AdamW(optim_bits=8), the Trainer's optim="adamw_8bit"
+        eight_bit = getattr(getattr(optimizer, "args", None), "optim_bits", None) == 8 and "8bit" not in name
+        return f"{name} (8-bit)" if eight_bit else name
     return getattr(optimizer, "__name__", type(optimizer).__name__)
 
 

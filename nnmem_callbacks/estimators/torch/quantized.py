@@ -20,7 +20,9 @@ dtype and calls ``linear``; :data:`~nnmem_callbacks.estimators.torch.rules.DECOM
 makes the trace run bitsandbytes' own Python composition on fake tensors, so
 the dequantized weight is tracked while it lives. The backward pass
 (``MatMul4Bit.backward``) dequantizes again, through ops whose fake kernels
-give the real sizes.
+give the real sizes. bitsandbytes' CPU optimizer update kernels are Python too
+(the 8-bit one dequantizes both moments to fp32 beside an fp32 gradient); they
+are CPU decompositions, installed when a bitsandbytes optimizer is traced.
 
 Other quantizers: torchao's quantized weights (wrapper tensor subclasses) are
 rebuilt around fake inner tensors and traced through their own ops (int8
@@ -36,8 +38,9 @@ Known limitations:
       then ``linear``); CUDA's int8 matmul path is not modelled. bitsandbytes'
       4-bit embeddings are not emulated.
     * The version-dependent parts (``QuantState``'s fields, the CPU
-      ``gemm_4bit`` composition) are read from the installed bitsandbytes;
-      tested against 0.50.
+      ``gemm_4bit`` composition and optimizer update kernels) are read from
+      the installed bitsandbytes; tested against 0.50. Another layout falls
+      back to the fake kernels (the optimizer step's fp32 copies then unseen).
 """
 
 from __future__ import annotations
@@ -139,6 +142,25 @@ def install_rules() -> None:
         return
     for device_type in ("cpu", "cuda"):
         rules.register_decomposition(device_type, torch.ops.bitsandbytes.gemm_4bit)(implementation)
+    for op, cpu_implementation in _cpu_optimizer_updates():
+        rules.register_decomposition("cpu", op)(cpu_implementation)
+
+
+def _cpu_optimizer_updates() -> list[tuple[Any, Callable[..., Any]]]:
+    """bitsandbytes' CPU optimizer kernels, Python built from aten ops: the 8-bit one dequantizes both moments to
+    fp32, updates them beside an fp32 copy of the gradient, then quantizes them back, so its step holds about
+    three fp32 copies of the largest parameter (the fake kernel returns nothing and showed none of them)."""
+    try:
+        from bitsandbytes.backends.cpu import ops as cpu_ops
+    except ImportError:  # another bitsandbytes layout: the fake kernels (no temporaries) are used
+        return []
+    found = []
+    for name in ("optimizer_update_8bit_blockwise", "optimizer_update_32bit"):
+        implementation = getattr(cpu_ops, f"_{name}_cpu", None)
+        op = getattr(torch.ops.bitsandbytes, name, None)
+        if implementation is not None and op is not None:
+            found.append((op, implementation))
+    return found
 
 
 def _default_gemm_4bit() -> Callable[..., Any] | None:

@@ -24,7 +24,8 @@ Known limitations:
     * The length must be 4 or more.
     * The longest sequence a model takes (:func:`position_limit`) is found from its table of learned positions,
       an ``nn.Embedding`` named like one (``wpe``, ``position_embeddings``, ``embed_positions``, ``pos_emb``);
-      a table under another name is not found, and the curve then answers at lengths the model refuses.
+      a table under another name is not found, and the curve then answers at lengths the model refuses. A PEFT
+      prompt-learning adapter's virtual tokens take positions too: they come off the longest length.
 """
 
 from __future__ import annotations
@@ -76,7 +77,24 @@ def position_limit(model: Any) -> tuple[int, str] | None:
         return None
     rows, name, table = min(found)
     kept = f", less {table - rows} before the first position" if table != rows else ""
+    virtual = _virtual_tokens(model)
+    if virtual:
+        return rows - virtual, f"the position embedding {name!r}, {table} rows{kept}, less {virtual} virtual tokens"
     return rows, f"the position embedding {name!r}, {table} rows{kept}"
+
+
+def _virtual_tokens(model: Any) -> int:
+    """The positions a PEFT prompt-learning adapter (prompt tuning, P-tuning, prefix tuning) takes before the
+    batch's tokens: its ``num_virtual_tokens`` (0 without one)."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict):
+        return 0
+    active = getattr(model, "active_adapter", None)
+    config = configs.get(active) if isinstance(active, str) else None
+    if config is None or not getattr(config, "is_prompt_learning", False):
+        return 0
+    virtual = getattr(config, "num_virtual_tokens", 0)
+    return virtual if isinstance(virtual, int) and not isinstance(virtual, bool) else 0
 
 
 #: Lengths, as multiples of the traced one, at which the moments that are a phase's peak are found and kept.

@@ -276,6 +276,10 @@ def build_optimizers(
             )
     for optimizer in optimizers:
         _apply_default_implementation(optimizer, target)
+    if any(type(optimizer).__module__.startswith("bitsandbytes") for optimizer in optimizers):
+        from nnmem_callbacks.estimators.torch import quantized
+
+        quantized.install_rules()  # its CPU update kernels' temporaries
     return optimizers
 
 
@@ -291,10 +295,14 @@ def _clone_optimizer(
             params.append(fake_of[id(parameter)])
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
     cls = type(optimizer)
+    kept = _constructor_state(optimizer)
     try:
-        clone = cls(groups, **optimizer.defaults)
+        clone = cls(groups, **optimizer.defaults, **kept)
     except TypeError:
-        clone = cls(groups)
+        try:
+            clone = cls(groups, **kept)
+        except TypeError:
+            clone = cls(groups)
     for parameter, state in optimizer.state.items():
         fake = fake_of.get(id(parameter))
         if fake is None:
@@ -304,6 +312,23 @@ def _clone_optimizer(
             for key, value in state.items()
         }
     return clone
+
+
+def _constructor_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What an optimizer's constructor took and keeps outside ``defaults``, for its clone: bitsandbytes' ``args``
+    (``optim_bits``, ``min_8bit_size``, percentile clipping, block-wise) and ``is_paged``. Without them the
+    Trainer's ``optim="adamw_8bit"`` (``bnb.optim.AdamW(optim_bits=8)``) was cloned as a 32-bit AdamW."""
+    import inspect
+
+    try:
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a constructor without a signature
+        return {}
+    return {
+        name: getattr(optimizer, name)
+        for name in ("args", "is_paged")
+        if name in accepted and name not in optimizer.defaults and hasattr(optimizer, name)
+    }
 
 
 def _fake_state_tensor(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

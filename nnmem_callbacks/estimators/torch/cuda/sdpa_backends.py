@@ -173,9 +173,10 @@ def efficient_rejects(call: SdpaCall, arch: CudaArch, switches: SdpaSwitches) ->
         return f"head dims must be equal for q and k and divisible by {alignment}"
     if arch.major >= 8 and any(offset % alignment for offset in call.storage_offsets):
         return f"storage offsets of q, k, v not aligned to {alignment} elements"
-    reason = _common_checks(call, supports_gqa=True, ignore_singleton_stride=False)
+    # dense_constraints: check_batch_size_and_num_heads_dense<false /*supports_grouped_query_attention*/>
+    reason = _common_checks(call, supports_gqa=False, ignore_singleton_stride=False)
     if reason:
-        return reason
+        return reason + (" (efficient attention takes no grouped-query heads)" if call.enable_gqa else "")
     dtypes = ("float16", "float32", "bfloat16") if arch.major >= 8 else ("float16", "float32")
     if call.dtype not in dtypes:
         return f"dtype {call.dtype} on sm{arch.major}{arch.minor}"
