@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import warnings
 from typing import Any
 
 import keras
 
 from nnmem_callbacks.adapters.common import Guard, compared_prediction, predicted_peak
+from nnmem_callbacks.core import warning_site
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import (
     DEFAULT_MARGIN,
@@ -44,7 +44,7 @@ from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
 from nnmem_callbacks.monitoring import meters as monitor
 from nnmem_callbacks.monitoring.tensorboard import EventWriter
 
-__all__ = ["INPUT_PIPELINE_BATCHES", "JAX_LOOKAHEAD_BATCHES", "log", "MemoryBudgetCallback"]
+__all__ = ["INPUT_PIPELINE_BATCHES", "INTERNAL_PACKAGES", "JAX_LOOKAHEAD_BATCHES", "log", "MemoryBudgetCallback"]
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,14 @@ def _warn_rss_once(backend: str) -> None:
     )
 
 
+#: Packages whose frames lie between the user's ``model.fit(...)`` and the callback's warning (Keras' trainer,
+#: callback list and traceback filter, the backend's own frames, ``contextlib`` and ``functools`` wrappers).
+INTERNAL_PACKAGES = ("keras", "tensorflow", "jax", "jaxlib", "torch", "optree", "contextlib", "functools")
+
+
 def _warn(message: str) -> None:
-    warnings.warn(message, UserWarning, stacklevel=4)  # the callback's hook, as Keras calls it
+    """``warnings.warn`` shown at the user's ``model.fit(...)`` line, not inside Keras' callback list."""
+    warning_site.warn(message, INTERNAL_PACKAGES)
 
 
 class MemoryBudgetCallback(keras.callbacks.Callback):

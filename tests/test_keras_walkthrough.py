@@ -1,0 +1,122 @@
+"""A new user's walk through the Keras front door (2026-11-30): the defects it found, each pinned.
+
+The runs use the JAX backend in a subprocess (Keras picks its backend at import; JAX estimates take seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_jax(tmp_path, body: str) -> dict:
+    """Runs ``body`` as a script file under Keras on JAX; it prints one JSON line, returned."""
+    pytest.importorskip("keras")
+    pytest.importorskip("jax")
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, math, warnings
+            import numpy as np, keras
+            from nnmem_callbacks.keras import MemoryBudgetCallback, estimate_training, fit_plan
+            L = keras.layers
+            """
+        )
+        + textwrap.dedent(body)
+    )
+    env = dict(
+        os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, NNMEM_CACHE_DIR=str(tmp_path / "cache")
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    return json.loads(lines[-1])
+
+
+def test_the_callbacks_warnings_point_at_the_users_fit_line(tmp_path):
+    """They pointed at keras/src/callbacks/callback_list.py (the hook's caller), not at the user's code."""
+    out = run_jax(
+        tmp_path,
+        """
+        model = keras.Sequential([keras.Input((16,)), L.Dense(32), L.Dense(4)])
+        model.compile("adam", loss="sparse_categorical_crossentropy")
+        x, y = np.zeros((64, 16), "float32"), np.zeros(64, "int32")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[MemoryBudgetCallback(budget="1KiB")])
+        ours = [w for w in caught if "MemoryBudgetCallback" in str(w.message)]
+        print(json.dumps({"files": sorted({w.filename for w in ours}), "count": len(ours)}))
+        """,
+    )
+    assert out["count"] >= 2  # the CPU's RSS note and the over-budget warning
+    assert out["files"] == [str(tmp_path / "user_script.py")]
+
+
+def _line(batch: int, fixed: int, per_sample: int, parameters: int) -> MemoryEstimate:
+    return MemoryEstimate(
+        peak_bytes=fixed + per_sample * batch,
+        breakdown={"parameters": parameters, "activations": per_sample * batch},
+        batch_size=batch,
+        phases=(PhaseLine("step", fixed, per_sample),),
+        peak_phase="step",
+    )
+
+
+def test_the_accumulate_suggestion_keeps_the_effective_batch_and_fits_with_its_accumulators():
+    """It suggested 22 x 3 (effective 66) for a batch of 64 whose largest fit was 22, and did so even when the
+    accumulators did not fit ("saves -347.23 KiB")."""
+    from nnmem_callbacks.adapters.keras.planning import keras_suggestions
+
+    estimate = _line(64, fixed=10_000, per_sample=1_000, parameters=1_000)
+    usable = estimate.upper_bytes_at(22) + 1
+    budget = int(usable / 0.95) + 2
+    (accumulate,) = [s for s in keras_suggestions(estimate, budget) if s.kind == "accumulate"]
+    assert "gradient_accumulation_steps=4" in accumulate.text and "batch_size=16" in accumulate.text
+    assert "keeps the effective batch of 64" in accumulate.text
+    assert estimate.upper_bytes_at(16) + 1_000 <= int(budget * 0.95) and accumulate.saving_bytes > 0
+    # accumulators as large as the room the batch leaves: no accumulated run fits, none is suggested
+    heavy = _line(64, fixed=10_000, per_sample=1_000, parameters=40_000)
+    kinds = [s.kind for s in keras_suggestions(heavy, budget)]
+    assert "batch_size" in kinds and "accumulate" not in kinds
+
+
+def test_fit_plans_accumulated_run_fits_with_the_accumulators(tmp_path):
+    """fit_plan chose 32 x 8 for a budget that batch 128 just fits; the run its code describes (the optimizer with
+    gradient_accumulation_steps=8, whose accumulators are the parameters' size) was estimated at 42 MiB against
+    24 MiB usable. Now each batch is checked as the plan would train it."""
+    out = run_jax(
+        tmp_path,
+        """
+        def build(steps=None):
+            model = keras.Sequential([keras.Input((512,)), L.Dense(1024, activation="relu"),
+                                      L.Dense(1024, activation="relu"), L.Dense(10)])
+            optimizer = keras.optimizers.Adam(gradient_accumulation_steps=steps) if steps else keras.optimizers.Adam()
+            model.compile(optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model
+
+        model = build()
+        estimate = estimate_training(model, 256)
+        budget = math.ceil((estimate.upper_bytes_at(128) + 1) / 0.95) + 1
+        plan = fit_plan(model, budget=budget, batch_size=256)
+        steps = plan.gradient_accumulation_steps
+        as_run = estimate_training(build(steps if steps > 1 else None), plan.batch_size, check_scaling=False)
+        print(json.dumps({"usable": int(budget * 0.95), "as_run": as_run.upper_bytes, "code": plan.code,
+                          "batch": plan.batch_size, "steps": steps, "max": plan.max_batch_size,
+                          "model_steps": model.optimizer.gradient_accumulation_steps}))
+        """,
+    )
+    assert out["batch"] >= 1 and out["max"] >= 1
+    assert out["as_run"] <= out["usable"], out
+    assert out["model_steps"] is None  # the user's model and optimizer are not changed
+    if out["steps"] == 1 and out["batch"] < 256:
+        assert "the effective batch becomes" in out["code"]
