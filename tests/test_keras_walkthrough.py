@@ -120,3 +120,49 @@ def test_fit_plans_accumulated_run_fits_with_the_accumulators(tmp_path):
     assert out["model_steps"] is None  # the user's model and optimizer are not changed
     if out["steps"] == 1 and out["batch"] < 256:
         assert "the effective batch becomes" in out["code"]
+
+
+def test_the_callback_reads_the_batch_size_of_datasets_generators_and_py_datasets(tmp_path):
+    """``tf.data`` batched without ``drop_remainder`` (the common case), a generator and a ``PyDataset`` with a
+    ``batch_size``: the callback said "the batch size is unknown ... the value given to fit" and only measured."""
+    pytest.importorskip("tensorflow")
+    out = run_jax(
+        tmp_path,
+        """
+        import tensorflow as tf
+        model = keras.Sequential([keras.Input((16,)), L.Dense(32), L.Dense(4)])
+        model.compile("adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        X, Y = np.random.rand(200, 16).astype("float32"), np.random.randint(0, 4, 200)
+
+        def generator():
+            for i in range(0, 200, 20):
+                yield X[i : i + 20], Y[i : i + 20]
+
+        class Batches(keras.utils.PyDataset):
+            def __init__(self, batch_size):
+                super().__init__()
+                self.batch_size = batch_size
+
+            def __len__(self):
+                return 200 // self.batch_size
+
+            def __getitem__(self, i):
+                return X[i * self.batch_size : (i + 1) * self.batch_size], Y[i * self.batch_size : (i + 1) * self.batch_size]
+
+        cases = {
+            "tf.data": dict(x=tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(200).batch(40).prefetch(2)),
+            "generator": dict(x=generator(), steps_per_epoch=10),
+            "PyDataset": dict(x=Batches(50)),
+            "unbatched again": dict(x=tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).unbatch().batch(25)),
+        }
+        out = {}
+        for name, data in cases.items():
+            callback = MemoryBudgetCallback()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model.fit(**data, epochs=1, verbose=0, callbacks=[callback])
+            out[name] = [callback._train_batch_size, callback.estimate and callback.estimate.batch_size]
+        print(json.dumps(out))
+        """,
+    )
+    assert out == {"tf.data": [40, 40], "generator": [20, 20], "PyDataset": [50, 50], "unbatched again": [25, 25]}

@@ -100,8 +100,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     Args:
         batch_size: The batch size passed to ``fit``. Keras does not tell
             callbacks the batch size; when omitted it is read from ``fit``'s
-            data adapter (see below), else from ``data``
-            (a ``tf.data.Dataset`` with a static batch dimension, a
+            data (see below), else from ``data`` (a ``tf.data.Dataset``, a
             ``keras.utils.PyDataset`` with a ``batch_size``, or arrays whose
             length divided by ``self.params["steps"]`` gives it), otherwise the
             callback warns that it needs it and only measures.
@@ -140,9 +139,10 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     failed: a warning says which) only the measured figure is logged.
 
     The batch size is read from the ``fit`` that runs the callback where its
-    data tell it (arrays, fixed-batch datasets, data loaders); a
-    ``batch_size`` given here that differs is warned about, and ``fit``'s is
-    used.
+    data tell it (arrays, data loaders, a ``tf.data`` pipeline's ``batch``,
+    a ``PyDataset``'s ``batch_size`` attribute, a generator's first batch,
+    which Keras has already drawn; nothing more is drawn); a ``batch_size``
+    given here that differs is warned about, and ``fit``'s is used.
 
     Raises:
         ValueError: For a policy other than ``"warn"``/``"raise"`` (the message
@@ -305,16 +305,16 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
                 dim = first.shape[0] if first.shape.rank else None
                 if dim is not None:
                     return int(dim), None
-            size = getattr(data, "batch_size", None)
-            if isinstance(size, int) and size > 0:
+            size = data_batch_size(data)
+            if size is not None:
                 return size, None
             length = _num_samples(data)
             if length and steps:
                 return int(math.ceil(length / steps)), None
         return None, (
-            "the batch size is unknown: Keras does not pass it to callbacks; use "
-            "MemoryBudgetCallback(batch_size=...) with the value given to fit (or data=... with a static batch "
-            "dimension)"
+            "the batch size is unknown: Keras does not pass it to callbacks, and this fit's data do not tell it; "
+            "use MemoryBudgetCallback(batch_size=...) with the batch size of each step (the value given to fit, or "
+            "the size of the batches your dataset or generator yields)"
         )
 
     # --------------------------------------------------------------- epochs
@@ -477,6 +477,8 @@ def _fit_batch_size(model: Any, depth: int = 16) -> int | None:
                 try:
                     size = getattr(adapter, "batch_size", None)
                     samples = getattr(adapter, "_num_samples", None)  # arrays: fewer samples than a batch
+                    if size is None:  # tf.data without a static batch, a generator, a PyDataset
+                        size = data_batch_size(adapter)
                 except Exception:  # noqa: BLE001 - an adapter that cannot tell
                     return None
                 if not isinstance(size, int) or isinstance(size, bool) or size < 1:
@@ -486,6 +488,63 @@ def _fit_batch_size(model: Any, depth: int = 16) -> int | None:
         return None
     finally:
         del frame
+
+
+#: ``tf.data`` transformations that keep the batches of the dataset they read (its batch size passes through them).
+_KEEP_BATCHES = frozenset(
+    "assertcardinality cache filter finitetake ignoreerrors map maxintraopparallelism model options parallelmap "
+    "prefetch privatethreadpool repeat restructured shard shuffle skip take".split()
+)
+
+
+def tf_dataset_batch_size(dataset: Any) -> int | None:
+    """The batch size a ``tf.data`` pipeline was batched with, read from its last ``batch``/``padded_batch``.
+
+    A batch without ``drop_remainder`` has no static batch dimension, so Keras' adapter cannot tell it; the
+    pipeline's own ``batch`` transformation can. Nothing is iterated (a peek would shift a shuffle's order).
+    ``None`` past a transformation that may change the batching (``unbatch``, ``rebatch``, ``flat_map``...).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> tf_dataset_batch_size(tf.data.Dataset.range(100).shuffle(10).batch(40).map(lambda v: v).prefetch(2))
+        40
+        >>> tf_dataset_batch_size(tf.data.Dataset.range(100).batch(7).unbatch()) is None
+        True
+    """
+    for _ in range(64):
+        if dataset is None:
+            return None
+        batch = getattr(dataset, "_batch_size", None)
+        if batch is not None:
+            import tensorflow as tf
+
+            value = tf.get_static_value(batch)
+            return int(value) if value is not None and int(value) > 0 else None
+        name = type(dataset).__name__.lower().strip("_")
+        if name.removesuffix("dataset") not in _KEEP_BATCHES:
+            return None
+        dataset = getattr(dataset, "_input_dataset", None)
+    return None
+
+
+def data_batch_size(data: Any) -> int | None:
+    """The batch size of ``fit``'s data where Keras' data adapter does not tell it (``None`` when unknown).
+
+    A ``tf.data`` pipeline's ``batch`` (:func:`tf_dataset_batch_size`), a ``keras.utils.PyDataset``'s
+    ``batch_size`` attribute, or the first batch that Keras already took from a generator to read its
+    structure. Nothing is drawn from the data. ``data`` is the adapter or the user's data itself.
+    """
+    dataset = getattr(data, "_dataset", data)  # Keras' TFDatasetAdapter keeps the dataset here
+    if type(dataset).__module__.startswith("tensorflow") and hasattr(dataset, "element_spec"):
+        return tf_dataset_batch_size(dataset)
+    py_dataset = getattr(data, "py_dataset", data)
+    size = getattr(py_dataset, "batch_size", None)
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    first = getattr(data, "_first_batches", None)  # GeneratorDataAdapter peeks at the first batches itself
+    if isinstance(first, list) and first:
+        return _num_samples(first[0])
+    return None
 
 
 def _num_samples(data: Any) -> int | None:
