@@ -166,3 +166,52 @@ def test_the_callback_reads_the_batch_size_of_datasets_generators_and_py_dataset
         """,
     )
     assert out == {"tf.data": [40, 40], "generator": [20, 20], "PyDataset": [50, 50], "unbatched again": [25, 25]}
+
+
+def test_the_callback_estimates_a_subclassed_model_from_fits_data(tmp_path):
+    """A subclassed model has no symbolic inputs: the callback failed with "pass an example batch x=... to
+    estimate_training" (an argument of another function) and only measured, though fit's data hold the shapes."""
+    pytest.importorskip("tensorflow")
+    out = run_jax(
+        tmp_path,
+        """
+        import tensorflow as tf
+
+        class Net(keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.hidden, self.head = L.Dense(64), L.Dense(4)
+
+            def call(self, x):
+                return self.head(self.hidden(x))
+
+        X, Y = np.random.rand(128, 16).astype("float32"), np.random.randint(0, 4, 128).astype("int32")
+
+        class Batches(keras.utils.PyDataset):
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):
+                return X[i * 32 : (i + 1) * 32], Y[i * 32 : (i + 1) * 32]
+
+        out = {}
+        for name, data in {
+            "arrays": dict(x=X, y=Y, batch_size=32),
+            "tf.data": dict(x=tf.data.Dataset.from_tensor_slices((X, Y)).batch(32)),
+            "PyDataset": dict(x=Batches()),
+        }.items():
+            model = Net()
+            model.compile("adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            callback = MemoryBudgetCallback(batch_size=32)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model.fit(**data, epochs=1, verbose=0, callbacks=[callback])
+            direct = estimate_training(model, 32, X[:32], Y[:32])
+            out[name] = [callback.estimate and callback.estimate.peak_bytes, direct.peak_bytes, callback.failure]
+        print(json.dumps(out))
+        """,
+    )
+    for name in ("arrays", "tf.data"):
+        assert out[name][0] == out[name][1] and out[name][2] is None, (name, out[name])
+    # a PyDataset gives no shapes without drawing a batch: the message names the callback's own arguments
+    assert out["PyDataset"][0] is None and "MemoryBudgetCallback(x=..., y=...)" in out["PyDataset"][2]

@@ -38,6 +38,7 @@ from nnmem_callbacks.core.plan import (
     planning_margin,
     resolve_budget,
 )
+from nnmem_callbacks.estimators.keras.common import has_symbolic_inputs, tree_leaves
 from nnmem_callbacks.estimators.keras.tensorflow.fit_pipeline import INPUT_PIPELINE_BATCHES
 from nnmem_callbacks.hardware import devices
 from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
@@ -204,6 +205,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self.message: str | None = None
         self.measurements: list[dict[str, Any]] = []
         self._train_batch_size: int | None = None
+        self._adapter: Any = None
         self._pending_warnings: list[str] = []
         self._meter: monitor.Meter | None = None
         self._names: monitor.MetricNames | None = None
@@ -228,6 +230,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             guard.warn(meter_warning + " " + RSS_WHY)
         elif self._meter.process_level:
             _warn_rss_once(keras.backend.backend())
+        self._adapter = _fit_adapter(self.model)
         batch_size, reason = self._infer_batch_size()
         for message in self._pending_warnings:
             guard.warn(message)
@@ -238,8 +241,18 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             try:
                 from nnmem_callbacks.estimators.keras.estimator import estimate_training
 
-                # this fit runs after the estimate, which builds the optimizer: its first step finds the slots made
-                self.estimate = estimate_training(self.model, batch_size, self.x, self.y, optimizer_built=True)
+                x, y = self.x, self.y
+                if x is None and not has_symbolic_inputs(self.model):  # subclassed: fit's data give the shapes
+                    x, y = fit_example(self._adapter)
+                if x is None and not has_symbolic_inputs(self.model):
+                    self.failure = (
+                        f"{type(self.model).__name__} has no symbolic inputs (a subclassed model) and this fit's data "
+                        f"do not give their shapes without drawing a batch: pass one example batch, "
+                        f"MemoryBudgetCallback(x=..., y=...)"
+                    )
+                else:
+                    # this fit runs after the estimate, which builds the optimizer: its first step finds the slots
+                    self.estimate = estimate_training(self.model, batch_size, x, y, optimizer_built=True)
             except Exception as error:  # noqa: BLE001 - never break training
                 self.failure = f"{type(error).__name__}: {error}"
         if self.estimate is None:
@@ -282,7 +295,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self.message = "MemoryBudgetCallback: " + text
 
     def _infer_batch_size(self) -> tuple[int | None, str | None]:
-        fitted = _fit_batch_size(self.model)
+        fitted = _fit_batch_size(self._adapter)
         if self.batch_size is not None:
             if fitted is not None and fitted != self.batch_size:
                 self._pending_warnings.append(
@@ -459,35 +472,67 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             self._guard.safe(writer.close, "closing the TensorBoard event file")
 
 
-def _fit_batch_size(model: Any, depth: int = 16) -> int | None:
-    """The batch size of the ``fit`` that is calling back, from its data adapter (``None`` when unknown).
+def _fit_adapter(model: Any, depth: int = 16) -> Any:
+    """The data adapter of the ``fit`` of ``model`` that is calling back (``None`` outside one).
 
-    Keras gives callbacks no batch size; every backend's ``fit`` holds its
-    ``epoch_iterator``, whose data adapter knows it for arrays, fixed-batch
-    datasets and data loaders. It is read, never changed; outside a ``fit``
-    of ``model`` (a hook called by hand) the answer is ``None``.
+    Keras gives callbacks neither the batch size nor the data; every backend's ``fit`` holds its
+    ``epoch_iterator``, whose data adapter knows them. It is read, never changed; outside a ``fit`` of
+    ``model`` (a hook called by hand) the answer is ``None``.
     """
-    frame = sys._getframe(1)
+    frame = sys._getframe(2)
     try:
         for _ in range(depth):
             if frame is None:
                 return None
             if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
-                adapter = getattr(frame.f_locals.get("epoch_iterator"), "data_adapter", None)
-                try:
-                    size = getattr(adapter, "batch_size", None)
-                    samples = getattr(adapter, "_num_samples", None)  # arrays: fewer samples than a batch
-                    if size is None:  # tf.data without a static batch, a generator, a PyDataset
-                        size = data_batch_size(adapter)
-                except Exception:  # noqa: BLE001 - an adapter that cannot tell
-                    return None
-                if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                    return None
-                return min(size, samples) if isinstance(samples, int) and samples > 0 else size
+                return getattr(frame.f_locals.get("epoch_iterator"), "data_adapter", None)
             frame = frame.f_back
         return None
     finally:
         del frame
+
+
+def _fit_batch_size(adapter: Any) -> int | None:
+    """The batch size of ``fit``'s data adapter (``None`` when unknown): arrays, data loaders, and where Keras
+    cannot tell it, :func:`data_batch_size`."""
+    if adapter is None:
+        return None
+    try:
+        size = getattr(adapter, "batch_size", None)
+        samples = getattr(adapter, "_num_samples", None)  # arrays: fewer samples than a batch
+        if size is None:  # tf.data without a static batch, a generator, a PyDataset
+            size = data_batch_size(adapter)
+    except Exception:  # noqa: BLE001 - an adapter that cannot tell
+        return None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return None
+    return min(size, samples) if isinstance(samples, int) and samples > 0 else size
+
+
+def fit_example(adapter: Any) -> tuple[Any, Any]:
+    """``(x, y)`` with the shapes and dtypes of ``fit``'s data, for a model without symbolic inputs (subclassed).
+
+    The arrays Keras' array adapter holds, a ``tf.data`` pipeline's ``element_spec``, or the first batch Keras
+    already drew from a generator; ``(None, None)`` where the adapter does not hold them (nothing is drawn).
+    """
+    if adapter is None:
+        return None, None
+    try:
+        batch = getattr(adapter, "_inputs", None)
+        if batch is None:
+            dataset = getattr(adapter, "_dataset", None)
+            batch = getattr(dataset, "element_spec", None)
+        if batch is None:
+            first = getattr(adapter, "_first_batches", None)
+            batch = first[0] if isinstance(first, list) and first else None
+    except Exception:  # noqa: BLE001 - an adapter that cannot tell
+        return None, None
+    x, y = (batch[0], batch[1] if len(batch) > 1 else None) if isinstance(batch, (tuple, list)) else (batch, None)
+    for leaf in tree_leaves(x) + tree_leaves(y):
+        shape = getattr(leaf, "shape", None)
+        if shape is None or any(d is None for d in tuple(shape)[1:]):  # a length that varies: no one shape
+            return None, None
+    return x, y
 
 
 #: ``tf.data`` transformations that keep the batches of the dataset they read (its batch size passes through them).
