@@ -215,3 +215,24 @@ def test_the_callback_estimates_a_subclassed_model_from_fits_data(tmp_path):
         assert out[name][0] == out[name][1] and out[name][2] is None, (name, out[name])
     # a PyDataset gives no shapes without drawing a batch: the message names the callback's own arguments
     assert out["PyDataset"][0] is None and "MemoryBudgetCallback(x=..., y=...)" in out["PyDataset"][2]
+
+
+def test_a_fit_plan_prints_on_one_line_and_its_code_agrees_with_its_checks():
+    """``print(fit_plan(...))`` printed the whole estimate (its phases, breakdown and notes); and where direct
+    estimates found no batch, ``plan.code`` said "no batch size fits 2.08 MiB: batch size 1 is predicted to take up
+    to 1.90 MiB", a figure under the budget (the lines' figure, which the direct estimates had refuted)."""
+    from nnmem_callbacks.adapters.keras.planning import FitPlan
+    from nnmem_callbacks.core.units import format_bytes
+    from nnmem_callbacks.core.verification import Verification, VerificationCheck
+
+    estimate = _line(64, fixed=1_900_000, per_sample=5_000, parameters=500_000)
+    budget = 2_180_000
+    checks = (VerificationCheck(16, 1_980_000, 2_150_000, False), VerificationCheck(8, 1_940_000, 2_130_000, False))
+    verification = Verification(int(budget * 0.95), "peak", 16, 0, checks, verified=False)
+    plan = FitPlan(
+        64, 1, fits=False, max_batch_size=0, budget_bytes=budget, estimate=estimate, verification=verification
+    )
+    assert "\n" not in repr(plan) and "PhaseLine" not in repr(plan) and "batch_size=64" in repr(plan)
+    assert estimate.upper_bytes_at(1) < budget * 0.95  # what the old text quoted
+    assert format_bytes(estimate.upper_bytes_at(1)) not in plan.code
+    assert f"{format_bytes(2_150_000)} at batch size 16" in plan.code and "batch size 8" in plan.code

@@ -208,6 +208,26 @@ class FitPlan:
     suggestions: tuple[Suggestion, ...] = ()
     verification: Verification | None = None
 
+    def __repr__(self) -> str:
+        """One line (the dataclass's own repr printed the whole estimate, its phases and notes).
+
+        Example:
+            >>> estimate = MemoryEstimate(peak_bytes=3 << 20, breakdown={"parameters": 3 << 20}, batch_size=256)
+            >>> FitPlan(64, 4, fits=False, max_batch_size=64, budget_bytes=4 << 20, estimate=estimate)
+            FitPlan(batch_size=64, gradient_accumulation_steps=4, effective_batch=256, predicted_peak=3.00 MiB, \
+budget=4.00 MiB, fits=False, max_batch_size=64)
+        """
+        checked = [
+            c for c in (self.verification.checks if self.verification else ()) if c.batch_size == self.batch_size
+        ]
+        peak = checked[-1].traced_bytes if checked and checked[-1].traced_bytes else None
+        peak = peak if peak is not None else self.estimate.upper_bytes_at(self.batch_size)
+        return (
+            f"FitPlan(batch_size={self.batch_size}, gradient_accumulation_steps={self.gradient_accumulation_steps}, "
+            f"effective_batch={self.batch_size * self.gradient_accumulation_steps}, predicted_peak={format_bytes(peak)}, "
+            f"budget={format_bytes(self.budget_bytes)}, fits={self.fits}, max_batch_size={self.max_batch_size})"
+        )
+
     @property
     def code(self) -> str:
         """The lines to use the plan (a comment when no batch size fits the budget).
