@@ -236,3 +236,38 @@ def test_a_fit_plan_prints_on_one_line_and_its_code_agrees_with_its_checks():
     assert estimate.upper_bytes_at(1) < budget * 0.95  # what the old text quoted
     assert format_bytes(estimate.upper_bytes_at(1)) not in plan.code
     assert f"{format_bytes(2_150_000)} at batch size 16" in plan.code and "batch size 8" in plan.code
+
+
+def test_fit_plan_does_not_suggest_mixed_precision_to_a_mixed_precision_model(tmp_path):
+    """Under ``mixed_float16`` fit_plan's suggestions said "keras.mixed_precision.set_global_policy('mixed_bfloat16')
+    ... save about 803 KiB" (the callback, given the same estimate, did not)."""
+    out = run_jax(
+        tmp_path,
+        """
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        model = keras.Sequential([keras.Input((64,)), L.Dense(256, activation="relu"), L.Dense(10)])
+        model.compile("adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        estimate = estimate_training(model, 256)
+        plan = fit_plan(model, budget=estimate.upper_bytes_at(64), batch_size=256)
+        print(json.dumps({"precision": estimate.precision, "kinds": [s.kind for s in plan.suggestions]}))
+        """,
+    )
+    assert out["precision"] == "16-mixed" and out["kinds"], out
+    assert "mixed_precision" not in out["kinds"]
+
+
+def test_fit_plans_code_says_when_its_batch_was_not_verified():
+    """After its budget of direct estimates, all over the budget, the plan keeps the lines' batch unverified;
+    ``plan.code`` gave it as any other."""
+    from nnmem_callbacks.adapters.keras.planning import FitPlan
+    from nnmem_callbacks.core.verification import Verification, VerificationCheck
+
+    estimate = _line(256, fixed=390_000, per_sample=7_000, parameters=120_000)
+    checks = tuple(VerificationCheck(n, 400_000 + n * 7_000, 1_120_000, False) for n in (64, 32, 16, 8))
+    verification = Verification(1_090_000, "peak", 64, 4, checks, verified=False)
+    plan = FitPlan(
+        4, 64, fits=False, max_batch_size=4, budget_bytes=1_150_000, estimate=estimate, verification=verification
+    )
+    assert "batch_size=4" in plan.code and "not verified at batch size 4" in plan.code
+    verified = Verification(1_090_000, "peak", 64, 8, checks[:3] + (VerificationCheck(8, 0, 900_000, True),), True)
+    assert "not verified" not in FitPlan(8, 32, False, 8, 1_150_000, estimate, verification=verified).code

@@ -254,17 +254,23 @@ budget=4.00 MiB, fits=False, max_batch_size=64)
                 f"# no batch size fits {format_bytes(self.budget_bytes)}: batch size 1 is predicted to take up to "
                 f"{format_bytes(self.estimate.upper_bytes_at(1))}; see plan.suggestions"
             )
+        unverified = ""
+        if self.verification is not None and self.verification.checks and not self.verification.verified:
+            unverified = (
+                f"\n# not verified at batch size {self.batch_size}: the direct estimates run were over the budget or "
+                f"failed; see plan.verification"
+            )
         if self.gradient_accumulation_steps > 1:
             return (
                 f"optimizer = keras.optimizers.{type_name(self)}(..., gradient_accumulation_steps="
-                f"{self.gradient_accumulation_steps})\nmodel.fit(..., batch_size={self.batch_size})"
+                f"{self.gradient_accumulation_steps})\nmodel.fit(..., batch_size={self.batch_size})" + unverified
             )
         if not self.fits and self.batch_size < self.estimate.batch_size:
             return (
                 f"model.fit(..., batch_size={self.batch_size})  # the effective batch becomes {self.batch_size} (was "
-                f"{self.estimate.batch_size}): no accumulated run fits beside Keras' gradient accumulators"
+                f"{self.estimate.batch_size}): no accumulated run fits beside Keras' gradient accumulators" + unverified
             )
-        return f"model.fit(..., batch_size={self.batch_size})"
+        return f"model.fit(..., batch_size={self.batch_size})" + unverified
 
 
 def type_name(plan: FitPlan) -> str:
@@ -343,6 +349,7 @@ def fit_plan(
                 budget_bytes,
                 margin=margin,
                 optimizer_name=optimizer_name(model),
+                mixed="mixed" in estimate.precision,
                 max_batch_size=plan.max_fitting_batch_size,
             )
         ),
