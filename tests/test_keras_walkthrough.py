@@ -112,7 +112,8 @@ def test_fit_plans_accumulated_run_fits_with_the_accumulators(tmp_path):
         as_run = estimate_training(build(steps if steps > 1 else None), plan.batch_size, check_scaling=False)
         print(json.dumps({"usable": int(budget * 0.95), "as_run": as_run.upper_bytes, "code": plan.code,
                           "batch": plan.batch_size, "steps": steps, "max": plan.max_batch_size,
-                          "model_steps": model.optimizer.gradient_accumulation_steps}))
+                          "model_steps": model.optimizer.gradient_accumulation_steps,
+                          "kinds": [s.kind for s in plan.suggestions]}))
         """,
     )
     assert out["batch"] >= 1 and out["max"] >= 1
@@ -120,6 +121,9 @@ def test_fit_plans_accumulated_run_fits_with_the_accumulators(tmp_path):
     assert out["model_steps"] is None  # the user's model and optimizer are not changed
     if out["steps"] == 1 and out["batch"] < 256:
         assert "the effective batch becomes" in out["code"]
+    # accumulation is decided by the direct estimates (plan.code); the lines' accumulate suggestion, which they
+    # refuted, is not offered beside it
+    assert "accumulate" not in out["kinds"]
 
 
 def test_the_callback_reads_the_batch_size_of_datasets_generators_and_py_datasets(tmp_path):

@@ -336,6 +336,16 @@ def fit_plan(
         if plain.max_fitting_batch_size >= 1:
             plan = plain
     estimate = dataclasses.replace(estimate, extra={**dict(estimate.extra), "optimizer": optimizer_name(model)})
+    suggestions = keras_suggestions(
+        estimate,
+        budget_bytes,
+        margin=margin,
+        optimizer_name=optimizer_name(model),
+        mixed="mixed" in estimate.precision,
+        max_batch_size=plan.max_fitting_batch_size,
+    )
+    if plan.verification is not None:  # accumulation was decided by direct estimates (plan.code): not by the lines
+        suggestions = [s for s in suggestions if s.kind != "accumulate"]
     return FitPlan(
         batch_size=plan.batch_size,
         gradient_accumulation_steps=plan.accumulate_grad_batches,
@@ -343,16 +353,7 @@ def fit_plan(
         max_batch_size=plan.max_fitting_batch_size,
         budget_bytes=plan.budget_bytes,
         estimate=estimate,
-        suggestions=tuple(
-            keras_suggestions(
-                estimate,
-                budget_bytes,
-                margin=margin,
-                optimizer_name=optimizer_name(model),
-                mixed="mixed" in estimate.precision,
-                max_batch_size=plan.max_fitting_batch_size,
-            )
-        ),
+        suggestions=tuple(suggestions),
         verification=plan.verification,
     )
 
