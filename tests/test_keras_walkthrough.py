@@ -212,11 +212,13 @@ def test_the_callback_estimates_a_subclassed_model_from_fits_data(tmp_path):
                 model.fit(**data, epochs=1, verbose=0, callbacks=[callback])
             direct = estimate_training(model, 32, X[:32], Y[:32])
             out[name] = [callback.estimate and callback.estimate.peak_bytes, direct.peak_bytes, callback.failure]
+            out[name + " kept"] = callback._adapter is not None  # fit's data are not held after the hook
         print(json.dumps(out))
         """,
     )
     for name in ("arrays", "tf.data"):
         assert out[name][0] == out[name][1] and out[name][2] is None, (name, out[name])
+        assert out[name + " kept"] is False
     # a PyDataset gives no shapes without drawing a batch: the message names the callback's own arguments
     assert out["PyDataset"][0] is None and "MemoryBudgetCallback(x=..., y=...)" in out["PyDataset"][2]
 

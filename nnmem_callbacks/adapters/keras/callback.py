@@ -255,6 +255,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
                     self.estimate = estimate_training(self.model, batch_size, x, y, optimizer_built=True)
             except Exception as error:  # noqa: BLE001 - never break training
                 self.failure = f"{type(error).__name__}: {error}"
+        self._adapter = None  # it holds fit's data: not kept beyond this hook
         if self.estimate is None:
             guard.warn(
                 f"MemoryBudgetCallback could not estimate the training memory, so training goes on unchanged and the "
