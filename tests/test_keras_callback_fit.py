@@ -90,6 +90,15 @@ SCRIPT = textwrap.dedent(
 
     out["few_samples"] = fit(MemoryBudgetCallback(batch_size=16, budget="2GiB"), x=x[:16], y=y[:16], batch_size=64)
     out["generator"] = fit(MemoryBudgetCallback(budget="2GiB"), x=batches(), steps_per_epoch=2)
+
+    class Unsized(keras.utils.PyDataset):  # no batch_size attribute: nothing tells the batch without drawing one
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return x[:32], y[:32]
+
+    out["unsized"] = fit(MemoryBudgetCallback(budget="2GiB"), x=Unsized())
     print("RESULT " + json.dumps(out))
     """
 )
@@ -131,8 +140,11 @@ def test_the_callback_in_fit(backend, tmp_path):
             "memory_predicted_rss_rise_mib",
         ], out[run]["keys"]
         assert all("relative_error" not in row for row in out[run]["rows"])
-    # a generator tells no batch size: no estimate, only the measured figure is logged (as the docstring says)
-    generator = out["generator"]
-    assert generator["estimated_at"] is None
-    assert generator["keys"] == ["memory_measured_rss_rise_mib"]
-    assert any("the batch size is unknown" in w for w in generator["warnings"])
+    # a generator's first batch, which Keras drew to read its structure, gives the batch size
+    assert out["generator"]["estimated_at"] == 32
+    # a PyDataset without a batch_size tells none: no estimate, only the measured figure is logged (as the docstring
+    # says)
+    unsized = out["unsized"]
+    assert unsized["estimated_at"] is None
+    assert unsized["keys"] == ["memory_measured_rss_rise_mib"]
+    assert any("the batch size is unknown" in w for w in unsized["warnings"])

@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import warnings
 from typing import Any
 
 import keras
 
 from nnmem_callbacks.adapters.common import Guard, compared_prediction, predicted_peak
+from nnmem_callbacks.core import warning_site
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import (
     DEFAULT_MARGIN,
@@ -38,13 +38,14 @@ from nnmem_callbacks.core.plan import (
     planning_margin,
     resolve_budget,
 )
+from nnmem_callbacks.estimators.keras.common import has_symbolic_inputs, tree_leaves
 from nnmem_callbacks.estimators.keras.tensorflow.fit_pipeline import INPUT_PIPELINE_BATCHES
 from nnmem_callbacks.hardware import devices
 from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
 from nnmem_callbacks.monitoring import meters as monitor
 from nnmem_callbacks.monitoring.tensorboard import EventWriter
 
-__all__ = ["INPUT_PIPELINE_BATCHES", "JAX_LOOKAHEAD_BATCHES", "log", "MemoryBudgetCallback"]
+__all__ = ["INPUT_PIPELINE_BATCHES", "INTERNAL_PACKAGES", "JAX_LOOKAHEAD_BATCHES", "log", "MemoryBudgetCallback"]
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,14 @@ def _warn_rss_once(backend: str) -> None:
     )
 
 
+#: Packages whose frames lie between the user's ``model.fit(...)`` and the callback's warning (Keras' trainer,
+#: callback list and traceback filter, the backend's own frames, ``contextlib`` and ``functools`` wrappers).
+INTERNAL_PACKAGES = ("keras", "tensorflow", "jax", "jaxlib", "torch", "optree", "contextlib", "functools")
+
+
 def _warn(message: str) -> None:
-    warnings.warn(message, UserWarning, stacklevel=4)  # the callback's hook, as Keras calls it
+    """``warnings.warn`` shown at the user's ``model.fit(...)`` line, not inside Keras' callback list."""
+    warning_site.warn(message, INTERNAL_PACKAGES)
 
 
 class MemoryBudgetCallback(keras.callbacks.Callback):
@@ -94,8 +101,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     Args:
         batch_size: The batch size passed to ``fit``. Keras does not tell
             callbacks the batch size; when omitted it is read from ``fit``'s
-            data adapter (see below), else from ``data``
-            (a ``tf.data.Dataset`` with a static batch dimension, a
+            data (see below), else from ``data`` (a ``tf.data.Dataset``, a
             ``keras.utils.PyDataset`` with a ``batch_size``, or arrays whose
             length divided by ``self.params["steps"]`` gives it), otherwise the
             callback warns that it needs it and only measures.
@@ -134,9 +140,10 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
     failed: a warning says which) only the measured figure is logged.
 
     The batch size is read from the ``fit`` that runs the callback where its
-    data tell it (arrays, fixed-batch datasets, data loaders); a
-    ``batch_size`` given here that differs is warned about, and ``fit``'s is
-    used.
+    data tell it (arrays, data loaders, a ``tf.data`` pipeline's ``batch``,
+    a ``PyDataset``'s ``batch_size`` attribute, a generator's first batch,
+    which Keras has already drawn; nothing more is drawn); a ``batch_size``
+    given here that differs is warned about, and ``fit``'s is used.
 
     Raises:
         ValueError: For a policy other than ``"warn"``/``"raise"`` (the message
@@ -198,6 +205,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self.message: str | None = None
         self.measurements: list[dict[str, Any]] = []
         self._train_batch_size: int | None = None
+        self._adapter: Any = None
         self._pending_warnings: list[str] = []
         self._meter: monitor.Meter | None = None
         self._names: monitor.MetricNames | None = None
@@ -222,6 +230,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             guard.warn(meter_warning + " " + RSS_WHY)
         elif self._meter.process_level:
             _warn_rss_once(keras.backend.backend())
+        self._adapter = _fit_adapter(self.model)
         batch_size, reason = self._infer_batch_size()
         for message in self._pending_warnings:
             guard.warn(message)
@@ -232,10 +241,21 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             try:
                 from nnmem_callbacks.estimators.keras.estimator import estimate_training
 
-                # this fit runs after the estimate, which builds the optimizer: its first step finds the slots made
-                self.estimate = estimate_training(self.model, batch_size, self.x, self.y, optimizer_built=True)
+                x, y = self.x, self.y
+                if x is None and not has_symbolic_inputs(self.model):  # subclassed: fit's data give the shapes
+                    x, y = fit_example(self._adapter)
+                if x is None and not has_symbolic_inputs(self.model):
+                    self.failure = (
+                        f"{type(self.model).__name__} has no symbolic inputs (a subclassed model) and this fit's data "
+                        f"do not give their shapes without drawing a batch: pass one example batch, "
+                        f"MemoryBudgetCallback(x=..., y=...)"
+                    )
+                else:
+                    # this fit runs after the estimate, which builds the optimizer: its first step finds the slots
+                    self.estimate = estimate_training(self.model, batch_size, x, y, optimizer_built=True)
             except Exception as error:  # noqa: BLE001 - never break training
                 self.failure = f"{type(error).__name__}: {error}"
+        self._adapter = None  # it holds fit's data: not kept beyond this hook
         if self.estimate is None:
             guard.warn(
                 f"MemoryBudgetCallback could not estimate the training memory, so training goes on unchanged and the "
@@ -276,7 +296,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
         self.message = "MemoryBudgetCallback: " + text
 
     def _infer_batch_size(self) -> tuple[int | None, str | None]:
-        fitted = _fit_batch_size(self.model)
+        fitted = _fit_batch_size(self._adapter)
         if self.batch_size is not None:
             if fitted is not None and fitted != self.batch_size:
                 self._pending_warnings.append(
@@ -299,16 +319,16 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
                 dim = first.shape[0] if first.shape.rank else None
                 if dim is not None:
                     return int(dim), None
-            size = getattr(data, "batch_size", None)
-            if isinstance(size, int) and size > 0:
+            size = data_batch_size(data)
+            if size is not None:
                 return size, None
             length = _num_samples(data)
             if length and steps:
                 return int(math.ceil(length / steps)), None
         return None, (
-            "the batch size is unknown: Keras does not pass it to callbacks; use "
-            "MemoryBudgetCallback(batch_size=...) with the value given to fit (or data=... with a static batch "
-            "dimension)"
+            "the batch size is unknown: Keras does not pass it to callbacks, and this fit's data do not tell it; "
+            "use MemoryBudgetCallback(batch_size=...) with the batch size of each step (the value given to fit, or "
+            "the size of the batches your dataset or generator yields)"
         )
 
     # --------------------------------------------------------------- epochs
@@ -453,33 +473,124 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             self._guard.safe(writer.close, "closing the TensorBoard event file")
 
 
-def _fit_batch_size(model: Any, depth: int = 16) -> int | None:
-    """The batch size of the ``fit`` that is calling back, from its data adapter (``None`` when unknown).
+def _fit_adapter(model: Any, depth: int = 16) -> Any:
+    """The data adapter of the ``fit`` of ``model`` that is calling back (``None`` outside one).
 
-    Keras gives callbacks no batch size; every backend's ``fit`` holds its
-    ``epoch_iterator``, whose data adapter knows it for arrays, fixed-batch
-    datasets and data loaders. It is read, never changed; outside a ``fit``
-    of ``model`` (a hook called by hand) the answer is ``None``.
+    Keras gives callbacks neither the batch size nor the data; every backend's ``fit`` holds its
+    ``epoch_iterator``, whose data adapter knows them. It is read, never changed; outside a ``fit`` of
+    ``model`` (a hook called by hand) the answer is ``None``.
     """
-    frame = sys._getframe(1)
+    frame = sys._getframe(2)
     try:
         for _ in range(depth):
             if frame is None:
                 return None
             if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
-                adapter = getattr(frame.f_locals.get("epoch_iterator"), "data_adapter", None)
-                try:
-                    size = getattr(adapter, "batch_size", None)
-                    samples = getattr(adapter, "_num_samples", None)  # arrays: fewer samples than a batch
-                except Exception:  # noqa: BLE001 - an adapter that cannot tell
-                    return None
-                if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                    return None
-                return min(size, samples) if isinstance(samples, int) and samples > 0 else size
+                return getattr(frame.f_locals.get("epoch_iterator"), "data_adapter", None)
             frame = frame.f_back
         return None
     finally:
         del frame
+
+
+def _fit_batch_size(adapter: Any) -> int | None:
+    """The batch size of ``fit``'s data adapter (``None`` when unknown): arrays, data loaders, and where Keras
+    cannot tell it, :func:`data_batch_size`."""
+    if adapter is None:
+        return None
+    try:
+        size = getattr(adapter, "batch_size", None)
+        samples = getattr(adapter, "_num_samples", None)  # arrays: fewer samples than a batch
+        if size is None:  # tf.data without a static batch, a generator, a PyDataset
+            size = data_batch_size(adapter)
+    except Exception:  # noqa: BLE001 - an adapter that cannot tell
+        return None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return None
+    return min(size, samples) if isinstance(samples, int) and samples > 0 else size
+
+
+def fit_example(adapter: Any) -> tuple[Any, Any]:
+    """``(x, y)`` with the shapes and dtypes of ``fit``'s data, for a model without symbolic inputs (subclassed).
+
+    The arrays Keras' array adapter holds, a ``tf.data`` pipeline's ``element_spec``, or the first batch Keras
+    already drew from a generator; ``(None, None)`` where the adapter does not hold them (nothing is drawn).
+    """
+    if adapter is None:
+        return None, None
+    try:
+        batch = getattr(adapter, "_inputs", None)
+        if batch is None:
+            dataset = getattr(adapter, "_dataset", None)
+            batch = getattr(dataset, "element_spec", None)
+        if batch is None:
+            first = getattr(adapter, "_first_batches", None)
+            batch = first[0] if isinstance(first, list) and first else None
+    except Exception:  # noqa: BLE001 - an adapter that cannot tell
+        return None, None
+    x, y = (batch[0], batch[1] if len(batch) > 1 else None) if isinstance(batch, (tuple, list)) else (batch, None)
+    for leaf in tree_leaves(x) + tree_leaves(y):
+        shape = getattr(leaf, "shape", None)
+        if shape is None or any(d is None for d in tuple(shape)[1:]):  # a length that varies: no one shape
+            return None, None
+    return x, y
+
+
+#: ``tf.data`` transformations that keep the batches of the dataset they read (its batch size passes through them).
+_KEEP_BATCHES = frozenset(
+    "assertcardinality cache filter finitetake ignoreerrors map maxintraopparallelism model options parallelmap "
+    "prefetch privatethreadpool repeat restructured shard shuffle skip take".split()
+)
+
+
+def tf_dataset_batch_size(dataset: Any) -> int | None:
+    """The batch size a ``tf.data`` pipeline was batched with, read from its last ``batch``/``padded_batch``.
+
+    A batch without ``drop_remainder`` has no static batch dimension, so Keras' adapter cannot tell it; the
+    pipeline's own ``batch`` transformation can. Nothing is iterated (a peek would shift a shuffle's order).
+    ``None`` past a transformation that may change the batching (``unbatch``, ``rebatch``, ``flat_map``...).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> tf_dataset_batch_size(tf.data.Dataset.range(100).shuffle(10).batch(40).map(lambda v: v).prefetch(2))
+        40
+        >>> tf_dataset_batch_size(tf.data.Dataset.range(100).batch(7).unbatch()) is None
+        True
+    """
+    for _ in range(64):
+        if dataset is None:
+            return None
+        batch = getattr(dataset, "_batch_size", None)
+        if batch is not None:
+            import tensorflow as tf
+
+            value = tf.get_static_value(batch)
+            return int(value) if value is not None and int(value) > 0 else None
+        name = type(dataset).__name__.lower().strip("_")
+        if name.removesuffix("dataset") not in _KEEP_BATCHES:
+            return None
+        dataset = getattr(dataset, "_input_dataset", None)
+    return None
+
+
+def data_batch_size(data: Any) -> int | None:
+    """The batch size of ``fit``'s data where Keras' data adapter does not tell it (``None`` when unknown).
+
+    A ``tf.data`` pipeline's ``batch`` (:func:`tf_dataset_batch_size`), a ``keras.utils.PyDataset``'s
+    ``batch_size`` attribute, or the first batch that Keras already took from a generator to read its
+    structure. Nothing is drawn from the data. ``data`` is the adapter or the user's data itself.
+    """
+    dataset = getattr(data, "_dataset", data)  # Keras' TFDatasetAdapter keeps the dataset here
+    if type(dataset).__module__.startswith("tensorflow") and hasattr(dataset, "element_spec"):
+        return tf_dataset_batch_size(dataset)
+    py_dataset = getattr(data, "py_dataset", data)
+    size = getattr(py_dataset, "batch_size", None)
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    first = getattr(data, "_first_batches", None)  # GeneratorDataAdapter peeks at the first batches itself
+    if isinstance(first, list) and first:
+        return _num_samples(first[0])
+    return None
 
 
 def _num_samples(data: Any) -> int | None:

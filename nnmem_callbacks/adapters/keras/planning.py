@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Any, Callable
 
@@ -43,6 +42,7 @@ __all__ = [
     "FitPlan",
     "keras_suggestions",
     "keras_verifier",
+    "accumulated_copy",
     "optimizer_name",
     "type_name",
 ]
@@ -71,19 +71,9 @@ def keras_suggestions(
         suggestions.append(
             Suggestion("batch_size", saving, f"model.fit(..., batch_size={max_fit})  # saves {format_bytes(saving)}")
         )
-        steps = math.ceil(estimate.batch_size / max_fit)
-        smaller = max(1, math.ceil(estimate.batch_size / steps))
-        accumulators = estimate.breakdown[str(Category.PARAMETERS)]  # one accumulator per trainable variable
-        saving = current - estimate.upper_bytes_at(smaller) - accumulators
-        suggestions.append(
-            Suggestion(
-                "accumulate",
-                saving,
-                f"model.compile(optimizer=keras.optimizers.{optimizer_name}(..., gradient_accumulation_steps={steps}), ...); "
-                f"model.fit(..., batch_size={smaller})  # effective batch {smaller * steps}; saves {format_bytes(saving)} "
-                f"(after {format_bytes(accumulators)} of accumulators)",
-            )
-        )
+        accumulate = _accumulate_suggestion(estimate, usable, max_fit, current, optimizer_name)
+        if accumulate is not None:
+            suggestions.append(accumulate)
     activations = estimate.breakdown[str(Category.ACTIVATIONS)]
     if activations >= 0.3 * max(current, 1):
         from nnmem_callbacks.core.plan import checkpointing_saving
@@ -112,6 +102,49 @@ def keras_suggestions(
                 )
             )
     return suggestions
+
+
+def _accumulate_suggestion(
+    estimate: MemoryEstimate, usable: int, max_fit: int, current: int, optimizer_name: str
+) -> Suggestion | None:
+    """Gradient accumulation as Keras code, or ``None`` when no accumulated run fits ``usable``.
+
+    Keras keeps one accumulator per trainable variable (the parameters' bytes) for the whole run, so the
+    micro-batch must fit beside them; the split keeps the effective batch exactly where a divisor of it fits
+    (:func:`~nnmem_callbacks.core.plan.accumulation_split`, as the other callbacks and :func:`fit_plan` choose).
+
+    Example:
+        >>> from nnmem_callbacks.core.estimate import PhaseLine
+        >>> est = MemoryEstimate(peak_bytes=7_400, breakdown={"parameters": 1_000}, batch_size=64,
+        ...                      phases=(PhaseLine("step", 1_000, 100),), peak_phase="step")
+        >>> print(_accumulate_suggestion(est, 3_700, 23, 7_400, "Adam").text)  # doctest: +NORMALIZE_WHITESPACE
+        model.compile(optimizer=keras.optimizers.Adam(..., gradient_accumulation_steps=4), ...);
+        model.fit(..., batch_size=16)  # keeps the effective batch of 64; saves 3.71 KiB (after 1000 B of accumulators)
+    """
+    from nnmem_callbacks.core.batch_search import largest_fitting
+    from nnmem_callbacks.core.plan import accumulation_split
+
+    accumulators = estimate.breakdown[str(Category.PARAMETERS)]  # one accumulator per trainable variable
+    largest = largest_fitting(lambda n: estimate.upper_bytes_at(n) + accumulators, usable, 0, max_fit + 1)
+    if largest < 1:
+        return None
+    smaller, steps = accumulation_split(estimate.batch_size, largest)
+    if steps < 2:  # Keras refuses gradient_accumulation_steps=1
+        return None
+    saving = current - estimate.upper_bytes_at(smaller) - accumulators
+    effective = smaller * steps
+    keeps = (
+        f"keeps the effective batch of {effective}"
+        if effective == estimate.batch_size
+        else f"makes the effective batch {effective} (was {estimate.batch_size})"
+    )
+    return Suggestion(
+        "accumulate",
+        saving,
+        f"model.compile(optimizer=keras.optimizers.{optimizer_name}(..., gradient_accumulation_steps={steps}), ...); "
+        f"model.fit(..., batch_size={smaller})  # {keeps}; saves {format_bytes(saving)} "
+        f"(after {format_bytes(accumulators)} of accumulators)",
+    )
 
 
 def describe(plan: Plan, estimate: MemoryEstimate, suggestions: list[Suggestion]) -> str:
@@ -154,6 +187,9 @@ class FitPlan:
         batch_size: The per-step batch size to pass to ``fit``.
         gradient_accumulation_steps: To set on the optimizer (1: none) so that
             ``batch_size * gradient_accumulation_steps`` keeps the requested batch.
+            Where no accumulated run fits (Keras keeps an accumulator per
+            trainable variable), 1 with the largest plain batch that fits:
+            :attr:`code` says that the effective batch changes.
         fits: Whether the requested batch size fits as it is.
         max_batch_size: The largest batch size predicted to fit (0: none).
         budget_bytes: The budget compared against.
@@ -172,6 +208,26 @@ class FitPlan:
     suggestions: tuple[Suggestion, ...] = ()
     verification: Verification | None = None
 
+    def __repr__(self) -> str:
+        """One line (the dataclass's own repr printed the whole estimate, its phases and notes).
+
+        Example:
+            >>> estimate = MemoryEstimate(peak_bytes=3 << 20, breakdown={"parameters": 3 << 20}, batch_size=256)
+            >>> FitPlan(64, 4, fits=False, max_batch_size=64, budget_bytes=4 << 20, estimate=estimate)
+            FitPlan(batch_size=64, gradient_accumulation_steps=4, effective_batch=256, predicted_peak=3.00 MiB, \
+budget=4.00 MiB, fits=False, max_batch_size=64)
+        """
+        checked = [
+            c for c in (self.verification.checks if self.verification else ()) if c.batch_size == self.batch_size
+        ]
+        peak = checked[-1].traced_bytes if checked and checked[-1].traced_bytes else None
+        peak = peak if peak is not None else self.estimate.upper_bytes_at(self.batch_size)
+        return (
+            f"FitPlan(batch_size={self.batch_size}, gradient_accumulation_steps={self.gradient_accumulation_steps}, "
+            f"effective_batch={self.batch_size * self.gradient_accumulation_steps}, predicted_peak={format_bytes(peak)}, "
+            f"budget={format_bytes(self.budget_bytes)}, fits={self.fits}, max_batch_size={self.max_batch_size})"
+        )
+
     @property
     def code(self) -> str:
         """The lines to use the plan (a comment when no batch size fits the budget).
@@ -186,16 +242,35 @@ class FitPlan:
             model.fit(..., batch_size=64)
         """
         if self.max_batch_size < 1 and not self.fits:
+            checks = [c for c in (self.verification.checks if self.verification else ()) if c.traced_bytes]
+            if checks:  # the lines said a batch fits; direct estimates of the run the plan would train did not
+                taken = ", ".join(f"{format_bytes(c.traced_bytes)} at batch size {c.batch_size}" for c in checks)
+                return (
+                    f"# no batch size fits {format_bytes(self.budget_bytes)} (less the margin, "
+                    f"{format_bytes(self.verification.budget_bytes)}): direct estimates took {taken}; see "
+                    f"plan.suggestions"
+                )
             return (
                 f"# no batch size fits {format_bytes(self.budget_bytes)}: batch size 1 is predicted to take up to "
                 f"{format_bytes(self.estimate.upper_bytes_at(1))}; see plan.suggestions"
             )
+        unverified = ""
+        if self.verification is not None and self.verification.checks and not self.verification.verified:
+            unverified = (
+                f"\n# not verified at batch size {self.batch_size}: the direct estimates run were over the budget or "
+                f"failed; see plan.verification"
+            )
         if self.gradient_accumulation_steps > 1:
             return (
                 f"optimizer = keras.optimizers.{type_name(self)}(..., gradient_accumulation_steps="
-                f"{self.gradient_accumulation_steps})\nmodel.fit(..., batch_size={self.batch_size})"
+                f"{self.gradient_accumulation_steps})\nmodel.fit(..., batch_size={self.batch_size})" + unverified
             )
-        return f"model.fit(..., batch_size={self.batch_size})"
+        if not self.fits and self.batch_size < self.estimate.batch_size:
+            return (
+                f"model.fit(..., batch_size={self.batch_size})  # the effective batch becomes {self.batch_size} (was "
+                f"{self.estimate.batch_size}): no accumulated run fits beside Keras' gradient accumulators" + unverified
+            )
+        return f"model.fit(..., batch_size={self.batch_size})" + unverified
 
 
 def type_name(plan: FitPlan) -> str:
@@ -248,14 +323,29 @@ def fit_plan(
     capacity, free = budget_capacity(device, budget)  # before the estimate: a bad device fails fast
     estimate = estimate_training(model, batch_size, x, y)
     budget_bytes = resolve_budget(budget, capacity_bytes=capacity, free_bytes=free, margin=margin)
+    verifier = keras_verifier(model, x, y)
     plan = make_plan(
+        estimate, budget_bytes, policy="accumulate", margin=planning_margin(budget, margin), verifier=verifier
+    )
+    if not plan.fits and plan.max_fitting_batch_size < 1 and plan.verification is not None:
+        # no accumulated run fits beside Keras' accumulators (one per trainable variable): the largest plain batch
+        # that fits, whose effective batch is smaller (FitPlan.code says so)
+        plain = make_plan(
+            estimate, budget_bytes, policy="shrink", margin=planning_margin(budget, margin), verifier=verifier
+        )
+        if plain.max_fitting_batch_size >= 1:
+            plan = plain
+    estimate = dataclasses.replace(estimate, extra={**dict(estimate.extra), "optimizer": optimizer_name(model)})
+    suggestions = keras_suggestions(
         estimate,
         budget_bytes,
-        policy="accumulate",
-        margin=planning_margin(budget, margin),
-        verifier=keras_verifier(model, x, y),
+        margin=margin,
+        optimizer_name=optimizer_name(model),
+        mixed="mixed" in estimate.precision,
+        max_batch_size=plan.max_fitting_batch_size,
     )
-    estimate = dataclasses.replace(estimate, extra={**dict(estimate.extra), "optimizer": optimizer_name(model)})
+    if plan.verification is not None:  # accumulation was decided by direct estimates (plan.code): not by the lines
+        suggestions = [s for s in suggestions if s.kind != "accumulate"]
     return FitPlan(
         batch_size=plan.batch_size,
         gradient_accumulation_steps=plan.accumulate_grad_batches,
@@ -263,15 +353,7 @@ def fit_plan(
         max_batch_size=plan.max_fitting_batch_size,
         budget_bytes=plan.budget_bytes,
         estimate=estimate,
-        suggestions=tuple(
-            keras_suggestions(
-                estimate,
-                budget_bytes,
-                margin=margin,
-                optimizer_name=optimizer_name(model),
-                max_batch_size=plan.max_fitting_batch_size,
-            )
-        ),
+        suggestions=tuple(suggestions),
         verification=plan.verification,
     )
 
@@ -382,10 +464,49 @@ def keras_verifier(model: Any, x: Any = None, y: Any = None) -> Callable[[int], 
 
     :func:`~nnmem_callbacks.core.plan.make_plan` calls it to check the batch it
     chooses (one estimate per check, without the traces at other batch sizes).
+    Its ``accumulating(steps)`` gives the verifier of the step the plan's code
+    trains: a copy of the model compiled with its optimizer's
+    ``gradient_accumulation_steps=steps`` (Keras then keeps an accumulator per
+    trainable variable for the whole run), or ``None`` where the model cannot be
+    copied (a subclassed model without ``get_config``).
     """
     from nnmem_callbacks.estimators.keras.estimator import estimate_training
 
     def verify(batch_size: int) -> MemoryEstimate:
         return estimate_training(model, batch_size, x, y, check_scaling=False)
 
+    copies: dict[int, Any] = {}
+
+    def accumulating(steps: int) -> Callable[[int], MemoryEstimate] | None:
+        if steps < 2:
+            return verify
+        if steps not in copies:
+            copies[steps] = accumulated_copy(model, steps)
+        copy = copies[steps]
+        if copy is None:
+            return None
+        return lambda batch_size: estimate_training(copy, batch_size, x, y, check_scaling=False)
+
+    verify.accumulating = accumulating  # type: ignore[attr-defined]
     return verify
+
+
+def accumulated_copy(model: Any, steps: int) -> Any:
+    """A copy of ``model`` (its configuration, fresh weights) compiled as before but with the optimizer's
+    ``gradient_accumulation_steps=steps``, unbuilt, as :attr:`FitPlan.code` has the user compile it;
+    ``None`` when the model cannot be copied. The model itself is not changed.
+    """
+    import keras
+
+    try:
+        copy = keras.models.clone_model(model)
+        config = keras.saving.deserialize_keras_object(model.get_compile_config())
+        outer = model.optimizer
+        inner = getattr(outer, "inner_optimizer", None) or outer  # a LossScaleOptimizer is made again by compile
+        serialized = keras.optimizers.serialize(inner)
+        serialized["config"]["gradient_accumulation_steps"] = int(steps)
+        config["optimizer"] = keras.optimizers.deserialize(serialized)
+        copy.compile(**config)
+    except Exception:  # noqa: BLE001 - a model that does not copy: the plan checks without the accumulators
+        return None
+    return copy

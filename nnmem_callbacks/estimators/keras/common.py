@@ -16,6 +16,7 @@ __all__ = [
     "accumulation_steps",
     "backend_name",
     "clone_optimizer",
+    "has_symbolic_inputs",
     "input_specs",
     "is_compiled",
     "KerasEstimationError",
@@ -114,7 +115,8 @@ def input_specs(model: Any, x: Any = None, y: Any = None) -> tuple[Any, Any, int
     if x is not None:
         x_specs = tree_map(_spec_of_array, x)
         leaves = tree_leaves(x)
-        example_batch = int(np.shape(leaves[0])[0]) if leaves else None
+        first = tuple(np.shape(leaves[0])) if leaves else ()
+        example_batch = int(first[0]) if first and first[0] is not None else None  # a TensorSpec's may be None
     else:
         inputs = _symbolic(model, "inputs")
         if inputs is None:
@@ -142,6 +144,11 @@ def input_specs(model: Any, x: Any = None, y: Any = None) -> tuple[Any, Any, int
 
         y_specs = tree_map(target, outputs)
     return x_specs, y_specs, example_batch
+
+
+def has_symbolic_inputs(model: Any) -> bool:
+    """Whether the model's inputs are known without an example batch (Sequential with an ``Input``, Functional)."""
+    return _symbolic(model, "inputs") is not None
 
 
 def _symbolic(model: Any, which: str) -> Any:

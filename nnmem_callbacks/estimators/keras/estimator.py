@@ -20,7 +20,6 @@ traced or compiled with them.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import Any, Callable
 
@@ -358,4 +357,9 @@ def _warn_once(message: str) -> None:
     if message in _warned:
         return
     _warned.add(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=4)  # the caller of estimate_training
+    from nnmem_callbacks.core import warning_site
+
+    # at the user's line: estimate_training(...), fit_plan(...) or model.fit(...) with the callback
+    warning_site.warn(
+        message, ("keras", "tensorflow", "jax", "jaxlib", "torch", "contextlib", "functools"), RuntimeWarning
+    )
