@@ -49,16 +49,16 @@ def test_tensorboard_series_layout_text_and_figure(tmp_path):
         assert p.value == pytest.approx(callback.estimate.peak_bytes / 2**20, rel=1e-5)
         assert e.value == pytest.approx((p.value - m.value) / m.value, rel=1e-3, abs=1e-6)
         assert abs(e.value) < 0.1
-    # the rise of the process RSS above fit start is logged beside it, under its own names
+    # the rise of the process RSS above fit start is logged beside it, under its own names, with no relative
+    # error: it also holds allocator caches and freed memory kept resident (as the Keras callback logs it)
     predicted = events.Scalars("memory/predicted_rss_rise_mib")
     measured = events.Scalars("memory/measured_rss_rise_mib")
-    errors = events.Scalars("memory/rss_rise_relative_error")
-    assert len(predicted) == len(measured) == len(errors) == 3
+    assert len(predicted) == len(measured) == 3
+    assert "memory/rss_rise_relative_error" not in tags["scalars"]
     expected = callback._predicted_comparable() / 2**20
-    for p, m, e in zip(predicted, measured, errors):
+    for p, m in zip(predicted, measured):
         assert p.value == pytest.approx(expected, rel=1e-5)
         assert m.value > 0
-        assert e.value == pytest.approx((p.value - m.value) / m.value, rel=1e-3, abs=1e-6)
     tensor_peak = events.Scalars("memory/predicted_tensor_peak_mib")[0].value
     assert tensor_peak == pytest.approx(callback.estimate.peak_bytes / 2**20, rel=1e-5)
 

@@ -14,7 +14,8 @@ Both callbacks end every epoch the same way, through :func:`compare_epoch`:
 * the **row** holds the same figures in bytes for ``callback.measurements``;
 * the **relative error** is ``(predicted - measured) / measured``, the sign the
   benchmarks use: positive when the prediction is above the measurement
-  (:func:`relative_error`);
+  (:func:`relative_error`); none for process RSS, whose rise also holds
+  allocator caches and freed memory kept resident (no measure of the estimate);
 * a second figure can be kept **beside** the compared one (:func:`beside`: on
   CPU the rise of process RSS beside the sampled step's tensor peak).
 
@@ -164,10 +165,10 @@ def compare_epoch(
         >>> reading = PeakReading(kind="rss", peak_bytes=1300 * MiB, current_bytes=1200 * MiB)
         >>> done = compare_epoch(meter, reading, epoch=3, names=names, baseline_bytes=1000 * MiB,
         ...                      predicted_bytes=250 * MiB, predicted_peak_bytes=400 * MiB)
-        >>> done.measured_bytes // MiB, done.metrics["memory/measured_rss_rise_mib"], round(done.row["relative_error"], 4)
-        (300, 300.0, -0.1667)
+        >>> done.measured_bytes // MiB, done.metrics["memory/measured_rss_rise_mib"], "relative_error" in done.row
+        (300, 300.0, False)
         >>> compare_epoch(meter, None, epoch=4, names=names, predicted_bytes=250 * MiB,
-        ...               predicted_peak_bytes=400 * MiB).metrics["memory/rss_rise_relative_error"]
+        ...               predicted_peak_bytes=400 * MiB).metrics["memory/measured_rss_rise_mib"]
         nan
     """
     measured: int | None = None
@@ -195,9 +196,10 @@ def compare_epoch(
         metrics[names.predicted] = predicted_bytes / MiB
         if details:
             metrics[names.predicted_tensor_peak] = predicted_peak / MiB
-        error = relative_error(predicted_bytes, measured)
-        metrics[names.relative_error] = error
-        row["relative_error"] = error
+        if not meter.process_level:  # RSS holds more than tensors: its rise is no measure of the estimate's error
+            error = relative_error(predicted_bytes, measured)
+            metrics[names.relative_error] = error
+            row["relative_error"] = error
     if budget_bytes is not None:
         metrics[names.budget] = budget_bytes / MiB
     if details and reading is not None and reading.kind == "cuda":
@@ -238,7 +240,7 @@ def relative_error(predicted: int, measured: int | None) -> float:
 def beside(comparison: EpochComparison, other: EpochComparison) -> EpochComparison:
     """``comparison`` with ``other``'s figures beside it: its metrics added (the compared ones win) and its row
     figures under their own names (``rss_rise_bytes``, ``predicted_rss_rise_bytes``,
-    ``rss_rise_relative_error`` for process RSS; ``<kind>_...`` otherwise).
+    for process RSS, which has no relative error; ``<kind>_...`` otherwise).
 
     Example:
         >>> from nnmem_callbacks.monitoring.meters import RssMeter, metric_names
@@ -259,7 +261,8 @@ def beside(comparison: EpochComparison, other: EpochComparison) -> EpochComparis
     row[f"{prefix}_bytes"] = other.measured_bytes
     if other.predicted_bytes is not None:
         row[f"predicted_{prefix}_bytes"] = other.predicted_bytes
-        row[f"{prefix}_relative_error"] = other.row.get("relative_error", math.nan)
+        if "relative_error" in other.row:  # (none for process RSS)
+            row[f"{prefix}_relative_error"] = other.row["relative_error"]
     metrics = {**other.metrics, **comparison.metrics}
     return dataclasses.replace(comparison, row=row, metrics=metrics)
 

@@ -20,9 +20,9 @@ measurement beside the prediction. This module holds what they share:
   ``memory_measured_peak_mib`` and ``memory_relative_error``. Process RSS is not
   comparable with a tensor peak, so an RSS meter logs what it really compares, the
   rise of the process RSS above its level at fit start:
-  ``memory_measured_rss_rise_mib``, ``memory_predicted_rss_rise_mib`` and
-  ``memory_rss_rise_relative_error``, beside ``memory_predicted_peak_mib`` (the
-  estimate's tensor peak). The Lightning callback also logs the figures behind
+  ``memory_measured_rss_rise_mib`` and ``memory_predicted_rss_rise_mib``, beside
+  ``memory_predicted_peak_mib`` (the estimate's tensor peak), and no relative
+  error: the rise also holds allocator caches and freed memory kept resident. The Lightning callback also logs the figures behind
   the comparison: ``memory/predicted_tensor_peak_mib`` and, on CUDA, the
   allocator reserve and the device total, measured and predicted
   (:class:`MetricNames` holds every name).

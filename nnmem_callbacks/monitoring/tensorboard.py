@@ -83,8 +83,7 @@ def custom_scalars_layout(kind: str = "cpu") -> dict[str, dict[str, list[Any]]]:
         charts["process RSS rise above fit start: predicted vs measured (MiB)"] = [
             "Multiline",
             [names.predicted, names.measured],
-        ]
-        charts[f"process RSS rise, {error_chart}"] = ["Multiline", [names.relative_error]]
+        ]  # no relative error: the rise also holds allocator caches and freed memory kept resident
     if kind == "cuda":
         charts["allocator reserve: predicted vs measured (MiB)"] = [
             "Multiline",

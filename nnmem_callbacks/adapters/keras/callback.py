@@ -364,10 +364,7 @@ class MemoryBudgetCallback(keras.callbacks.Callback):
             predicted_peak_bytes=predicted_peak(self.estimate, self._train_batch_size),
             budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
         )
-        metrics, row = dict(comparison.metrics), dict(comparison.row)
-        if self._meter.process_level:  # RSS holds more than tensors: its rise is no measure of the estimate's error
-            metrics.pop(self._names.relative_error, None)
-            row.pop("relative_error", None)
+        metrics, row = dict(comparison.metrics), dict(comparison.row)  # (process RSS: no relative error)
         self.measurements.append(row)
         if logs is not None:
             logs.update(metrics)
