@@ -274,6 +274,10 @@ def verify_batch_size(
             worst = max(miss for _, miss in misses)
             largest = largest_fitting(lambda n: predicted(n) + max(worst, 0), budget_bytes, 0, over)  # noqa: B023 - called here
         following = min(choose(largest), over - 1) if largest >= 1 else 0
+        if following < 1 and best is None and over is not None and over > 1:
+            # "nothing fits" is said only of a batch of one checked directly: lines that miss by much (a runtime
+            # whose fixed cost the lines do not hold) can leave nothing where one sample fits
+            following = 1
         if best is not None and following <= best:
             break  # nothing between the largest that fits and the smallest that does not is left to try
         batch = following
