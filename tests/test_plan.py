@@ -264,3 +264,16 @@ def test_every_size_the_budget_error_suggests_is_a_budget():
     assert "1048576B" in examples and "1048576" not in examples
     for example in examples:
         assert parse_budget_text(example) > 0  # each one the message offers is read
+
+
+def test_no_checkpointing_advice_to_a_step_that_already_checkpoints():
+    est = linear_estimate()
+    assert "checkpointing" in {s.kind for s in make_plan(est, 180 * KiB, "warn").suggestions}
+    checkpointed = MemoryEstimate(
+        peak_bytes=est.peak_bytes,
+        breakdown=est.breakdown,
+        batch_size=est.batch_size,
+        phases=est.phases,
+        extra={"activation_checkpointing": True},
+    )
+    assert "checkpointing" not in {s.kind for s in make_plan(checkpointed, 180 * KiB, "warn").suggestions}

@@ -510,7 +510,8 @@ def suggest(
                 )
             )
     activations = estimate.breakdown[str(Category.ACTIVATIONS)]
-    if activations >= 0.3 * estimate.peak_bytes:
+    # not to a step that already checkpoints (an estimator says so in ``extra["activation_checkpointing"]``)
+    if activations >= 0.3 * estimate.peak_bytes and not estimate.extra.get("activation_checkpointing"):
         saving = checkpointing_saving(estimate)
         suggestions.append(
             Suggestion(

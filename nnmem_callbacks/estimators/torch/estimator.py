@@ -61,6 +61,7 @@ from nnmem_callbacks.estimators.torch.step import (
     StepConfig,
     build_optimizers,
     check_zero_grad,
+    checkpoints_activations,
     forward_loss,
     input_dtype_map,
     make_config,
@@ -233,12 +234,11 @@ def _estimate_config(config: StepConfig, check_scaling: bool, probe_kernels: "bo
                 estimate = cuda_libraries.complete_closed_form(
                     estimate, config.model, config.target_device, _reduced_dtype(config)
                 )
-    notes_quantized = quantized.unchecked_notes(model)
-    estimate = dataclasses.replace(estimate, notes=(*estimate.notes, *notes_quantized, *probes.notes()))
-    extra = dict(estimate.extra)
-    extra["kernel_probes"] = probes.summary()
+    all_notes = (*estimate.notes, *quantized.unchecked_notes(model), *probes.notes())
+    checkpointed = checkpoints_activations(model)  # (the plans then suggest no checkpointing)
+    extra = {**estimate.extra, "kernel_probes": probes.summary(), "activation_checkpointing": checkpointed}
     extra["seconds"] = round(time.perf_counter() - started, 4)
-    return dataclasses.replace(estimate, extra=extra)
+    return dataclasses.replace(estimate, notes=all_notes, extra=extra)
 
 
 class TraceVerifier(DirectEstimator):

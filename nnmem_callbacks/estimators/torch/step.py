@@ -147,6 +147,20 @@ def make_config(
     )
 
 
+def checkpoints_activations(model: nn.Module) -> bool:
+    """Whether the model runs activation checkpointing as libraries switch it on: a layer's
+    ``gradient_checkpointing`` (or ``activation_checkpointing``) flag, as ``transformers``'
+    ``gradient_checkpointing_enable()`` sets it on each layer (also inside PEFT and Lightning modules).
+    ``torch.utils.checkpoint`` called in a model's own ``forward`` sets no flag and is not seen here
+    (the trace still measures it).
+    """
+    return any(
+        getattr(module, flag, False) is True
+        for module in model.modules()
+        for flag in ("gradient_checkpointing", "activation_checkpointing")
+    )
+
+
 def default_loss(model: nn.Module, batch: Any) -> Any:
     """Calls ``model`` on ``batch`` and returns the output (reduced by the caller).
 
