@@ -231,3 +231,34 @@ def test_a_cpu_budget_line_names_the_host_ram_once(capsys):
     assert "budget 1.00 GiB (host RAM), keeping 5% free" in out and "(cpu (host RAM))" not in out
     code, out, err = run_cli(capsys, "calc", *COUNTS, "--device", "cpu")
     assert "host RAM's free memory less 5%" in out and "cpu (host RAM)'s" not in out
+
+
+# -- a step that cannot run -------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", ["cpu", "a100-80gb", "cuda"])
+def test_no_largest_batch_is_given_when_the_step_could_not_run(capsys, device):
+    # the fallback counted only parameters, gradients and optimizer state (every forward failed: a GQA model for
+    # a named GPU did), and the CLI said "largest batch that fits: >= 16,777,216", "verified" at that batch
+    from nnmem_callbacks.cli.compute import fit_summary
+    from nnmem_callbacks.cli.render import estimate_to_json, render_estimate
+    from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
+    from nnmem_callbacks.core.estimate import MemoryEstimate, PhaseLine
+
+    static = MemoryEstimate(
+        peak_bytes=3 * 2**30,
+        breakdown={"parameters": 2**30, "optimizer_state": 2 * 2**30},
+        batch_size=8,
+        phases=(PhaseLine("step2/optimizer", 3 * 2**30 - 8 * 64, 64),),
+        method="static-only",
+        reserved_bytes=3 * 2**30,
+    )
+    target = resolve_target(device)
+    budget = None if device == "cuda" and target.capacity_bytes is None else resolve_budget_bytes(None, target)
+    fit = fit_summary(static, target, budget, budget_named=False)
+    render_estimate(static, fit, title="static", why=())
+    out = capsys.readouterr().out
+    assert "16,777,216" not in out and "verified" not in out.lower()
+    if budget is not None:
+        assert "largest batch that fits: unknown (the step could not run" in out
+    document = json.loads(estimate_to_json(static, fit))
+    assert document["fit"]["max_batch_size"] is None
+    assert all(row["max_batch_size"] is None for row in document["fit"]["gpus"])

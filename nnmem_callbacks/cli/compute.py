@@ -665,7 +665,7 @@ def fit_summary(
             "warn",
             margin if budget_named else planning_margin(None, margin),
             include_reserve=include_reserve,
-            verify=True if estimate.verifier is not None else None,
+            verify=True if estimate.verifier is not None and estimate.method != "static-only" else None,
         )
     rows: tuple[GpuFit, ...] = ()
     if target.is_cuda and target.gpu is None and target.capacity_bytes is None:
