@@ -7,7 +7,7 @@ the callback predicts the peak of the Trainer's own step; every epoch it puts
 the measured peak beside the prediction into the Trainer's logs, so TensorBoard
 gets them under ``train/memory/...``. On CPU the measured figure is the tensor
 peak of a sampled optimizer step (the PyTorch profiler's allocation events);
-the rise of process RSS is logged beside it. Runs in about half a minute.
+the rise of process RSS is logged beside it. Runs in about a minute on 2 CPU cores.
 
     python examples/transformers_quickstart.py --output-dir runs/hf-quickstart
     tensorboard --logdir runs/hf-quickstart
