@@ -148,7 +148,7 @@ def _accumulate_suggestion(
 
 
 def describe(plan: Plan, estimate: MemoryEstimate, suggestions: list[Suggestion]) -> str:
-    """The warning/error text: decision, breakdown, largest fitting batch and Keras code.
+    """The warning/error text: decision, breakdown, largest fitting batch and suggestions.
 
     Where the plan budgets with an upper bound above the estimate (the
     runtime's run-to-run variation), the first line gives both, labelled, so
@@ -165,18 +165,7 @@ against the upper bound) at batch size 8 vs budget 1000 B: does not fit even at 
     """
     from nnmem_callbacks.core.plan import describe_plan
 
-    text = describe_plan(plan, estimate, suggestions)
-    extra = plan.predicted_bytes - estimate.peak_bytes
-    if extra <= 0 or plan.original_batch_size != estimate.batch_size or "\n" not in text:
-        return text
-    kept = f" ({format_bytes(plan.usable_bytes)} usable, keeping {plan.margin:.0%} free)" if plan.margin else ""
-    cause = getattr(estimate.variability, "phase", None) or "run-to-run variation"
-    first = (
-        f"Predicted peak: estimate {format_bytes(estimate.peak_bytes)}, upper bound {format_bytes(plan.predicted_bytes)} "
-        f"(+{format_bytes(extra)} for {cause}; the budget is checked against the upper bound) at batch size "
-        f"{plan.original_batch_size} vs budget {format_bytes(plan.budget_bytes)}{kept}: {plan.decision}."
-    )
-    return first + "\n" + text.split("\n", 1)[1]
+    return describe_plan(plan, estimate, suggestions)  # (it labels an upper bound above the estimate)
 
 
 @dataclasses.dataclass(frozen=True)
