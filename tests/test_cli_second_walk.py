@@ -262,3 +262,19 @@ def test_no_largest_batch_is_given_when_the_step_could_not_run(capsys, device):
     document = json.loads(estimate_to_json(static, fit))
     assert document["fit"]["max_batch_size"] is None
     assert all(row["max_batch_size"] is None for row in document["fit"]["gpus"])
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["calc", "--params", "1M", "--activations", "1000", "-b", "2", "--budget", "-1GiB"], "cannot read '-1GiB'"),
+        (
+            ["calc", "--layers", "-5,10", "--hidden", "64", "--heads", "4", "--vocab", "100", "--seq-len", "16"],
+            "--layers",
+        ),
+    ],
+)
+def test_a_negative_value_gets_its_own_check_not_argparses_expected_one_argument(capsys, argv, named):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert named in err and "expected one argument" not in err

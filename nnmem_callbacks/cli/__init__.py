@@ -44,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Sequence
 
@@ -97,10 +98,33 @@ __all__ = [
 ]
 
 
+def _join_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--budget -1GiB`` as ``--budget=-1GiB``: argparse reads a value that starts with a dash and is not a plain
+    number (``-5,10``, ``-1GiB``) as an option and says only "expected one argument"; joined, the value reaches its
+    own check, which names what was wrong and what is valid.
+
+    Example:
+        >>> _join_negative_values(["calc", "--layers", "-5,10", "-b", "-3", "--budget", "-1GiB", "--json"])
+        ['calc', '--layers=-5,10', '-b', '-3', '--budget=-1GiB', '--json']
+    """
+    joined: list[str] = []
+    for token in argv:
+        previous = joined[-1] if joined else ""
+        if previous.startswith("--") and "=" not in previous and _NEGATIVE_VALUE.match(token):
+            joined[-1] = f"{previous}={token}"
+        else:
+            joined.append(token)
+    return joined
+
+
+#: A value that starts like a negative number but is not one argparse takes as a value (``-5``, ``-0.5`` are).
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d(?!\d*$)(?!\d*\.\d+$)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``nnmem``; returns the exit status (see the module docstring)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
     if getattr(args, "func", None) is None:
         parser.print_help()
         return EXIT_USAGE
