@@ -572,7 +572,7 @@ class GpuFit:
 
     name: str
     memory_bytes: int
-    max_batch_size: int
+    max_batch_size: int | None  # None: not known (the step could not run)
     fits: bool
     covered: bool = True  # False: the CUDA kernels the estimate emulated differ on this card's architecture
     gpus_needed: int | None = None  # with a strategy: the fewest ranks whose per-rank share fits
@@ -592,7 +592,7 @@ class FitSummary:
     budget_bytes: int | None
     compared: str  # "device" (reserve + overhead) or "peak"
     predicted_bytes: int
-    max_batch_size: int | None
+    max_batch_size: int | None  # None: no budget, or not known (the step could not run)
     fits: bool | None
     gpus: tuple[GpuFit, ...]
     margin: float = DEFAULT_MARGIN
@@ -655,6 +655,7 @@ def fit_summary(
     """
     include_reserve = target.is_cuda
     predicted = estimate.device_bytes if include_reserve else estimate.peak_bytes
+    known = estimate.method != "static-only"  # no forward ran: no largest batch can be given (None), nor checked
     plan = None
     if budget_bytes is not None:
         # a budget resolved from no --budget already keeps the margin free (plan.planning_margin)
@@ -665,7 +666,7 @@ def fit_summary(
             "warn",
             margin if budget_named else planning_margin(None, margin),
             include_reserve=include_reserve,
-            verify=True if estimate.verifier is not None and estimate.method != "static-only" else None,
+            verify=True if estimate.verifier is not None and known else None,
         )
     rows: tuple[GpuFit, ...] = ()
     if target.is_cuda and target.gpu is None and target.capacity_bytes is None:
@@ -676,13 +677,13 @@ def fit_summary(
             gpu_plan = make_plan(estimate, budget, "warn", planning_margin(None, margin), include_reserve=True)
             covered = f"{gpu.capability[0]}.{gpu.capability[1]}" not in uncovered
             gpu_rows.append(GpuFit(gpu.name, gpu.memory_bytes, gpu_plan.max_fitting_batch_size, gpu_plan.fits, covered))
-        rows = tuple(gpu_rows)
+        rows = tuple(row if known else dataclasses.replace(row, max_batch_size=None) for row in gpu_rows)
     return FitSummary(
         target,
         budget_bytes,
         "device" if include_reserve else "peak",
         predicted,
-        plan.max_fitting_batch_size if plan else None,
+        plan.max_fitting_batch_size if plan and known else None,
         plan.fits if plan else None,
         rows,
         margin,

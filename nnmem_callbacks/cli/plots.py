@@ -43,7 +43,7 @@ def budget_labels(fit: FitSummary) -> tuple[str, str]:
     A ``--budget`` keeps the margin free below the line drawn; a budget resolved from the device's memory is
     that memory less the margin already, and the largest batch fits under the line itself.
     """
-    batch = f"max batch {fit.max_batch_size}"
+    batch = f"max batch {'unknown' if fit.max_batch_size is None else fit.max_batch_size}"
     if fit.budget_named:
         return f"budget {format_bytes(fit.budget_bytes)}", f"{batch} (keeps {fit.margin:.0%} of the budget free)"
     where = fit.target.where

@@ -21,10 +21,6 @@ def estimate_to_json(estimate: MemoryEstimate, fit: FitSummary, **extra: Any) ->
     """The estimate and the fit as one JSON document (bytes as integers)."""
     document = estimate.to_dict()
     document["fit"] = fit.to_dict()
-    if estimate.method == "static-only":  # no forward ran: no largest batch can be given
-        document["fit"]["max_batch_size"] = None
-        for row in document["fit"].get("gpus") or ():
-            row["max_batch_size"] = None
     document.update(extra)
     return json.dumps(document, indent=2, default=str)
 
@@ -45,21 +41,22 @@ def make_console(file: Any = None) -> Any:
     return PipeConsole(file=file or sys.stdout, highlight=False, width=None if (file or sys.stdout).isatty() else 110)
 
 
-#: The largest batch of an estimate whose step could not run (method ``static-only``).
+#: The largest batch of an estimate whose step could not run (method ``static-only``: ``FitSummary.max_batch_size``
+#: is ``None`` with a budget).
 UNKNOWN_LARGEST = "unknown (the step could not run, so activations are not counted: see the notes)"
 
 
 def _batch_text(batch_size: int | None) -> str:
-    """A batch size for the tables; the search's upper bound reads as "at least".
+    """A batch size for the tables; the search's upper bound reads as "at least", ``None`` (not known) "unknown".
 
     Example:
-        >>> _batch_text(1 << 24), _batch_text(12), _batch_text(0)
-        ('>= 16,777,216', '12', '0 (not even 1)')
+        >>> _batch_text(1 << 24), _batch_text(12), _batch_text(0), _batch_text(None)
+        ('>= 16,777,216', '12', '0 (not even 1)', 'unknown')
     """
     from nnmem_callbacks.core.batch_search import MAX_BATCH_SEARCH_LIMIT
 
     if batch_size is None:
-        return "-"
+        return "unknown"
     if batch_size >= MAX_BATCH_SEARCH_LIMIT:
         return f">= {MAX_BATCH_SEARCH_LIMIT:,}"
     if batch_size == 0:
@@ -120,7 +117,6 @@ def render_estimate(
         f"peak phase {estimate.peak_phase}: {format_bytes(estimate.fixed_bytes)} fixed + "
         f"{format_bytes(estimate.per_sample_bytes)} per sample; method {estimate.method}"
     )
-    unknown_lines = estimate.method == "static-only"  # no forward ran: what grows with the batch is not known
     if fit.budget_bytes is not None:
         where = fit.target.where
         what = "device total" if fit.compared == "device" else "peak"
@@ -134,12 +130,12 @@ def render_estimate(
             memory = "memory" if fit.target.free_bytes is None else "free memory"
             budget = f"budget {format_bytes(fit.budget_bytes)}: {where}'s {memory} less {fit.margin:.0%}"
         console.print(budget)
-        largest = UNKNOWN_LARGEST if unknown_lines else _batch_text(fit.max_batch_size)
+        largest = UNKNOWN_LARGEST if fit.max_batch_size is None else _batch_text(fit.max_batch_size)
         console.print(
             f"batch {estimate.batch_size} {verdict} ({what} {format_bytes(fit.predicted_bytes)}); "
             f"largest batch that fits: [bold]{largest}[/bold]"
         )
-        if fit.plan is not None and fit.plan.verification is not None and not unknown_lines:
+        if fit.plan is not None and fit.plan.verification is not None:
             console.print(fit.plan.verification.text, markup=False)
     if fit.gpus:
         gpu_rows = Table(title=f"Which GPU fits (device total vs memory minus {fit.margin:.0%})", title_justify="left")
@@ -156,7 +152,7 @@ def render_estimate(
                 row.name + mark,
                 format_bytes(row.memory_bytes),
                 "yes" if row.fits else "no",
-                "unknown" if unknown_lines else _batch_text(row.max_batch_size),
+                _batch_text(row.max_batch_size),
             ]
             if counts:
                 cells.append(str(row.gpus_needed) if row.gpus_needed is not None else "none (a rank alone exceeds it)")
