@@ -353,7 +353,6 @@ class MemoryBudgetCallback(TrainerCallback):
                 policy=self.policy,
                 accumulate=facts.accumulate,
                 bf16=bf16,
-                checkpointed=facts.checkpointed,
             )
 
         plan = plan_with()

@@ -108,7 +108,6 @@ class StepFacts:
             model does not checkpoint yet (the Trainer turns it on in ``train()``, after
             ``plan_training_arguments`` and ``on_init_end``): :func:`estimate_step` turns it on for the estimate
             and off again. ``None`` otherwise.
-        checkpointed: Whether the step runs with activation checkpointing (set on the model or by the arguments).
     """
 
     batch_size: int
@@ -121,7 +120,6 @@ class StepFacts:
     strategy: Any = None
     units: Any = None
     checkpointing: dict[str, Any] | None = None
-    checkpointed: bool = False
 
 
 def precision_of(args: Any, model: Any) -> str:
@@ -267,7 +265,6 @@ def read_facts(
     if device is None:
         device = getattr(args, "device", None)
     checkpointing = checkpointing_of(args)
-    already = is_checkpointing(model)
     return StepFacts(
         batch_size=int(batch_size or args.per_device_train_batch_size),
         accumulate=max(int(getattr(args, "gradient_accumulation_steps", 1) or 1), 1),
@@ -278,8 +275,7 @@ def read_facts(
         device=str(device or "cpu"),
         strategy=ranks.strategy,
         units=unit_modules(model, ranks) if ranks.strategy is not None and ranks.strategy.kind == "fsdp" else None,
-        checkpointing=None if already else checkpointing,
-        checkpointed=already or checkpointing is not None,
+        checkpointing=None if is_checkpointing(model) else checkpointing,
     )
 
 

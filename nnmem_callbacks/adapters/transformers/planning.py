@@ -114,7 +114,6 @@ def plan_step(
     accumulate: int = 1,
     bf16: MemoryEstimate | None = None,
     verify: bool | None = None,
-    checkpointed: bool = False,
 ) -> Plan:
     """The plan of ``estimate`` under ``budget`` on ``device``, with the suggestions to fit.
 
@@ -127,7 +126,9 @@ def plan_step(
         accumulate: ``gradient_accumulation_steps``.
         bf16: The estimate at ``bf16-mixed``, offered as an alternative.
         verify: As :func:`~nnmem_callbacks.core.plan.make_plan` takes it.
-        checkpointed: The step already runs with activation checkpointing: it is not suggested.
+
+    A step that already checkpoints (on the model, or turned on for the estimate by the arguments) is not offered
+    checkpointing: the estimate says so (``extra["activation_checkpointing"]``) and the core's suggestions read it.
     """
     kind = devices.device_type(device)
     include_reserve = kind == "cuda" and estimate.reserved_bytes is not None
@@ -144,8 +145,6 @@ def plan_step(
         include_reserve=include_reserve,
         verify=verify,
     )
-    if checkpointed:
-        plan = dataclasses.replace(plan, suggestions=tuple(s for s in plan.suggestions if s.kind != "checkpointing"))
     extra = eight_bit_suggestion(estimate)
     if extra is not None and not plan.fits:
         plan = dataclasses.replace(plan, suggestions=plan.suggestions + (extra,))
@@ -295,7 +294,6 @@ def plan_training_arguments(
         margin=margin,
         accumulate=accumulate,
         verify=True,
-        checkpointed=facts.checkpointed,
     )
     new_batch, new_accumulate, checked = batch_size, accumulate, None
     include_reserve = devices.device_type(device) == "cuda" and estimate.reserved_bytes is not None
