@@ -38,7 +38,7 @@ from nnmem_callbacks.core.plan import (
     planning_margin,
     resolve_budget,
 )
-from nnmem_callbacks.estimators.keras.common import has_symbolic_inputs, tree_leaves
+from nnmem_callbacks.estimators.keras.common import INTERNAL_PACKAGES, has_symbolic_inputs, tree_leaves
 from nnmem_callbacks.estimators.keras.tensorflow.fit_pipeline import INPUT_PIPELINE_BATCHES
 from nnmem_callbacks.hardware import devices
 from nnmem_callbacks.monitoring import epoch_comparison as epoch_report
@@ -83,11 +83,6 @@ def _warn_rss_once(backend: str) -> None:
         f"MemoryBudgetCallback: the Keras {backend} backend keeps no allocator statistics on this device (CPU), "
         f"so the callback cannot measure the tensors' peak that it predicts. {RSS_NOTE}"
     )
-
-
-#: Packages whose frames lie between the user's ``model.fit(...)`` and the callback's warning (Keras' trainer,
-#: callback list and traceback filter, the backend's own frames, ``contextlib`` and ``functools`` wrappers).
-INTERNAL_PACKAGES = ("keras", "tensorflow", "jax", "jaxlib", "torch", "optree", "contextlib", "functools")
 
 
 def _warn(message: str) -> None:

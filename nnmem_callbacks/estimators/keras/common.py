@@ -12,12 +12,19 @@ import numpy as np
 
 from nnmem_callbacks.core.estimate import Category
 
+#: Packages whose frames lie between the user's call (``model.fit(...)``, ``estimate_training(...)``,
+#: ``fit_plan(...)``) and a warning of the Keras estimator or callback (Keras' trainer, callback list and traceback
+#: filter, the backend's own frames, ``contextlib`` and ``functools`` wrappers): :mod:`nnmem_callbacks.core.warning_site`
+#: skips them.
+INTERNAL_PACKAGES = ("keras", "tensorflow", "jax", "jaxlib", "torch", "optree", "contextlib", "functools")
+
 __all__ = [
     "accumulation_steps",
     "backend_name",
     "clone_optimizer",
     "has_symbolic_inputs",
     "input_specs",
+    "INTERNAL_PACKAGES",
     "is_compiled",
     "KerasEstimationError",
     "optimizer_variables_of",

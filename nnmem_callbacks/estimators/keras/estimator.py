@@ -24,7 +24,13 @@ import weakref
 from typing import Any, Callable
 
 from nnmem_callbacks.core.estimate import MemoryEstimate
-from nnmem_callbacks.estimators.keras.common import KerasEstimationError, backend_name, input_specs, is_compiled
+from nnmem_callbacks.estimators.keras.common import (
+    INTERNAL_PACKAGES,
+    KerasEstimationError,
+    backend_name,
+    input_specs,
+    is_compiled,
+)
 
 __all__ = ["build_like_fit", "estimate_training", "METHODS", "optimizer_built_by_user", "snapshot_build_state"]
 
@@ -360,6 +366,4 @@ def _warn_once(message: str) -> None:
     from nnmem_callbacks.core import warning_site
 
     # at the user's line: estimate_training(...), fit_plan(...) or model.fit(...) with the callback
-    warning_site.warn(
-        message, ("keras", "tensorflow", "jax", "jaxlib", "torch", "contextlib", "functools"), RuntimeWarning
-    )
+    warning_site.warn(message, INTERNAL_PACKAGES, RuntimeWarning)
