@@ -65,6 +65,7 @@ from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.verification import DirectEstimator
 from nnmem_callbacks.estimators.torch.distributed import estimate_per_rank
 from nnmem_callbacks.estimators.torch.estimator import estimate_training
+from nnmem_callbacks.estimators.torch.inputs import optimizer_class_label
 from nnmem_callbacks.estimators.torch.tracer import sharing_traced_ops
 
 __all__ = [
@@ -241,8 +242,7 @@ def optimizer_for(args: Any, model: Any, optimizer: Any = None) -> tuple[Any, st
     def factory(params: Any) -> Any:
         return cls(params, **kwargs)
 
-    eight_bit = kwargs.get("optim_bits") == 8 and "8bit" not in cls.__name__
-    factory.__name__ = f"{cls.__name__} (8-bit)" if eight_bit else cls.__name__  # est.optimizer names it
+    factory.__name__ = optimizer_class_label(cls, kwargs.get("optim_bits"))  # est.optimizer names it
     return factory, None
 
 

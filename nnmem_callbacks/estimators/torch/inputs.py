@@ -19,6 +19,7 @@ __all__ = [
     "describe_batch",
     "model_device",
     "named_cuda_arch",
+    "optimizer_class_label",
     "optimizer_label",
     "OPTIMIZER_NAMES",
     "OptimizerFactory",
@@ -146,10 +147,20 @@ def optimizer_label(optimizer: Any) -> str:
     if isinstance(optimizer, (list, tuple)):
         return "+".join(optimizer_label(o) for o in optimizer)
     if isinstance(optimizer, torch.optim.Optimizer):
-        name = type(optimizer).__name__  # bitsandbytes' AdamW(optim_bits=8), the Trainer's optim="adamw_8bit"
-        eight_bit = getattr(getattr(optimizer, "args", None), "optim_bits", None) == 8 and "8bit" not in name
-        return f"{name} (8-bit)" if eight_bit else name
+        return optimizer_class_label(type(optimizer), getattr(getattr(optimizer, "args", None), "optim_bits", None))
     return getattr(optimizer, "__name__", type(optimizer).__name__)
+
+
+def optimizer_class_label(cls: type, optim_bits: Any = None) -> str:
+    """An optimizer class's name, marked where bitsandbytes runs it with 8-bit state (``optim_bits=8``, as the
+    Trainer's ``optim="adamw_8bit"`` builds ``bnb.optim.AdamW``) and the name does not say so already.
+
+    Example:
+        >>> optimizer_class_label(torch.optim.AdamW, 8), optimizer_class_label(torch.optim.AdamW)
+        ('AdamW (8-bit)', 'AdamW')
+    """
+    name = cls.__name__
+    return f"{name} (8-bit)" if optim_bits == 8 and "8bit" not in name else name
 
 
 # ---------------------------------------------------------------------------
