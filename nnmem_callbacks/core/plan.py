@@ -35,6 +35,7 @@ __all__ = [
     "checkpointing_saving",
     "DEFAULT_MARGIN",
     "describe_plan",
+    "effective_batch_words",
     "make_plan",
     "MemoryBudgetExceeded",
     "parse_budget_text",
@@ -479,6 +480,19 @@ def accumulation_split(batch_size: int, largest: int) -> tuple[int, int]:
     return max(1, math.ceil(batch_size / fewest)), fewest
 
 
+def effective_batch_words(batch_size: int, accumulate: int, original: int) -> str:
+    """What an accumulation split (:func:`accumulation_split`) does to the effective batch, in words.
+
+    Example:
+        >>> effective_batch_words(16, 4, 64), effective_batch_words(21, 3, 61)
+        ('keeps the effective batch of 64', 'makes the effective batch 63 (was 61)')
+    """
+    effective = batch_size * accumulate
+    if effective == original:
+        return f"keeps the effective batch of {effective}"
+    return f"makes the effective batch {effective} (was {original})"
+
+
 def suggest(
     estimate: MemoryEstimate,
     budget_bytes: int,
@@ -495,12 +509,7 @@ def suggest(
         smaller, factor = accumulation_split(estimate.batch_size, max_fitting_batch_size)
         saving = current - measure(smaller) - accumulated_gradient_bytes(estimate, smaller)
         if saving > 0:
-            effective = smaller * factor
-            keeps = (
-                f"keeps the effective batch of {effective}"
-                if effective == estimate.batch_size
-                else f"makes the effective batch {effective} (was {estimate.batch_size})"
-            )
+            keeps = effective_batch_words(smaller, factor, estimate.batch_size)
             suggestions.append(
                 Suggestion(
                     "accumulate",

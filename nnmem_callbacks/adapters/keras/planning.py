@@ -122,7 +122,7 @@ def _accumulate_suggestion(
         model.fit(..., batch_size=16)  # keeps the effective batch of 64; saves 3.71 KiB (after 1000 B of accumulators)
     """
     from nnmem_callbacks.core.batch_search import largest_fitting
-    from nnmem_callbacks.core.plan import accumulation_split
+    from nnmem_callbacks.core.plan import accumulation_split, effective_batch_words
 
     accumulators = estimate.breakdown[str(Category.PARAMETERS)]  # one accumulator per trainable variable
     largest = largest_fitting(lambda n: estimate.upper_bytes_at(n) + accumulators, usable, 0, max_fit + 1)
@@ -132,12 +132,7 @@ def _accumulate_suggestion(
     if steps < 2:  # Keras refuses gradient_accumulation_steps=1
         return None
     saving = current - estimate.upper_bytes_at(smaller) - accumulators
-    effective = smaller * steps
-    keeps = (
-        f"keeps the effective batch of {effective}"
-        if effective == estimate.batch_size
-        else f"makes the effective batch {effective} (was {estimate.batch_size})"
-    )
+    keeps = effective_batch_words(smaller, steps, estimate.batch_size)
     return Suggestion(
         "accumulate",
         saving,
