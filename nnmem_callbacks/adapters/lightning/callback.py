@@ -243,9 +243,8 @@ class MemoryBudgetCallbackMixin:
             # strategies that restore checkpoints after setup call this after on_fit_start
             trainer = getattr(self, "_trainer", None)
             if trainer is not None:
-                self._restore_sequence(
-                    trainer, trainer.lightning_module
-                )  # (the estimate stays at the fit-start length)
+                # (the sequence length is set again; the estimate stays at the fit-start length)
+                self._restore_sequence(trainer, trainer.lightning_module)
                 self._apply_restored(trainer, trainer.lightning_module)
                 self._estimate_changed_run(trainer)
 
@@ -407,10 +406,8 @@ class MemoryBudgetCallbackMixin:
                     budget_bytes=self.plan.budget_bytes if self.plan is not None else None,
                     sampled_seconds=self._sampled.seconds,
                 )
-                accumulate, unsampled = (
-                    max(int(getattr(trainer, "accumulate_grad_batches", 1) or 1), 1),
-                    self._step_seconds,
-                )
+                accumulate = max(int(getattr(trainer, "accumulate_grad_batches", 1) or 1), 1)
+                unsampled = self._step_seconds
                 comparison.row["step_seconds"] = accumulate * sum(unsampled) / len(unsampled) if unsampled else None
         self.measurements.append(comparison.row)
         metrics, step = comparison.metrics, trainer.global_step
