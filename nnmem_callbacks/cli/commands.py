@@ -114,7 +114,7 @@ def _check_positions(args: argparse.Namespace) -> None:
     default: 1024 for gpt, 512 for bert), as ``nnmem estimate --seq-len`` is within the model's table."""
     if calc_mode(args) != "transformer" or args.seq_len is None:
         return
-    positions = args.max_positions or (1024 if args.arch == "gpt" else 512)
+    positions = napkin.position_count(args.arch, args.max_positions)
     if args.seq_len > positions:
         whose = "--max-positions" if args.max_positions else f"--arch {args.arch}'s default"
         raise CliError(

@@ -37,6 +37,7 @@ from nnmem_callbacks.estimators.napkin.estimates import (
     korthikanti_layer_bytes,
     mlp_estimate,
     params_estimate,
+    position_count,
     transformer_estimate,
     transformer_params,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "QUANTIZATIONS",
     "mlp_estimate",
     "params_estimate",
+    "position_count",
     "transformer_estimate",
     "transformer_params",
     "what_if",

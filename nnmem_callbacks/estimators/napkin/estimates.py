@@ -30,6 +30,7 @@ __all__ = [
     "korthikanti_layer_bytes",
     "mlp_estimate",
     "params_estimate",
+    "position_count",
     "transformer_estimate",
     "transformer_params",
 ]
@@ -59,6 +60,16 @@ def korthikanti_layer_bytes(seq_len: int, batch_size: int, hidden: int, heads: i
 
 
 # -- transformer ---------------------------------------------------------------
+def position_count(arch: str, max_positions: int | None = None) -> int:
+    """The learned positions of the model: ``max_positions``, else GPT-2's 1024 or BERT's 512.
+
+    Example:
+        >>> position_count("gpt"), position_count("bert"), position_count("bert", 4096)
+        (1024, 512, 4096)
+    """
+    return max_positions or (1024 if arch == "gpt" else 512)
+
+
 def transformer_params(
     *, layers: int, hidden: int, vocab: int, ffn: int | None = None, arch: str = "gpt", max_positions: int | None = None
 ) -> int:
@@ -74,7 +85,7 @@ def transformer_params(
     """
     check_choice("arch", arch, ARCHITECTURES)
     h, f = hidden, ffn or 4 * hidden
-    positions = max_positions or (1024 if arch == "gpt" else 512)
+    positions = position_count(arch, max_positions)
     layer = 4 * h * h + 2 * h * f + 9 * h + f
     total = vocab * h + positions * h + layers * layer
     if arch == "gpt":
