@@ -129,24 +129,14 @@ def _explain_per_rank(estimate, single, strategy) -> list[str]:
     sharded as ``estimate`` was (``napkin.what_if`` alone rebuilds one device's step)."""
     from nnmem_callbacks.core.strategy import shard_estimate
 
-    lines = napkin.explain(estimate)
-    if "What would shrink it:" in lines:
-        lines = lines[: lines.index("What would shrink it:")]
-    peak = max(estimate.peak_bytes, 1)
     options = []
     for label, other in napkin.what_if(single):
         params = int(other.extra.get("params") or other.extra.get("napkin", {}).get("params") or 0)
         rank = shard_estimate(other, strategy, parameters=params, gathered_bytes=gathered_unit_bytes(other))
         if rank.peak_bytes < estimate.peak_bytes:
-            options.append((label, rank.peak_bytes))
-    options.sort(key=lambda item: item[1])
-    if options:
-        lines.append("What would shrink it (per rank):")
-        for label, other_peak in options[:4]:
-            lines.append(
-                f"  {label} -> peak {format_bytes(other_peak)} (-{(estimate.peak_bytes - other_peak) / peak:.0%})"
-            )
-    return lines
+            options.append((label, rank))
+    options.sort(key=lambda item: item[1].peak_bytes)
+    return napkin.explain(estimate, options, heading="What would shrink it (per rank):")
 
 
 def _with_gpu_counts(fit: FitSummary, single, strategy, margin: float) -> FitSummary:

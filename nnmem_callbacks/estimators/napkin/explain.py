@@ -107,8 +107,15 @@ def dominant_terms(estimate: MemoryEstimate, top: int = 3) -> list[tuple[str, in
     return sorted(items.items(), key=lambda item: -item[1])[:top]
 
 
-def explain(estimate: MemoryEstimate) -> list[str]:
+def explain(
+    estimate: MemoryEstimate,
+    options: list[tuple[str, MemoryEstimate]] | None = None,
+    heading: str = "What would shrink it:",
+) -> list[str]:
     """A short "why": which terms dominate the peak, and what would shrink them.
+
+    ``options``: the variants to list under ``heading``, smallest peak first (default: :func:`what_if` of
+    ``estimate``; a per-rank estimate passes its variants sharded as it was).
 
     Example:
         >>> lines = explain(params_estimate(1_000_000, 10_000, 64))
@@ -119,9 +126,9 @@ def explain(estimate: MemoryEstimate) -> list[str]:
     lines = [f"The peak is at {estimate.peak_phase} (batch {estimate.batch_size}); largest terms:"]
     for name, value in dominant_terms(estimate):
         lines.append(f"  {name}: {format_bytes(value)} ({value / peak:.0%})")
-    options = what_if(estimate)
+    options = what_if(estimate) if options is None else options
     if options:
-        lines.append("What would shrink it:")
+        lines.append(heading)
         for label, other in options[:4]:
             saving = estimate.peak_bytes - other.peak_bytes
             lines.append(f"  {label} -> peak {format_bytes(other.peak_bytes)} (-{saving / peak:.0%})")
