@@ -44,7 +44,8 @@ import math
 from typing import Any, Mapping
 
 from nnmem_callbacks.core.units import MiB, format_bytes
-from nnmem_callbacks.monitoring.meters import Meter, MetricNames, PeakReading
+from nnmem_callbacks.monitoring.meters import Meter, MetricNames, PeakReading, metric_names
+from nnmem_callbacks.monitoring.step_sampling import TensorPeakMeter
 
 __all__ = [
     "beside",
@@ -286,9 +287,6 @@ def beside_sampled_step(
         >>> both.row["relative_error"], both.row["rss_rise_bytes"], both.row["sampled_step_seconds"]
         (0.1, 50, 0.5)
     """
-    from nnmem_callbacks.monitoring.meters import metric_names
-    from nnmem_callbacks.monitoring.step_sampling import TensorPeakMeter
-
     tensors = TensorPeakMeter(sampled_bytes)
     comparison = compare_epoch(
         tensors,
