@@ -13,14 +13,19 @@ here are separate from them:
   once, with no change to the estimator between its fixing and its run. Built to the same brief, with model
   families neither the zoo nor the first set has (VGG19, MobileNet v1 at alpha 0.5, EfficientNet-B1, ResNet-101,
   SimpleRNN, Conv3D, SeparableConv2D, a two-input wide-and-deep net, a two-block decoder, a U-Net with skips).
+* :data:`JUDGED3_CASES`: a third judged set of twelve, fixed in git on 2026-11-30 before any estimate of it was seen,
+  on a host none of the sets had run on (an Intel Xeon; the others were AMD EPYCs), and measured once. Again model
+  families the zoo and the first two sets lack (Xception, DenseNet-169, EfficientNetV2-B2, MobileNetV3-Small,
+  grouped-query attention, a dilated TCN, an LSTM encoder-decoder, GroupNormalization, a masked GRU, two outputs
+  with two losses, an MLP-Mixer, a fastText-style bag of embeddings with a 50,000-word table).
 
 Each case builds ``(model, x, y, batch_size)`` with ``x`` and ``y`` one batch; :data:`FIT_BATCHES` batches of data
 make the ``fit`` truth's epoch (:func:`benchmarks.common.keras_truth.measure_tensorflow_fit`).
 
 Example:
-    >>> len(TUNE_CASES), len(JUDGED_CASES), len(JUDGED2_CASES)
-    (3, 12, 12)
-    >>> sorted({optimizer for _, _, optimizer in JUDGED2_CASES.values()})
+    >>> len(TUNE_CASES), len(JUDGED_CASES), len(JUDGED2_CASES), len(JUDGED3_CASES)
+    (3, 12, 12, 12)
+    >>> sorted({optimizer for _, _, optimizer in JUDGED3_CASES.values()})
     ['adam', 'adamw', 'rmsprop', 'sgd']
 """
 
@@ -32,6 +37,7 @@ __all__ = [
     "TUNE_CASES",
     "JUDGED_CASES",
     "JUDGED2_CASES",
+    "JUDGED3_CASES",
     "BLIND_CASES",
     "FIT_BATCHES",
     "build_any_case",
@@ -152,7 +158,61 @@ JUDGED2_CASES: dict[str, tuple[int, str, str]] = {
     ),
 }
 
-BLIND_CASES: dict[str, tuple[int, str, str]] = {**TUNE_CASES, **JUDGED_CASES, **JUDGED2_CASES}
+#: name -> (batch size, description, optimizer): fixed 2026-11-30 on a new (Intel) host; measured once.
+JUDGED3_CASES: dict[str, tuple[int, str, str]] = {
+    "judged3_xception": (4, "keras.applications.Xception, 80x80, 7 classes", "adam"),
+    "judged3_densenet169": (4, "keras.applications.DenseNet169, 64x64, 10 classes", "rmsprop"),
+    "judged3_efficientnetv2b2": (6, "keras.applications.EfficientNetV2B2, 80x80, 5 classes (softmax)", "adamw"),
+    "judged3_mobilenetv3small": (24, "keras.applications.MobileNetV3Small, 96x96, 12 classes", "sgd"),
+    "judged3_gqa_encoder": (
+        16,
+        "token Embedding(4000, 128) on 96 tokens -> two blocks (GroupQueryAttention 8 query / 2 key-value heads of 16, "
+        "residual + LayerNorm, Dense 256 silu -> Dense 128) -> GlobalAveragePooling1D -> Dense 6",
+        "adamw",
+    ),
+    "judged3_tcn": (
+        32,
+        "causal Conv1D 48 channels, kernel 3, dilations 1-2-4-8 with residuals over 256 steps x 4 -> last step -> "
+        "Dense 1 regression",
+        "adam",
+    ),
+    "judged3_lstm_seq2seq": (
+        32,
+        "LSTM(64) encoder over 40 steps x 10 -> RepeatVector 20 -> LSTM(64, return_sequences) -> per-step Dense 10 "
+        "regression",
+        "rmsprop",
+    ),
+    "judged3_groupnorm_cnn": (
+        16,
+        "Conv2D 32-64-96 (3x3) each with GroupNormalization(8 groups), swish, SpatialDropout2D 0.1, AveragePooling2D; "
+        "GlobalAveragePooling2D -> Dense 20, 56x56x3",
+        "sgd",
+    ),
+    "judged3_masked_gru": (
+        48,
+        "Embedding(6000, 64, mask_zero) on 70 tokens with padding -> GRU(80) -> Dense 5",
+        "adamw",
+    ),
+    "judged3_two_heads": (
+        32,
+        "Conv2D 24-48 (stride 2) trunk on 40x40x3 -> a 6-class head (cross-entropy) and a 2-value box head (MSE), "
+        "two losses",
+        "adam",
+    ),
+    "judged3_mlp_mixer": (
+        16,
+        "4x4 patches of 48x48x3 (144 tokens, 64 wide) -> two Mixer blocks (token MLP 144-128-144 and channel MLP "
+        "64-256-64, LayerNorm, residual) -> GlobalAveragePooling1D -> Dense 10",
+        "sgd",
+    ),
+    "judged3_fasttext_bag": (
+        128,
+        "Embedding(50000, 64) on 200 tokens -> GlobalAveragePooling1D -> Dense 64 relu -> Dense 4",
+        "rmsprop",
+    ),
+}
+
+BLIND_CASES: dict[str, tuple[int, str, str]] = {**TUNE_CASES, **JUDGED_CASES, **JUDGED2_CASES, **JUDGED3_CASES}
 
 
 def _optimizer(name: str) -> Any:
@@ -346,6 +406,110 @@ def _architecture(name: str) -> tuple[Any, tuple[int, ...], str, Any, str]:
             [keras.Input((80, 12)), layers.Bidirectional(layers.GRU(48)), layers.Dropout(0.1), layers.Dense(2)]
         )
         return model, (80, 12), "float", (2,), "mse"
+    if name.startswith("judged3_"):
+        return _judged3_architecture(name)
+    raise KeyError(f"unknown blind case {name!r}; valid: {', '.join(BLIND_CASES)}")
+
+
+def _judged3_architecture(name: str) -> tuple[Any, tuple[int, ...], str, Any, str]:
+    """The third judged set's models (:data:`JUDGED3_CASES`)."""
+    import keras
+
+    layers = keras.layers
+    apps = keras.applications
+    sparse = "sparse"
+    if name == "judged3_xception":
+        model = apps.Xception(weights=None, input_shape=(80, 80, 3), classes=7, classifier_activation=None)
+        return model, (80, 80, 3), "float", 7, sparse
+    if name == "judged3_densenet169":
+        model = apps.DenseNet169(weights=None, input_shape=(64, 64, 3), classes=10, classifier_activation=None)
+        return model, (64, 64, 3), "float", 10, sparse
+    if name == "judged3_efficientnetv2b2":
+        model = apps.EfficientNetV2B2(weights=None, input_shape=(80, 80, 3), classes=5)
+        return model, (80, 80, 3), "float", 5, "probs"
+    if name == "judged3_mobilenetv3small":
+        model = apps.MobileNetV3Small(weights=None, input_shape=(96, 96, 3), classes=12, classifier_activation=None)
+        return model, (96, 96, 3), "float", 12, sparse
+    if name == "judged3_gqa_encoder":
+        ids = keras.Input((96,), dtype="int32")
+        hidden = layers.Embedding(4000, 128)(ids)
+        for _ in range(2):
+            attention = layers.GroupQueryAttention(head_dim=16, num_query_heads=8, num_key_value_heads=2)
+            hidden = layers.LayerNormalization()(hidden + attention(hidden, hidden))
+            feed = layers.Dense(128)(layers.Dense(256, activation="silu")(hidden))
+            hidden = layers.LayerNormalization()(hidden + feed)
+        outputs = layers.Dense(6)(layers.GlobalAveragePooling1D()(hidden))
+        return keras.Model(ids, outputs), (96,), "int:4000", 6, sparse
+    if name == "judged3_tcn":
+        inputs = keras.Input((256, 4))
+        hidden = layers.Conv1D(48, 1)(inputs)
+        for rate in (1, 2, 4, 8):
+            branch = layers.Conv1D(48, 3, padding="causal", dilation_rate=rate, activation="relu")(hidden)
+            hidden = hidden + layers.Conv1D(48, 3, padding="causal", dilation_rate=rate)(branch)
+        outputs = layers.Dense(1)(layers.Lambda(lambda t: t[:, -1, :])(hidden))
+        return keras.Model(inputs, outputs), (256, 4), "float", (1,), "mse"
+    if name == "judged3_lstm_seq2seq":
+        model = keras.Sequential(
+            [
+                keras.Input((40, 10)),
+                layers.LSTM(64),
+                layers.RepeatVector(20),
+                layers.LSTM(64, return_sequences=True),
+                layers.TimeDistributed(layers.Dense(10)),
+            ]
+        )
+        return model, (40, 10), "float", (20, 10), "mse"
+    if name == "judged3_groupnorm_cnn":
+        model = keras.Sequential([keras.Input((56, 56, 3))])
+        for filters in (32, 64, 96):
+            model.add(layers.Conv2D(filters, 3, padding="same"))
+            model.add(layers.GroupNormalization(groups=8))
+            model.add(layers.Activation("swish"))
+            model.add(layers.SpatialDropout2D(0.1))
+            model.add(layers.AveragePooling2D(2))
+        model.add(layers.GlobalAveragePooling2D())
+        model.add(layers.Dense(20))
+        return model, (56, 56, 3), "float", 20, sparse
+    if name == "judged3_masked_gru":
+        model = keras.Sequential(
+            [
+                keras.Input((70,), dtype="int32"),
+                layers.Embedding(6000, 64, mask_zero=True),
+                layers.GRU(80),
+                layers.Dense(5),
+            ]
+        )
+        return model, (70,), "padded:6000", 5, sparse
+    if name == "judged3_two_heads":
+        inputs = keras.Input((40, 40, 3))
+        hidden = layers.Conv2D(24, 3, strides=2, padding="same", activation="relu")(inputs)
+        hidden = layers.Conv2D(48, 3, strides=2, padding="same", activation="relu")(hidden)
+        pooled = layers.GlobalAveragePooling2D()(hidden)
+        classes = layers.Dense(6, name="classes")(pooled)
+        box = layers.Dense(2, name="box")(pooled)
+        return keras.Model(inputs, [classes, box]), (40, 40, 3), "float", "two_heads", "two_heads"
+    if name == "judged3_mlp_mixer":
+        inputs = keras.Input((48, 48, 3))
+        tokens = layers.Reshape((144, 64))(layers.Conv2D(64, 4, strides=4)(inputs))
+        for _ in range(2):
+            mixed = layers.Permute((2, 1))(layers.LayerNormalization()(tokens))
+            mixed = layers.Dense(144)(layers.Dense(128, activation="gelu")(mixed))
+            tokens = tokens + layers.Permute((2, 1))(mixed)
+            channels = layers.Dense(64)(layers.Dense(256, activation="gelu")(layers.LayerNormalization()(tokens)))
+            tokens = tokens + channels
+        outputs = layers.Dense(10)(layers.GlobalAveragePooling1D()(layers.LayerNormalization()(tokens)))
+        return keras.Model(inputs, outputs), (48, 48, 3), "float", 10, sparse
+    if name == "judged3_fasttext_bag":
+        model = keras.Sequential(
+            [
+                keras.Input((200,), dtype="int32"),
+                layers.Embedding(50000, 64),
+                layers.GlobalAveragePooling1D(),
+                layers.Dense(64, activation="relu"),
+                layers.Dense(4),
+            ]
+        )
+        return model, (200,), "int:50000", 4, sparse
     raise KeyError(f"unknown blind case {name!r}; valid: {', '.join(BLIND_CASES)}")
 
 
@@ -354,6 +518,11 @@ def _array(rng: Any, shape: tuple[int, ...], kind: str) -> Any:
 
     if kind.startswith("int:"):
         return rng.integers(0, int(kind[4:]), shape).astype("int32")
+    if kind.startswith("padded:"):  # ids 1.. with a padded tail of zeros (a mask) of up to half of each row
+        ids = rng.integers(1, int(kind[7:]), shape).astype("int32")
+        lengths = rng.integers(shape[-1] // 2, shape[-1] + 1, shape[:-1])
+        ids[np.arange(shape[-1]) >= lengths[..., None]] = 0
+        return ids
     return rng.random(shape, dtype=np.float32)
 
 
@@ -372,7 +541,12 @@ def build_blind_case(name: str, samples: int | None = None) -> tuple[Any, Any, A
         x: Any = [_array(rng, (samples, *part), part_kind) for part, part_kind in zip(shape, kinds)]
     else:
         x = _array(rng, (samples, *shape), kind)
-    if isinstance(target, int):
+    if target == "two_heads":
+        y: Any = {
+            "classes": rng.integers(0, 6, (samples,)).astype("int32"),
+            "box": rng.random((samples, 2), dtype=np.float32),
+        }
+    elif isinstance(target, int):
         y = rng.integers(0, target, (samples,)).astype("int32")
     elif loss == "mse":
         y = rng.random((samples, *target), dtype=np.float32)
@@ -382,6 +556,10 @@ def build_blind_case(name: str, samples: int | None = None) -> tuple[Any, Any, A
         "sparse": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         "probs": keras.losses.SparseCategoricalCrossentropy(),
         "mse": keras.losses.MeanSquaredError(),
+        "two_heads": {
+            "classes": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            "box": keras.losses.MeanSquaredError(),
+        },
     }
     model.compile(optimizer=_optimizer(optimizer), loss=losses[loss])
     return model, x, y, batch

@@ -78,6 +78,7 @@ from typing import Any
 from benchmarks.common.keras_blind_cases import (
     BLIND_CASES,
     JUDGED2_CASES,
+    JUDGED3_CASES,
     JUDGED_CASES,
     TUNE_CASES,
     build_any_case,
@@ -271,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", help="comma-separated case names (default: those of --set)")
     parser.add_argument(
         "--set",
-        choices=("developed", "tune", "judged", "judged2"),
+        choices=("developed", "tune", "judged", "judged2", "judged3"),
         default="developed",
-        help="the 23 models the estimator was developed on, or issue #46's tuning, judged or second judged models "
+        help="the 23 models the estimator was developed on, or issue #46's tuning set or first, second or third judged set "
         "(benchmarks.common.keras_blind_cases)",
     )
     parser.add_argument(
@@ -336,7 +337,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(args.worker, args.part, args.truth)), flush=True)
         return 0
     started = time.perf_counter()
-    sets = {"developed": CASES, "tune": TUNE_CASES, "judged": JUDGED_CASES, "judged2": JUDGED2_CASES}
+    sets = {
+        "developed": CASES,
+        "tune": TUNE_CASES,
+        "judged": JUDGED_CASES,
+        "judged2": JUDGED2_CASES,
+        "judged3": JUDGED3_CASES,
+    }
     if args.cases is None:
         args.cases = ",".join(sets[args.set])
     names = [c for c in args.cases.split(",") if c]
