@@ -171,7 +171,9 @@ def test_parse_count():
 
 
 def test_targets_and_budgets():
-    assert cli.resolve_target("A100 80GB").capacity_bytes == gpus.find_gpu("a100-80gb").memory_bytes
+    # a named card's capacity is the total CUDA reports, not nvidia-smi's (which the driver's reserve exceeds)
+    assert cli.resolve_target("A100 80GB").capacity_bytes == gpus.find_gpu("a100-80gb").capacity_bytes
+    assert cli.resolve_target("H100").capacity_bytes == 85_017_493_504 < gpus.find_gpu("h100").memory_bytes
     assert cli.resolve_target("cpu").device == "cpu"
     with pytest.raises(cli.CliError, match="valid GPUs"):
         cli.resolve_target("tpu")
@@ -220,7 +222,7 @@ def test_estimate_json_equals_estimate_training(capsys, factory_file, device, ap
     assert fit["max_batch_size"] == plan.max_fitting_batch_size
     assert fit["fits"] == plan.fits
     if device == "t4":
-        assert fit["budget_bytes"] == resolve_budget(None, capacity_bytes=gpus.find_gpu("t4").memory_bytes)
+        assert fit["budget_bytes"] == resolve_budget(None, capacity_bytes=gpus.find_gpu("t4").capacity_bytes)
 
 
 def test_estimate_named_and_positional_inputs_and_model_args(capsys, factory_file):

@@ -28,7 +28,9 @@ def run_cli(capsys, *argv):
 
 
 # -- a budget larger than the device ------------------------------------------------------------------
-@pytest.mark.parametrize("device, budget, where", [("t4", "100GiB", "the T4 16GB's memory"), ("cpu", "1000TiB", "RAM")])
+@pytest.mark.parametrize(
+    "device, budget, where", [("t4", "100GiB", "the T4 16GB's usable memory"), ("cpu", "1000TiB", "RAM")]
+)
 def test_a_budget_above_the_device_memory_is_a_usage_error(capsys, device, budget, where):
     # it was taken as given: "batch 8 fits (device total 38.20 GiB)" on a 16 GB T4, exit status 0
     code, out, err = run_cli(capsys, "calc", *COUNTS, "--device", device, "--budget", budget)
@@ -38,10 +40,13 @@ def test_a_budget_above_the_device_memory_is_a_usage_error(capsys, device, budge
 
 
 def test_a_budget_up_to_the_device_memory_is_taken(capsys):
-    t4 = gpus.find_gpu("t4").memory_bytes
+    t4 = gpus.find_gpu("t4").capacity_bytes  # the memory CUDA reports; nvidia-smi's total is more
     code, out, err = run_cli(capsys, "calc", *COUNTS, "--device", "t4", "--budget", f"{t4}B")
     assert code == 0, err
     assert f"budget {format_bytes(t4)} (T4 16GB)" in out
+    smi = gpus.find_gpu("t4").memory_bytes
+    code, out, err = run_cli(capsys, "calc", *COUNTS, "--device", "t4", "--budget", f"{smi}B")
+    assert code == 2 and "more than the T4 16GB's usable memory" in err
     code, out, err = run_cli(capsys, "calc", *COUNTS, "--budget", "100GiB")  # no device: nothing to compare with
     assert code == 0, err
 
@@ -105,7 +110,7 @@ def test_what_would_shrink_a_per_rank_step_is_per_rank(capsys, strategy):
     assert said is not None, out
     other = napkin.transformer_estimate(
         layers=24, hidden=1024, heads=16, seq_len=1024, batch_size=8, vocab=50257, precision="bf16-mixed",
-        recompute="full",
+        recompute="full", device="cuda:a100-40gb",
     )  # fmt: skip
     world = (
         Strategy("zero", world_size=8, zero_stage=3) if "--zero-stage" in strategy else Strategy("ddp", world_size=8)

@@ -19,7 +19,7 @@ from nnmem_callbacks.cli.compute import (
 )
 from nnmem_callbacks.cli.errors import EXIT_DOES_NOT_FIT, EXIT_OK, CliError, checked_value
 from nnmem_callbacks.cli.plots import check_plot_path
-from nnmem_callbacks.cli.render import emit_estimate, make_console, sequence_text
+from nnmem_callbacks.cli.render import USABLE_NOTE, emit_estimate, make_console, sequence_text, usable_text
 from nnmem_callbacks.cli.targets import resolve_budget_bytes, resolve_target
 from nnmem_callbacks.core import vocabulary
 from nnmem_callbacks.core.units import format_bytes
@@ -80,7 +80,8 @@ def calc_command(args: argparse.Namespace) -> int:
         check_plot_path(args.plot)
     target = resolve_target(args.device)
     budget = resolve_budget_bytes(args.budget, target)
-    device = "cpu" if target.device == "cpu" else "cuda"
+    # a named GPU: the napkin sizes the cuBLAS workspaces and the context for its architecture
+    device = "cpu" if target.device == "cpu" else f"cuda:{target.gpu.name}" if target.gpu is not None else "cuda"
     _check_positions(args)
     single = napkin_from_args(args, device=device)
     strategy = strategy_from_args(args)
@@ -140,9 +141,11 @@ def _explain_per_rank(estimate, single, strategy) -> list[str]:
 
 
 def _with_gpu_counts(fit: FitSummary, single, strategy, margin: float) -> FitSummary:
-    """Each GPU row with the fewest ranks of that GPU whose per-rank share of ``single`` fits."""
+    """Each GPU row with the fewest ranks of that GPU whose per-rank share of ``single`` (with that card's
+    workspaces and context) fits its usable memory."""
     import dataclasses
 
+    from nnmem_callbacks.cli.gpu_fits import on_card
     from nnmem_callbacks.core.strategy import gpus_needed
 
     params = int(single.extra.get("params") or single.extra.get("napkin", {}).get("params") or 0)
@@ -151,7 +154,12 @@ def _with_gpu_counts(fit: FitSummary, single, strategy, margin: float) -> FitSum
         dataclasses.replace(
             row,
             gpus_needed=gpus_needed(
-                single, strategy, row.memory_bytes, parameters=params, gathered_bytes=gathered, margin=margin
+                on_card(single, gpu_table.find_gpu(row.name)),
+                strategy,
+                row.usable_bytes,
+                parameters=params,
+                gathered_bytes=gathered,
+                margin=margin,
             ),
         )
         for row in fit.gpus
@@ -160,7 +168,7 @@ def _with_gpu_counts(fit: FitSummary, single, strategy, margin: float) -> FitSum
 
 
 def gpus_command(args: argparse.Namespace) -> int:
-    """``nnmem gpus``: print the built-in GPU table."""
+    """``nnmem gpus``: print the built-in GPU table: nvidia-smi's memory and the CUDA total (what fits use)."""
     if args.json:
         print(
             json.dumps(
@@ -169,6 +177,9 @@ def gpus_command(args: argparse.Namespace) -> int:
                         "name": g.name,
                         "nominal_gb": g.nominal_gb,
                         "memory_bytes": g.memory_bytes,
+                        "capacity_bytes": g.capacity_bytes,
+                        "capacity_measured": g.capacity_measured,
+                        "capacity_source": g.capacity_source,
                         "capability": f"{g.capability[0]}.{g.capability[1]}",
                         "architecture": g.arch.name,
                     }
@@ -180,15 +191,26 @@ def gpus_command(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    table = Table(title="Built-in GPUs (--device NAME); memory as nvidia-smi reports it", title_justify="left")
+    table = Table(
+        title="Built-in GPUs (--device NAME): memory as nvidia-smi reports it, and the CUDA total fits use",
+        title_justify="left",
+    )
     table.add_column("GPU")
     table.add_column("on the box", justify="right")
-    table.add_column("memory", justify="right")
-    table.add_column("bytes", justify="right")
+    table.add_column("nvidia-smi", justify="right")
+    table.add_column("CUDA total", justify="right")
+    table.add_column("CUDA total, bytes", justify="right")
     table.add_column("architecture")
     for gpu in gpu_table.GPUS:
         table.add_row(
-            gpu.name, f"{gpu.nominal_gb} GB", format_bytes(gpu.memory_bytes), f"{gpu.memory_bytes:,}", gpu.arch.label
+            gpu.name,
+            f"{gpu.nominal_gb} GB",
+            format_bytes(gpu.memory_bytes),
+            usable_text(gpu.capacity_bytes, gpu.capacity_measured),
+            f"{gpu.capacity_bytes:,}",
+            gpu.arch.label,
         )
-    make_console().print(table)
+    console = make_console()
+    console.print(table)
+    console.print(USABLE_NOTE, markup=False)
     return 0

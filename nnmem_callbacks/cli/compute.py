@@ -11,13 +11,13 @@ import sys
 from typing import Any, Iterator
 
 from nnmem_callbacks.cli.errors import CliError, checked_value, first_line, require_module
+from nnmem_callbacks.cli.gpu_fits import GpuFit, gpu_rows, sequence_rows
 from nnmem_callbacks.cli.models import build_model, check_forward, check_forward_inputs, load_factory, make_batch
 from nnmem_callbacks.cli.targets import Target, resolve_target
 from nnmem_callbacks.cli.values import parse_count, parse_input_shape, parse_model_args
 from nnmem_callbacks.core.estimate import MemoryEstimate
-from nnmem_callbacks.core.plan import DEFAULT_MARGIN, Plan, make_plan, planning_margin, resolve_budget
+from nnmem_callbacks.core.plan import DEFAULT_MARGIN, Plan, make_plan, planning_margin
 from nnmem_callbacks.estimators import napkin
-from nnmem_callbacks.hardware import gpus as gpu_table
 
 __all__ = [
     "calc_mode",
@@ -222,19 +222,7 @@ def sequence_summary(estimate: MemoryEstimate, seq_len: int, fit: "FitSummary") 
         answer["usable_peak_bytes"] = usable
         answer["max_sequence_length"] = estimate.max_sequence_length(usable, batch)
     if fit.gpus:  # which GPU fits at this length: each one's longest length at the batch
-        rows = []
-        for gpu in fit.gpus:
-            budget = resolve_budget(None, capacity_bytes=gpu.memory_bytes, margin=fit.margin)
-            allowed = estimate.tensor_share_of_device(int(budget * (1 - planning_margin(None, fit.margin))))
-            rows.append(
-                {
-                    "name": gpu.name,
-                    "memory_bytes": gpu.memory_bytes,
-                    "fits": peak <= allowed,
-                    "max_sequence_length": estimate.max_sequence_length(allowed, batch) if allowed > 0 else 0,
-                }
-            )
-        answer["gpus"] = rows
+        answer["gpus"] = sequence_rows(estimate, fit.gpus, peak, fit.margin)
         answer["note"] = "device total at other lengths: the traced length's reserve ratio and context"
     return answer
 
@@ -567,18 +555,6 @@ def _lora_from_args(args: argparse.Namespace, common: dict[str, Any]) -> MemoryE
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuFit:
-    """How an estimate fits one GPU (its memory minus the margin, as with no ``--budget``)."""
-
-    name: str
-    memory_bytes: int
-    max_batch_size: int | None  # None: not known (the step could not run)
-    fits: bool
-    covered: bool = True  # False: the CUDA kernels the estimate emulated differ on this card's architecture
-    gpus_needed: int | None = None  # with a strategy: the fewest ranks whose per-rank share fits
-
-
-@dataclasses.dataclass(frozen=True)
 class FitSummary:
     """The estimate compared with the target's budget and with the GPU table.
 
@@ -612,6 +588,8 @@ class FitSummary:
                 "device": self.target.device,
                 "gpu": self.target.gpu.name if self.target.gpu else None,
                 "capacity_bytes": self.target.capacity_bytes,
+                "capacity_source": self.target.capacity_source,
+                "nvidia_smi_bytes": self.target.gpu.memory_bytes if self.target.gpu else None,  # shown, not fitted
                 "free_bytes": self.target.free_bytes,
             },
             "budget_bytes": self.budget_bytes,
@@ -636,11 +614,12 @@ def fit_summary(
     *,
     budget_named: bool = True,
 ) -> FitSummary:
-    """Compares ``estimate`` with the budget and, without a known device memory, with every GPU.
+    """Compares ``estimate`` with the budget and, without a known device memory, with every GPU
+    (:func:`~nnmem_callbacks.cli.gpu_fits.gpu_rows`: each card's usable memory, as CUDA reports it).
 
     On CUDA the device bytes (allocator reserve plus context) are compared,
     on CPU the tensor peak. Each comparison is :func:`~nnmem_callbacks.core.plan.make_plan`;
-    a GPU row's budget is :func:`~nnmem_callbacks.core.plan.resolve_budget` with no budget.
+    a GPU row's budget is :func:`~nnmem_callbacks.core.plan.resolve_budget` of its usable memory with no budget.
     ``budget_named=False`` says that ``budget_bytes`` was resolved from no
     ``--budget`` and so already keeps ``margin`` free; the plan then does not
     take it again (:func:`~nnmem_callbacks.core.plan.planning_margin`).
@@ -670,14 +649,7 @@ def fit_summary(
         )
     rows: tuple[GpuFit, ...] = ()
     if target.is_cuda and target.gpu is None and target.capacity_bytes is None:
-        uncovered = set(estimate.extra.get("cuda_emulation", {}).get("uncovered_capabilities", ()))
-        gpu_rows = []
-        for gpu in sorted(gpu_table.GPUS, key=lambda g: g.memory_bytes):
-            budget = resolve_budget(None, capacity_bytes=gpu.memory_bytes, margin=margin)
-            gpu_plan = make_plan(estimate, budget, "warn", planning_margin(None, margin), include_reserve=True)
-            covered = f"{gpu.capability[0]}.{gpu.capability[1]}" not in uncovered
-            gpu_rows.append(GpuFit(gpu.name, gpu.memory_bytes, gpu_plan.max_fitting_batch_size, gpu_plan.fits, covered))
-        rows = tuple(row if known else dataclasses.replace(row, max_batch_size=None) for row in gpu_rows)
+        rows = gpu_rows(estimate, margin, known=known)  # each card's usable memory, workspaces and context
     return FitSummary(
         target,
         budget_bytes,

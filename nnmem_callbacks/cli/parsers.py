@@ -135,7 +135,8 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="memory to fit into: a size with a unit (6GiB, 512MiB, 16GB) or a bare number, read as a fraction "
         "of the device in (0, 1] (0.9; '1.5' is an error: write 1.5GiB); default: the device's free memory "
-        "(a named GPU: its memory) minus 5%%, as MemoryBudgetCallback(budget=None); e.g. --budget 10GiB",
+        "(a named GPU: the memory CUDA reports for it, see `nnmem gpus`) minus 5%%, as "
+        "MemoryBudgetCallback(budget=None); e.g. --budget 10GiB",
     )
     parser.add_argument(
         "--world-size",
@@ -400,7 +401,8 @@ def gpus_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         subparsers,
         "gpus",
         help="list the built-in GPU table",
-        description="The GPUs --device accepts by name, with the memory nvidia-smi reports.",
+        description="The GPUs --device accepts by name, with the memory nvidia-smi reports and the total CUDA "
+        "reports (torch.cuda.mem_get_info), which fits are checked against: measured where recorded, else assumed.",
         epilog="example:\n  nnmem gpus --json",
     )
     parser.add_argument("--json", action="store_true", help="print the table as JSON")

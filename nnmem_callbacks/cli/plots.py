@@ -47,9 +47,8 @@ def budget_labels(fit: FitSummary) -> tuple[str, str]:
     if fit.budget_named:
         return f"budget {format_bytes(fit.budget_bytes)}", f"{batch} (keeps {fit.margin:.0%} of the budget free)"
     where = fit.target.where
-    memory = "memory" if fit.target.free_bytes is None else "free memory"
     return (
-        f"budget {format_bytes(fit.budget_bytes)} ({where}'s {memory} less {fit.margin:.0%})",
+        f"budget {format_bytes(fit.budget_bytes)} ({where}'s {fit.target.memory_word} less {fit.margin:.0%})",
         f"{batch} (the largest under the budget line)",
     )
 

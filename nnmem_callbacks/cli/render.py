@@ -13,8 +13,35 @@ from nnmem_callbacks.cli.plots import plot_estimate
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.formatting import breakdown_rows
 from nnmem_callbacks.core.units import format_bytes
+from nnmem_callbacks.hardware import gpus as gpu_table
 
-__all__ = ["emit_estimate", "estimate_to_json", "make_console", "readable_note", "render_estimate", "sequence_text"]
+__all__ = [
+    "emit_estimate",
+    "estimate_to_json",
+    "make_console",
+    "readable_note",
+    "render_estimate",
+    "sequence_text",
+    "USABLE_NOTE",
+    "usable_text",
+]
+
+#: Under a table of GPUs: which of a card's two sizes a fit is checked against, and where it comes from.
+USABLE_NOTE = (
+    'CUDA total: what torch.cuda.mem_get_info() reports (an out-of-memory message\'s "total capacity"), which '
+    f"fits are checked against; measured on {', '.join(g.name for g in gpu_table.GPUS if g.capacity_measured)}; "
+    f"~ assumed: nvidia-smi's total less the driver's reserve, {gpu_table.driver_reserve_rule()}"
+)
+
+
+def usable_text(capacity_bytes: int, measured: bool) -> str:
+    """A card's CUDA total for the tables; ``~`` marks an assumed one.
+
+    Example:
+        >>> usable_text(85_017_493_504, True), usable_text(15_456_010_240, False)
+        ('79.18 GiB', '~14.39 GiB')
+    """
+    return ("" if measured else "~") + format_bytes(capacity_bytes)
 
 
 def estimate_to_json(estimate: MemoryEstimate, fit: FitSummary, **extra: Any) -> str:
@@ -127,8 +154,13 @@ def render_estimate(
                 f"{format_bytes(fit.usable_bytes)} usable"
             )
         else:
-            memory = "memory" if fit.target.free_bytes is None else "free memory"
-            budget = f"budget {format_bytes(fit.budget_bytes)}: {where}'s {memory} less {fit.margin:.0%}"
+            budget = (
+                f"budget {format_bytes(fit.budget_bytes)}: {where}'s {fit.target.memory_word} less {fit.margin:.0%}"
+            )
+            gpu = fit.target.gpu
+            if gpu is not None:
+                how = "measured" if gpu.capacity_measured else "assumed"
+                budget += f" ({format_bytes(gpu.capacity_bytes)}, {how}: see `nnmem gpus`)"
         console.print(budget)
         largest = UNKNOWN_LARGEST if fit.max_batch_size is None else _batch_text(fit.max_batch_size)
         console.print(
@@ -138,9 +170,12 @@ def render_estimate(
         if fit.plan is not None and fit.plan.verification is not None:
             console.print(fit.plan.verification.text, markup=False)
     if fit.gpus:
-        gpu_rows = Table(title=f"Which GPU fits (device total vs memory minus {fit.margin:.0%})", title_justify="left")
+        gpu_rows = Table(
+            title=f"Which GPU fits (device total vs CUDA total minus {fit.margin:.0%})", title_justify="left"
+        )
         gpu_rows.add_column("GPU")
-        gpu_rows.add_column("memory", justify="right")
+        gpu_rows.add_column("nvidia-smi", justify="right")
+        gpu_rows.add_column("CUDA total", justify="right")
         gpu_rows.add_column(f"batch {estimate.batch_size}", justify="center")
         gpu_rows.add_column("max batch", justify="right")
         counts = any(row.gpus_needed is not None for row in fit.gpus)
@@ -151,6 +186,7 @@ def render_estimate(
             cells = [
                 row.name + mark,
                 format_bytes(row.memory_bytes),
+                usable_text(row.usable_bytes, row.capacity_measured),
                 "yes" if row.fits else "no",
                 _batch_text(row.max_batch_size),
             ]
@@ -158,6 +194,7 @@ def render_estimate(
                 cells.append(str(row.gpus_needed) if row.gpus_needed is not None else "none (a rank alone exceeds it)")
             gpu_rows.add_row(*cells)
         console.print(gpu_rows)
+        console.print(USABLE_NOTE, markup=False)
         if not all(row.covered for row in fit.gpus):
             console.print(
                 "* this card's architecture runs other kernels (attention) than the one estimated; "
@@ -225,10 +262,14 @@ def sequence_text(answer: dict[str, Any]) -> str:
             f"{answer['batch_size']}: {longest(answer['max_sequence_length'])}"
         )
     if answer.get("gpus"):
-        lines.append(f"which GPU fits length {answer['seq_len']} at batch {answer['batch_size']}:")
+        lines.append(
+            f"which GPU fits length {answer['seq_len']} at batch {answer['batch_size']} (nvidia-smi's memory, "
+            f"and the CUDA total it is checked against; ~ assumed):"
+        )
         for row in answer["gpus"]:
+            cuda = usable_text(row.get("capacity_bytes") or row["memory_bytes"], row.get("capacity_measured", False))
             lines.append(
-                f"  {row['name']:<24} {format_bytes(row['memory_bytes']):>10}  {'fits' if row['fits'] else 'no':<4}  "
-                f"longest length {longest(row['max_sequence_length'], grouped=True)}"
+                f"  {row['name']:<24} {format_bytes(row['memory_bytes']):>10} {cuda:>11}  "
+                f"{'fits' if row['fits'] else 'no':<4}  longest length {longest(row['max_sequence_length'], grouped=True)}"
             )
     return "\n".join(lines)

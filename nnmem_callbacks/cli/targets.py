@@ -22,7 +22,9 @@ class Target:
     Attributes:
         device: What the estimator gets: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         gpu: The GPU picked by name, if any.
-        capacity_bytes: Memory of the device, when known.
+        capacity_bytes: Memory of the device, when known: for a GPU the total CUDA reports
+            (``mem_get_info``; for a named card :attr:`~nnmem_callbacks.hardware.gpus.GpuSpec.capacity_bytes`,
+            not ``nvidia-smi``'s larger total).
         free_bytes: Memory free now (local devices only).
         label: Human description, e.g. ``"cuda (A100 80GB)"``.
     """
@@ -36,6 +38,33 @@ class Target:
     @property
     def is_cuda(self) -> bool:
         return self.device.startswith("cuda")
+
+    @property
+    def capacity_source(self) -> str | None:
+        """Where :attr:`capacity_bytes` comes from, in words (``None`` when it is unknown).
+
+        Example:
+            >>> resolve_target("h100").capacity_source.startswith("measured: mem_get_info's total")
+            True
+        """
+        if self.capacity_bytes is None:
+            return None
+        if self.gpu is not None:
+            return self.gpu.capacity_source
+        return "host RAM (psutil)" if self.device == "cpu" else "torch.cuda.mem_get_info() of the local device"
+
+    @property
+    def memory_word(self) -> str:
+        """What a budget from no ``--budget`` is a share of: ``"free memory"`` (a local device),
+        ``"CUDA-reported memory"`` (a named GPU: the total CUDA reports, not nvidia-smi's), else ``"memory"``.
+
+        Example:
+            >>> resolve_target("t4").memory_word
+            'CUDA-reported memory'
+        """
+        if self.free_bytes is not None:
+            return "free memory"
+        return "CUDA-reported memory" if self.gpu is not None else "memory"
 
     @property
     def where(self) -> str:
@@ -53,8 +82,8 @@ def resolve_target(device: str | None) -> Target:
         CliError: For a device that is neither cpu/cuda nor a known GPU name.
 
     Example:
-        >>> resolve_target("H100").capacity_bytes // 2**20
-        81559
+        >>> resolve_target("H100").capacity_bytes // 2**20  # CUDA's total, not nvidia-smi's 81,559 MiB
+        81079
         >>> resolve_target(None).device
         'cuda'
     """
@@ -77,7 +106,7 @@ def resolve_target(device: str | None) -> Target:
         gpu = gpu_table.find_gpu(text)
     except ValueError as error:
         raise CliError(f"--device: {error}") from None
-    return Target("cuda", gpu, gpu.memory_bytes, None, f"cuda ({gpu.name})")
+    return Target("cuda", gpu, gpu.capacity_bytes, None, f"cuda ({gpu.name})")
 
 
 def _local_cuda(device: str) -> tuple[str, int, int] | None:
@@ -121,11 +150,11 @@ def resolve_budget_bytes(budget: str | None, target: Target) -> int | None:
             memory.
 
     Example:
-        >>> resolve_budget_bytes("0.5", resolve_target("T4")) == 15360 * 2**20 // 2
+        >>> resolve_budget_bytes("0.5", resolve_target("T4")) == resolve_target("T4").gpu.capacity_bytes // 2
         True
         >>> resolve_budget_bytes("6GiB", resolve_target(None))
         6442450944
-        >>> resolve_budget_bytes(None, resolve_target("T4")) == int(15360 * 2**20 * (1 - DEFAULT_MARGIN))
+        >>> resolve_budget_bytes(None, resolve_target("T4")) == int(14740 * 2**20 * (1 - DEFAULT_MARGIN))
         True
     """
     try:
@@ -144,7 +173,7 @@ def resolve_budget_bytes(budget: str | None, target: Target) -> int | None:
     if isinstance(parsed, int) and parsed > target.capacity_bytes:
         # a budget the device cannot hold would let a batch "fit" that cannot run there (exit status 0)
         where = (
-            f"the {target.gpu.name}'s memory"
+            f"the {target.gpu.name}'s usable memory (the total CUDA reports)"
             if target.gpu is not None
             else "this machine's RAM"
             if target.device == "cpu"

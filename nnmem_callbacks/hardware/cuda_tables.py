@@ -366,12 +366,15 @@ def conv_workspace_rule(capability: tuple[int, int], dtype_name: str, direction:
 def for_capability(
     estimate: "MemoryEstimate", capability: tuple[int, int], env: Mapping[str, str] | None = None
 ) -> "MemoryEstimate":
-    """``estimate`` with its cuBLAS workspaces sized for a GPU of another compute capability.
+    """``estimate`` with its cuBLAS workspaces (and a table's context) sized for a GPU of another compute capability.
 
     An estimate made without a GPU assumes one (``extra["cuda_libraries"]``
     records which, and how many workspaces the step allocates); a table of
-    GPUs can re-size the fixed workspaces per card with this. The tensors and
-    the cuDNN workspaces stay as estimated.
+    GPUs can re-size the fixed workspaces per card with this. Where the record
+    also says that ``overhead_bytes`` came from :data:`CONTEXT_TABLE`
+    (``context_run``: ``{"gemm": ..., "cudnn": ...}``, and ``cuda_major``), the
+    overhead becomes that table's figure for ``capability``. The tensors and the
+    cuDNN workspaces stay as estimated.
 
     Returns:
         A new estimate (the same one when it has no CUDA library record).
@@ -384,6 +387,10 @@ def for_capability(
         >>> t4 = for_capability(est, (7, 5), env={})
         >>> t4.breakdown["workspaces"] == 2 * CUBLAS_SMALL_DEFAULT, t4.peak_bytes == 2 * CUBLAS_SMALL_DEFAULT + 100
         (True, True)
+        >>> record = {**est.extra["cuda_libraries"], "context_run": {"gemm": True, "cudnn": False}}
+        >>> est = dataclasses.replace(est, extra={"cuda_libraries": record}, overhead_bytes=1)
+        >>> for_capability(est, (8, 0), env={}).overhead_bytes == context_figures((8, 0))[0].gemm
+        True
     """
     record = dict(estimate.extra).get("cuda_libraries")
     if not record:
@@ -398,10 +405,17 @@ def for_capability(
         + record["cublaslt_workspaces"] * lt
     )
     delta = new - old
-    if not delta:
+    overhead = estimate.overhead_bytes
+    run = record.get("context_run")
+    if run:
+        overhead = context_figures(capability, record.get("cuda_major"))[0].for_run(
+            bool(run["gemm"]), bool(run["cudnn"])
+        )
+    if not delta and overhead == estimate.overhead_bytes:
         return estimate
     breakdown = dict(estimate.breakdown)
-    breakdown["workspaces"] = breakdown.get("workspaces", 0) + delta
+    if delta:
+        breakdown["workspaces"] = breakdown.get("workspaces", 0) + delta
     phase_breakdowns = {
         phase: {**values, "workspaces": values.get("workspaces", 0) + delta}
         if values.get("workspaces")
@@ -418,5 +432,6 @@ def for_capability(
         phases=phases,
         phase_breakdowns=phase_breakdowns,
         reserved_bytes=reserved,
+        overhead_bytes=overhead,
         extra=extra,
     )

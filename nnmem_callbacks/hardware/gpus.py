@@ -1,19 +1,39 @@
 """A small built-in table of common GPUs and their memory, for "which GPU fits".
 
-The capacities are the totals that ``nvidia-smi`` reports for each card, in
-MiB, not the round number on the box: a "16 GB" T4 shows 15,360 MiB, an
-"80 GB" H100 81,559 MiB. The CUDA context and the cuBLAS workspace come out of
-that total; estimates count them in ``MemoryEstimate.overhead_bytes``, so
-compare ``device_bytes_at(n)`` (``include_reserve=True``) against
-``memory_bytes``.
+Each card has two sizes:
 
-Known limitations: the total that ``torch.cuda.mem_get_info()`` reports (and a
-CUDA out-of-memory message calls "total capacity") is lower than
-``nvidia-smi``'s by the driver's reserve, which depends on the driver: the H200
-of ``benchmarks/results/largest_batch/h200.json`` reported 139.80 GiB against
-the 140.40 GiB here. The default 5% margin covers it; a ``--budget`` of the whole
-card (``1.0``) does not. Older drivers also report smaller ``nvidia-smi``
-totals (a V100 32GB 32,510 MiB, an A100 40GB 40,536 MiB).
+* ``memory_bytes``, the total that ``nvidia-smi`` reports, in MiB, not the
+  round number on the box: a "16 GB" T4 shows 15,360 MiB, an "80 GB" H100
+  81,559 MiB. It is shown beside the card's name, as its owner knows it.
+* ``capacity_bytes``, the total that CUDA reports (``torch.cuda.mem_get_info()[1]``,
+  what a CUDA out-of-memory message calls "total capacity"): ``nvidia-smi``'s
+  less the driver's reserve. Every fit against a named card is checked against
+  this one. Where it was measured, the table holds the measured figure and names
+  its source (:attr:`GpuSpec.capacity_source`); elsewhere it is assumed, by
+  :func:`driver_reserve_bytes`.
+
+The CUDA context and the cuBLAS workspace come out of ``capacity_bytes``;
+estimates count them in ``MemoryEstimate.overhead_bytes`` and ``workspaces``,
+so compare ``device_bytes_at(n)`` (``include_reserve=True``) against
+``capacity_bytes``. A live device needs none of this: its capacity is read
+from ``mem_get_info`` (:func:`nnmem_callbacks.hardware.devices.cuda_capacity`).
+
+Known limitations:
+    * The driver's reserve was measured on two cards only, both Hopper: the H100
+      80GB HBM3 (driver 580: 85,017,493,504 bytes against nvidia-smi's 81,559
+      MiB, 480 MiB less) and the H200 (139.80 GiB in an out-of-memory message
+      against 140.40 GiB, about 620 MiB less). For every other card the reserve
+      is an assumption: the larger of the largest reserve recorded (620 MiB) and
+      the largest recorded share of the total (the H100's, 0.59%), rounded up to a
+      MiB (:func:`driver_reserve_bytes`). It depends on the driver and the card;
+      on small cards it is likely more than the driver takes (an error toward
+      "does not fit"), on untested large ones it may be less. Where the figure
+      matters (``--budget 1.0``), plan on the card itself: a live device reports
+      its own total.
+    * The H200's figure is read from a message rounded to 0.01 GiB; the smallest
+      whole MiB that rounds to 139.80 GiB is taken (at most 10 MiB below the truth).
+    * Older drivers also report smaller ``nvidia-smi`` totals (a V100 32GB
+      32,510 MiB, an A100 40GB 40,536 MiB) than the table's.
 
 Names are read forgivingly: case, spaces, dashes and vendor words
 ("NVIDIA", "Tesla", "GeForce") do not matter, and the memory may be written
@@ -25,10 +45,12 @@ Nothing here imports torch.
 Example:
     >>> find_gpu("a100-80gb").name
     'A100 80GB'
-    >>> find_gpu("NVIDIA H100").memory_bytes // 2**20
-    81559
-    >>> find_gpu("tesla t4").nominal_gb
-    16
+    >>> find_gpu("NVIDIA H100").memory_bytes // 2**20, find_gpu("NVIDIA H100").capacity_bytes
+    (81559, 85017493504)
+    >>> find_gpu("h100").capacity_measured, find_gpu("t4").capacity_measured
+    (True, False)
+    >>> find_gpu("tesla t4").nominal_gb, find_gpu("t4").capacity_bytes // 2**20
+    (16, 14740)
     >>> find_gpu("h100").arch.capability
     (9, 0)
 """
@@ -45,6 +67,8 @@ __all__ = [
     "cuda_arch",
     "CudaArch",
     "DEFAULT_ARCH_CAPABILITY",
+    "driver_reserve_bytes",
+    "driver_reserve_rule",
     "find_arch",
     "find_gpu",
     "gpu_names",
@@ -179,9 +203,13 @@ class GpuSpec:
         name: Display name, e.g. ``"A100 80GB"``.
         model: Normalised model name without memory, e.g. ``"a100"``.
         nominal_gb: The memory printed on the box, in GB.
-        memory_bytes: Total device memory as ``nvidia-smi`` reports it.
+        memory_bytes: Total device memory as ``nvidia-smi`` reports it (for display: fits use
+            :attr:`capacity_bytes`).
         aliases: Extra normalised spellings that select this card.
         capability: Compute capability ``(major, minor)``.
+        cuda_total_bytes: The total ``torch.cuda.mem_get_info()`` reported on this card, where one was
+            recorded (``None``: not measured).
+        cuda_total_source: Where :attr:`cuda_total_bytes` comes from.
     """
 
     name: str
@@ -190,6 +218,42 @@ class GpuSpec:
     memory_bytes: int
     aliases: tuple[str, ...] = ()
     capability: tuple[int, int] = DEFAULT_ARCH_CAPABILITY
+    cuda_total_bytes: int | None = None
+    cuda_total_source: str = ""
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The memory CUDA reports for the card (``mem_get_info``'s total): what a fit is checked against.
+
+        The recorded figure where one was measured, else ``nvidia-smi``'s total less
+        :func:`driver_reserve_bytes` (an assumption).
+
+        Example:
+            >>> t4 = find_gpu("t4")
+            >>> t4.memory_bytes - t4.capacity_bytes == driver_reserve_bytes(t4.memory_bytes) == 620 * 2**20
+            True
+        """
+        if self.cuda_total_bytes is not None:
+            return self.cuda_total_bytes
+        return self.memory_bytes - driver_reserve_bytes(self.memory_bytes)
+
+    @property
+    def capacity_measured(self) -> bool:
+        """Whether :attr:`capacity_bytes` was measured on such a card (else it is assumed)."""
+        return self.cuda_total_bytes is not None
+
+    @property
+    def capacity_source(self) -> str:
+        """Where :attr:`capacity_bytes` comes from, in words.
+
+        Example:
+            >>> find_gpu("a100-80gb").capacity_source
+            "assumed: nvidia-smi's total less 620 MiB, the driver's reserve as the larger of 620 MiB and 0.59% of it"
+        """
+        if self.cuda_total_bytes is not None:
+            return self.cuda_total_source
+        reserve = driver_reserve_bytes(self.memory_bytes)
+        return f"assumed: nvidia-smi's total less {reserve // MiB} MiB, the driver's reserve as {driver_reserve_rule()}"
 
     @property
     def arch(self) -> CudaArch:
@@ -203,11 +267,21 @@ class GpuSpec:
         return keys
 
 
-def _gpu(name: str, model: str, nominal_gb: int, smi_mib: int, capability: tuple[int, int], *aliases: str) -> GpuSpec:
-    return GpuSpec(name, model, nominal_gb, smi_mib * MiB, tuple(aliases), capability)
+def _gpu(
+    name: str,
+    model: str,
+    nominal_gb: int,
+    smi_mib: int,
+    capability: tuple[int, int],
+    *aliases: str,
+    cuda_total: tuple[int, str] | None = None,
+) -> GpuSpec:
+    total, source = cuda_total if cuda_total is not None else (None, "")
+    return GpuSpec(name, model, nominal_gb, smi_mib * MiB, tuple(aliases), capability, total, source)
 
 
-#: The built-in table, smallest memory first. ``smi_mib`` is nvidia-smi's total; the capability is NVIDIA's.
+#: The built-in table, smallest memory first. ``smi_mib`` is nvidia-smi's total; the capability is NVIDIA's;
+#: ``cuda_total`` is ``mem_get_info``'s total in bytes and its source, where one was recorded.
 GPUS: tuple[GpuSpec, ...] = (
     _gpu("RTX 3060 12GB", "rtx3060", 12, 12_288, (8, 6), "3060"),
     _gpu("T4 16GB", "t4", 16, 15_360, (7, 5)),
@@ -223,12 +297,75 @@ GPUS: tuple[GpuSpec, ...] = (
     _gpu("A40 48GB", "a40", 48, 46_068, (8, 6), "a40"),
     _gpu("L40S 48GB", "l40s", 48, 46_068, (8, 9), "l40s"),
     _gpu("RTX A6000 48GB", "a6000", 48, 49_140, (8, 6), "a6000", "rtxa6000", "rtxa600048gb"),
-    _gpu("H100 80GB", "h100", 80, 81_559, (9, 0), "h100"),
+    _gpu(
+        "H100 80GB",
+        "h100",
+        80,
+        81_559,
+        (9, 0),
+        "h100",
+        cuda_total=(
+            85_017_493_504,
+            "measured: mem_get_info's total on an H100 80GB HBM3 (SXM), driver 580 "
+            "(gpu-runs/2026-11-23-h100/cuda_facts.json, key total)",
+        ),
+    ),
     _gpu("A100 80GB", "a100", 80, 81_920, (8, 0)),
     # "NVL" is a form factor of the H200 (same memory), but the H100 NVL is another card: 94 GB, 95,830 MiB
     _gpu("H100 NVL 94GB", "h100nvl", 94, 95_830, (9, 0), "h100nvl", "h10094gb", "h10094"),
-    _gpu("H200 141GB", "h200", 141, 143_771, (9, 0), "h200"),
+    _gpu(
+        "H200 141GB",
+        "h200",
+        141,
+        143_771,
+        (9, 0),
+        "h200",
+        cuda_total=(
+            143_151 * MiB,  # the smallest whole MiB that prints as 139.80 GiB
+            "measured: an out-of-memory message's 'total capacity of 139.80 GiB' on an NVIDIA H200 "
+            "(benchmarks/results/largest_batch/h200.json), rounded to 0.01 GiB; the smallest whole MiB within it",
+        ),
+    ),
 )
+
+
+def driver_reserve_bytes(smi_bytes: int) -> int:
+    """The driver's reserve assumed for a card whose CUDA total was not measured.
+
+    Rule (an assumption, see the module's Known limitations): the largest of the
+    reserves recorded in :data:`GPUS` (``nvidia-smi``'s total less ``mem_get_info``'s),
+    each taken both as bytes and as a share of the card's total applied to
+    ``smi_bytes``; rounded up to a whole MiB. With the H100 80GB (480 MiB, 0.59%)
+    and the H200 (620 MiB, 0.43%) recorded, that is 620 MiB up to 102.9 GiB of
+    ``nvidia-smi`` total and 0.59% above.
+
+    Example:
+        >>> driver_reserve_bytes(15_360 * 2**20) // 2**20, driver_reserve_bytes(192 * 2**30) // 2**20
+        (620, 1158)
+    """
+    recorded = _recorded_reserves()
+    by_bytes = max(reserve for _, reserve in recorded)
+    by_share = max(-(-smi_bytes * reserve // total) for total, reserve in recorded)
+    return -(-max(by_bytes, by_share) // MiB) * MiB
+
+
+def driver_reserve_rule() -> str:
+    """:func:`driver_reserve_bytes`'s rule in words, with the recorded figures.
+
+    Example:
+        >>> driver_reserve_rule()
+        'the larger of 620 MiB and 0.59% of it'
+    """
+    recorded = _recorded_reserves()
+    by_bytes = -(-max(reserve for _, reserve in recorded) // MiB)
+    share = max(reserve / total for total, reserve in recorded)
+    return f"the larger of {by_bytes} MiB and {share:.2%} of it"
+
+
+def _recorded_reserves() -> list[tuple[int, int]]:
+    """``(nvidia-smi total, reserve)`` bytes of each card whose CUDA total was measured."""
+    return [(gpu.memory_bytes, gpu.memory_bytes - gpu.cuda_total_bytes) for gpu in GPUS if gpu.capacity_measured]
+
 
 _VENDOR_WORDS = ("nvidia", "tesla", "geforce", "quadro")
 _FORM_FACTORS = re.compile(r"(sxm\d?|pcie|hbm3e?|nvl)")

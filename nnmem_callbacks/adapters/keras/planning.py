@@ -356,8 +356,8 @@ def budget_capacity(device: Any, budget: int | float | str | None) -> tuple[int,
             backend does not see, naming the valid values.
 
     Example:
-        >>> budget_capacity("a100-80gb", 0.5)[0] // 2**20
-        81920
+        >>> budget_capacity("a100-80gb", 0.5)[0] // 2**20  # the total CUDA reports (nvidia-smi: 81,920 MiB)
+        81300
         >>> budget_capacity("cuda", "1GiB")
         (0, 0)
     """
@@ -384,7 +384,8 @@ def budget_capacity(device: Any, budget: int | float | str | None) -> tuple[int,
                 f"fit_plan: device={device!r} is not a device: {error}. Valid devices: 'cpu', 'cuda', 'cuda:N', "
                 f"'gpu', 'gpu:N' (a GPU here) or a GPU model ('a100-80gb' or 'cuda:a100-80gb')"
             ) from None
-        return (0, 0) if absolute else (gpu.memory_bytes, gpu.memory_bytes)
+        # the total CUDA reports for the card (what a run can have), not nvidia-smi's larger one
+        return (0, 0) if absolute else (gpu.capacity_bytes, gpu.capacity_bytes)
     if absolute:
         return 0, 0
     return _local_gpu_capacity(str(device), int(local.group(2) or 0))
@@ -425,7 +426,7 @@ def _local_gpu_capacity(device: str, index: int) -> tuple[int, int]:
             total = int(details.get("memory_limit", 0) or 0)
             if not total and details.get("device_name"):
                 try:  # TensorFlow does not say the card's memory: the table does, by its name
-                    total = gpu_table.find_gpu(str(details["device_name"])).memory_bytes
+                    total = gpu_table.find_gpu(str(details["device_name"])).capacity_bytes
                 except ValueError:
                     total = 0
             if total:

@@ -15,8 +15,11 @@ Example:
 Known limitations:
     * Model-specific extras (key/value caches, attention masks, architecture quirks) are not counted.
     * The CUDA caching allocator's reserve is not modelled (``reserved_bytes`` is ``None``); on CUDA
-      ``overhead_bytes`` is the measured context of a GEMM run (:data:`CUDA_OVERHEAD_BYTES`, the traced estimator's
-      figure without a GPU) and the two cuBLAS workspaces are ``workspaces`` (:data:`CUDA_WORKSPACE_BYTES`).
+      ``overhead_bytes`` is the measured context of a GEMM run (:func:`cuda_overhead_bytes`, the traced estimator's
+      figure without a GPU) and the two cuBLAS workspaces are ``workspaces`` (:func:`cuda_workspace_bytes`), both
+      for the architecture of a GPU named by ``device`` (``"cuda:a100-80gb"``), else for the default, Hopper
+      (:data:`CUDA_OVERHEAD_BYTES`, :data:`CUDA_WORKSPACE_BYTES`). Only Hopper's context was measured: other
+      architectures get its figure.
     * Kernel workspaces are ignored.
 """
 
@@ -32,6 +35,8 @@ from nnmem_callbacks.estimators.napkin.common import (
     RECOMPUTE,
     check_optimizer,
     check_precision,
+    cuda_overhead_bytes,
+    cuda_workspace_bytes,
 )
 from nnmem_callbacks.estimators.napkin.estimates import (
     korthikanti_layer_bytes,
@@ -49,7 +54,9 @@ __all__ = [
     "ARCHITECTURES",
     "ATTENTION",
     "CUDA_OVERHEAD_BYTES",
+    "cuda_overhead_bytes",
     "CUDA_WORKSPACE_BYTES",
+    "cuda_workspace_bytes",
     "OPTIMIZER_STATE",
     "PRECISION_ALIASES",
     "PRECISIONS",

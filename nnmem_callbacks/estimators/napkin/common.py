@@ -11,7 +11,9 @@ from typing import Any, Mapping, Sequence
 
 from nnmem_callbacks.core import vocabulary
 from nnmem_callbacks.core.estimate import Category, MemoryEstimate, PhaseLine
+from nnmem_callbacks.core.units import format_bytes
 from nnmem_callbacks.hardware import cuda_tables
+from nnmem_callbacks.hardware import gpus as gpu_table
 
 __all__ = [
     "ACTIVATIONS",
@@ -26,8 +28,11 @@ __all__ = [
     "check_precision",
     "common_parts",
     "COMPUTE_BYTES",
+    "cuda_capability",
     "CUDA_OVERHEAD_BYTES",
+    "cuda_overhead_bytes",
     "CUDA_WORKSPACE_BYTES",
+    "cuda_workspace_bytes",
     "input_bytes",
     "OPTIMIZER_STATE",
     "OPTIMIZER_TEMP",
@@ -87,14 +92,36 @@ ACTIVATIONS = ("gelu", "gelu_new")
 #: Accepted spellings besides :data:`PRECISIONS` (:data:`nnmem_callbacks.core.vocabulary.PRECISION_ALIASES`).
 PRECISION_ALIASES = vocabulary.PRECISION_ALIASES
 
-#: What a CUDA device shows beyond the allocator when no GPU is at hand to measure it: the CUDA context and the
-#: libraries a run with GEMMs loads, the figure the PyTorch estimator takes for such a run
-#: (:data:`nnmem_callbacks.hardware.cuda_tables.CONTEXT_TABLE`; the napkin's models are GEMMs only).
-CUDA_OVERHEAD_BYTES = cuda_tables.context_figures()[0].gemm
-#: The cuBLAS workspaces a training step allocates on CUDA: one for the forward's thread, one for autograd's
-#: (:func:`nnmem_callbacks.hardware.cuda_tables.cublas_workspace_bytes`), counted as ``workspaces`` as the PyTorch
-#: estimator counts them.
-CUDA_WORKSPACE_BYTES = 2 * cuda_tables.cublas_workspace_bytes()
+
+def cuda_overhead_bytes(capability: tuple[int, int] | None = None) -> int:
+    """What a CUDA device shows beyond the allocator when no GPU is at hand to measure it: the CUDA context and the
+    libraries a run with GEMMs loads, the figure the PyTorch estimator takes for such a run on a GPU of
+    ``capability`` (default: :data:`~nnmem_callbacks.hardware.cuda_tables.DEFAULT_CAPABILITY`, Hopper), from
+    :data:`nnmem_callbacks.hardware.cuda_tables.CONTEXT_TABLE` (the napkin's models are GEMMs only).
+
+    Example:
+        >>> cuda_overhead_bytes() == CUDA_OVERHEAD_BYTES == cuda_tables.CONTEXT_TABLE[(9, 13)].gemm
+        True
+    """
+    return cuda_tables.context_figures(capability or cuda_tables.DEFAULT_CAPABILITY)[0].gemm
+
+
+def cuda_workspace_bytes(capability: tuple[int, int] | None = None) -> int:
+    """The cuBLAS workspaces a training step allocates on a GPU of ``capability`` (default Hopper): one for the
+    forward's thread, one for autograd's (:func:`nnmem_callbacks.hardware.cuda_tables.cublas_workspace_bytes`,
+    which reads ``CUBLAS_WORKSPACE_CONFIG``), counted as ``workspaces`` as the PyTorch estimator counts them.
+
+    Example:
+        >>> cuda_workspace_bytes((9, 0)) // 2**20, cuda_workspace_bytes((8, 0)) == 2 * (4096 * 1024 * 2 + 16 * 1024 * 8)
+        (64, True)
+    """
+    return 2 * cuda_tables.cublas_workspace_bytes(capability or cuda_tables.DEFAULT_CAPABILITY)
+
+
+#: :func:`cuda_overhead_bytes` of the default GPU (Hopper): what a CUDA target that names no GPU gets.
+CUDA_OVERHEAD_BYTES = cuda_overhead_bytes()
+#: :func:`cuda_workspace_bytes` of the default GPU (Hopper): what a CUDA target that names no GPU gets.
+CUDA_WORKSPACE_BYTES = cuda_workspace_bytes()
 
 
 # -- validation ----------------------------------------------------------------
@@ -142,10 +169,55 @@ def check_choice(name: str, value: str, valid: Sequence[str]) -> str:
 
 
 def check_device(device: str) -> str:
-    kind = str(device).split(":", 1)[0]
-    if kind not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    return str(device)
+    """Validates a device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, or a CUDA GPU or architecture by name
+    (``"cuda:a100-80gb"``, ``"cuda:sm80"``, or a GPU of :data:`nnmem_callbacks.hardware.gpus.GPUS` alone,
+    ``"a100-80gb"``, returned as ``"cuda:a100-80gb"``), as the PyTorch estimator reads its device.
+
+    A named GPU sizes the CUDA libraries (cuBLAS workspaces, context) for its architecture
+    (:func:`cuda_capability`); ``"cuda"`` and ``"cuda:N"`` assume Hopper.
+
+    Raises:
+        ValueError: Naming the valid devices (and, for ``"cuda:<name>"``, the valid names).
+
+    Example:
+        >>> check_device("cuda"), check_device("a100-80gb"), check_device("cuda:sm75")
+        ('cuda', 'cuda:a100-80gb', 'cuda:sm75')
+        >>> check_device("tpu")
+        Traceback (most recent call last):
+        ...
+        ValueError: device must be 'cpu', 'cuda', 'cuda:N' or a CUDA GPU by name ('a100-80gb', 'cuda:a100-80gb', 'cuda:sm80'), got 'tpu'
+    """
+    text = str(device).strip()
+    kind, _, rest = text.partition(":")
+    if kind.lower() == "cpu":
+        return text.lower()
+    if kind.lower() == "cuda":
+        if not rest.strip() or rest.strip().isdigit():
+            return text.lower()
+        try:
+            gpu_table.find_arch(rest.strip())
+        except ValueError as error:
+            raise ValueError(f"device {device!r}: {error}") from None
+        return f"cuda:{rest.strip()}"
+    if gpu_table.is_gpu_name(text):
+        return f"cuda:{text}"
+    raise ValueError(
+        "device must be 'cpu', 'cuda', 'cuda:N' or a CUDA GPU by name ('a100-80gb', 'cuda:a100-80gb', 'cuda:sm80'), "
+        f"got {device!r}"
+    )
+
+
+def cuda_capability(device: str) -> tuple[int, int] | None:
+    """The compute capability a checked device names (``"cuda:a100-80gb"``: ``(8, 0)``), else ``None``.
+
+    Example:
+        >>> cuda_capability("cuda:t4"), cuda_capability("cuda"), cuda_capability("cuda:1"), cuda_capability("cpu")
+        ((7, 5), None, None, None)
+    """
+    kind, _, rest = device.partition(":")
+    if kind != "cuda" or not rest or rest.isdigit():
+        return None
+    return gpu_table.find_arch(rest).capability
 
 
 # -- assembling phases ---------------------------------------------------------
@@ -210,8 +282,13 @@ def assemble(
             {"inputs": parts.inputs},
         ),
     ]
-    if device.startswith("cuda"):  # the cuBLAS workspaces live from the first GEMM to the end of the process
-        rows = [(name, {**fixed, "workspaces": CUDA_WORKSPACE_BYTES}, per_sample) for name, fixed, per_sample in rows]
+    on_cuda = device.startswith("cuda")
+    capability = cuda_capability(device) if on_cuda else None
+    workspaces = cuda_workspace_bytes(capability) if on_cuda else 0
+    overhead = cuda_overhead_bytes(capability) if on_cuda else 0
+    if on_cuda:  # the cuBLAS workspaces live from the first GEMM to the end of the process
+        rows = [(name, {**fixed, "workspaces": workspaces}, per_sample) for name, fixed, per_sample in rows]
+        notes, extra = _cuda_record(capability, workspaces, overhead, notes, extra)
     phases = []
     breakdowns: dict[str, dict[str, int]] = {}
     for name, fixed, per_sample in rows:
@@ -230,7 +307,7 @@ def assemble(
         phases=tuple(phases),
         peak_phase=peak_line.phase,
         reserved_bytes=None,
-        overhead_bytes=CUDA_OVERHEAD_BYTES if device.startswith("cuda") else 0,
+        overhead_bytes=overhead,
         device=device,
         precision=precision,
         method=method,
@@ -238,6 +315,39 @@ def assemble(
         phase_breakdowns=breakdowns,
         extra=dict(extra),
     )
+
+
+def _cuda_record(
+    capability: tuple[int, int] | None, workspaces: int, overhead: int, notes: Sequence[str], extra: Mapping[str, Any]
+) -> tuple[list[str], dict[str, Any]]:
+    """The notes and ``extra["cuda_libraries"]`` of a CUDA napkin estimate.
+
+    The record is the PyTorch estimator's (:func:`nnmem_callbacks.hardware.cuda_tables.for_capability` re-sizes
+    the workspaces and the context from it for another card); ``context_run`` says the context is the table's.
+    """
+    named = capability is not None
+    capability = capability or cuda_tables.DEFAULT_CAPABILITY
+    figures, _ = cuda_tables.context_figures(capability)
+    record = {
+        "capability": list(capability),
+        "source": "napkin: cuBLAS workspace and context tables",
+        "cublas_bytes": workspaces // 2,
+        "cublas_workspaces": 2,
+        "cublaslt_bytes": 0,
+        "cublaslt_workspaces": 0,
+        "context_run": {"gemm": True, "cudnn": False},
+        "cuda_major": None,
+    }
+    notes = list(notes)
+    if named:
+        arch = gpu_table.cuda_arch(capability)
+        family = any(key[0] == capability[0] for key in cuda_tables.CONTEXT_TABLE)
+        notes.append(
+            f"CUDA libraries for {arch.label}: two cuBLAS workspaces of {format_bytes(workspaces // 2)}; context and "
+            f"libraries {format_bytes(overhead)}, measured on {figures.source}"
+            + ("" if family else f" (no {arch.name} stack measured: the nearest)")
+        )
+    return notes, {**extra, "cuda_libraries": record}
 
 
 def common_parts(optimizer: str, precision: str, device: str, params: int, largest_param: int, matmul_params: int):

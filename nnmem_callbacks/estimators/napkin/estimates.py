@@ -137,7 +137,9 @@ def transformer_estimate(
             ``"gelu_new"`` (the tanh approximation written as eight elementwise
             ops, HF GPT-2's default: keeps three more ``4h``-wide tensors).
         dropout: Whether dropout is active (1-byte masks are kept).
-        device: ``"cuda"`` (foreach optimizers) or ``"cpu"``.
+        device: ``"cuda"`` (foreach optimizers; cuBLAS workspaces and context of the default GPU, Hopper), a GPU
+            by name (``"cuda:a100-80gb"``: its architecture's; see
+            :func:`nnmem_callbacks.estimators.napkin.common.check_device`) or ``"cpu"``.
 
     Returns:
         A :class:`MemoryEstimate` with ``method="napkin:transformer"``;
@@ -281,7 +283,7 @@ def mlp_estimate(
         batch_size: Batch size.
         optimizer: See :data:`OPTIMIZER_STATE`.
         precision: One of :data:`PRECISIONS`.
-        device: ``"cuda"`` or ``"cpu"``.
+        device: ``"cuda"``, a GPU by name (``"cuda:a100-80gb"``) or ``"cpu"``, as for :func:`transformer_estimate`.
         cross_entropy: Count a cross-entropy loss over the outputs.
 
     Returns:
@@ -377,7 +379,7 @@ def params_estimate(
         input_size: Input elements per sample (e.g. ``3*224*224``); 0 to ignore.
         optimizer: See :data:`OPTIMIZER_STATE`.
         precision: One of :data:`PRECISIONS`; activations take the compute dtype.
-        device: ``"cuda"`` or ``"cpu"``.
+        device: ``"cuda"``, a GPU by name (``"cuda:a100-80gb"``) or ``"cpu"``, as for :func:`transformer_estimate`.
         largest_param: Elements of the largest parameter (for CPU optimizer
             temporaries); defaults to a tenth of ``params``.
 
