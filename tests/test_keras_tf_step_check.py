@@ -351,6 +351,22 @@ def test_the_child_copy_leaves_an_unbuilt_optimizer_to_the_first_step():
     assert tf_step_check.compiled_copy({**request, "optimizer_built": True}).optimizer.built
 
 
+def test_a_model_with_a_lambda_layer_is_rebuilt_for_the_check():
+    """A Lambda layer (a Python lambda, common in users' models) was refused by Keras' safe mode in the child, so the
+    check was skipped and the estimate kept the bare replay: a dilated TCN of issue #46's third judged set came out
+    10.8% under its fit peak, below its own upper bound (2026-11-30)."""
+    inputs = keras.Input((32, 4))
+    hidden = L.Conv1D(8, 3, padding="causal")(inputs)
+    outputs = L.Dense(1)(L.Lambda(lambda t: t[:, -1, :] * 2.0)(hidden))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse")
+    request = tf_step_check.request_for(model, *_specs(model), batch_size=4, repeats=1)
+    copy = tf_step_check.compiled_copy(request)
+    x = np.random.default_rng(0).random((4, 32, 4), dtype=np.float32)
+    copy.set_weights(model.get_weights())
+    np.testing.assert_allclose(copy.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
+
+
 def _specs(model):
     from nnmem_callbacks.estimators.keras.common import input_specs
 

@@ -490,7 +490,9 @@ def compiled_copy(request: dict[str, Any]) -> Any:
     """
     import keras
 
-    model = keras.models.model_from_json(request["architecture"])
+    # safe_mode=False: the configuration is the one request_for wrote from the user's own model in the parent
+    # process, not a file from elsewhere; a Lambda layer's function is stored as its bytecode, which safe mode refuses
+    model = keras.saving.deserialize_keras_object(json.loads(request["architecture"]), safe_mode=False)
     if request.get("optimizer_built", True):
         model.compile_from_config(request["compile_config"])
     else:
