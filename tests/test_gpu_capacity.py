@@ -8,6 +8,7 @@ when it runs out of memory. Before Hopper, PyTorch gives each cuBLAS handle 8.12
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -28,31 +29,110 @@ def run_cli(capsys, *argv):
 
 
 # -- the table ---------------------------------------------------------------------------------------------
-def test_the_recorded_cuda_totals_are_the_table_s():
+ISSUE_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/issues/\d+")
+REPORTED = [g for g in gpus.GPUS if g.capacity_basis == "reported"]
+ASSUMED = [g for g in gpus.GPUS if g.capacity_basis == "assumed"]
+
+
+def test_the_measured_cuda_totals_are_the_table_s():
     h100, h200 = gpus.find_gpu("h100"), gpus.find_gpu("h200")
-    assert h100.capacity_bytes == H100_CUDA_TOTAL and h100.capacity_measured
+    assert h100.capacity_bytes == H100_CUDA_TOTAL and h100.capacity_measured and h100.capacity_basis == "measured"
     assert "cuda_facts.json" in h100.capacity_source
     # the H200's out-of-memory message: "a total capacity of 139.80 GiB" (PyTorch prints GiB to two decimals)
     assert f"{h200.capacity_bytes / 2**30:.2f}" == "139.80" and h200.capacity_measured
     assert f"{(h200.capacity_bytes - 2**20) / 2**30:.2f}" == "139.79"  # the smallest MiB that prints so
     assert "largest_batch/h200.json" in h200.capacity_source
+    assert [g.name for g in gpus.GPUS if g.capacity_measured] == ["H100 80GB", "H200 141GB"]  # by this project only
+
+
+@pytest.mark.parametrize("gpu", REPORTED, ids=lambda g: g.name)
+def test_a_reported_total_is_the_lower_edge_of_its_figure_and_names_its_sources(gpu):
+    figure = gpu.reported_gib
+    assert f"{gpu.capacity_bytes / 2**30:.2f}" == figure  # prints as the message did
+    assert f"{(gpu.capacity_bytes - 2**20) / 2**30:.2f}" != figure  # and is the smallest whole MiB that does
+    assert not gpu.capacity_measured and gpu.capacity_reported
+    assert gpu.capacity_source.startswith(f"reported: 'total capacity of {figure} GiB'")
+    assert ISSUE_URL.search(gpu.capacity_source), gpu.capacity_source
+
+
+# The lowest credible "total capacity" found in public out-of-memory messages naming the card (see gpus.py).
+PUBLIC_FIGURES = {
+    "RTX 3060 12GB": "11.75", "T4 16GB": "14.56", "A10 24GB": "21.99", "RTX 4090 24GB": "23.52",
+    "RTX 3090 24GB": "23.70", "V100 32GB": "31.74", "A100 40GB": "39.50", "L40S 48GB": "44.53",
+    "A100 80GB": "79.14", "H100 NVL 94GB": "93.00",
+}  # fmt: skip
+
+
+def test_the_public_figures_are_the_table_s():
+    """The old table assumed 620 MiB off nvidia-smi's total everywhere: an A100 80GB's 79.39 GiB is more than the
+    79.25 GiB (and 79.14 GiB) that A100 80GB owners' out-of-memory messages print."""
+    assert {g.name: g.reported_gib for g in REPORTED} == PUBLIC_FIGURES
+    for name, figure in PUBLIC_FIGURES.items():
+        assert gpus.find_gpu(name).capacity_bytes == gpus.lower_edge_mib(figure) * 2**20
+    assert gpus.find_gpu("a100-80gb").capacity_bytes <= gpus.lower_edge_mib("79.25") * 2**20
+    assert gpus.find_gpu("t4").capacity_bytes // 2**20 == 14_905
+
+
+def test_lower_edge_mib_is_the_smallest_mib_that_prints_as_the_figure():
+    for figure in ("0.01", "14.56", "79.14", "93.00", "139.80"):
+        mib = gpus.lower_edge_mib(figure)
+        assert f"{mib / 1024:.2f}" == figure and f"{(mib - 1) / 1024:.2f}" != figure
+    with pytest.raises(ValueError, match=r"two decimals, e\.g\. '14\.56'; got '14\.5'"):
+        gpus.lower_edge_mib("14.5")
+
+
+def test_a_recorded_total_needs_a_known_basis():
+    with pytest.raises(ValueError, match="unknown CUDA total basis 'guessed'; use 'measured' or 'reported'"):
+        gpus.GpuSpec("X 1GB", "x", 1, 2**30, cuda_total_bytes=2**29, cuda_total_basis="guessed")
+    with pytest.raises(ValueError, match="needs its basis"):
+        gpus.GpuSpec("X 1GB", "x", 1, 2**30, cuda_total_bytes=2**29)
 
 
 @pytest.mark.parametrize("gpu", gpus.GPUS, ids=lambda g: g.name)
 def test_every_card_offers_less_than_nvidia_smi_says(gpu):
     assert isinstance(gpu.capacity_bytes, int) and 0 < gpu.capacity_bytes < gpu.memory_bytes
     assert gpu.capacity_bytes % 2**20 == 0
+    assert gpu.capacity_basis in gpus.CAPACITY_BASES
 
 
-@pytest.mark.parametrize("gpu", [g for g in gpus.GPUS if not g.capacity_measured], ids=lambda g: g.name)
+def test_the_fallback_reserve_counts_every_measured_and_reported_card():
+    recorded = [g for g in gpus.GPUS if g.capacity_basis != "assumed"]
+    assert sorted(gpus.recorded_reserves()) == sorted(
+        (g.memory_bytes, g.memory_bytes - g.capacity_bytes) for g in recorded
+    )
+    a100, t4 = gpus.find_gpu("a100-80gb"), gpus.find_gpu("t4")
+    assert gpus.driver_reserve_rule() == "the larger of 885 MiB and 2.96% of it"
+    for smi_mib in (12_288, 16_160, 23_034, 46_068, 49_140, 200_000):
+        reserve = gpus.driver_reserve_bytes(smi_mib * 2**20)
+        assert reserve >= a100.memory_bytes - a100.capacity_bytes  # 885 MiB, the largest in bytes
+        assert reserve / (smi_mib * 2**20) >= (t4.memory_bytes - t4.capacity_bytes) / t4.memory_bytes  # 2.96%
+
+
+@pytest.mark.parametrize("gpu", ASSUMED, ids=lambda g: g.name)
 def test_an_assumed_reserve_is_at_least_each_recorded_one_in_bytes_and_in_share(gpu):
     reserve = gpu.memory_bytes - gpu.capacity_bytes
     assert reserve == gpus.driver_reserve_bytes(gpu.memory_bytes)
-    assert "assumed" in gpu.capacity_source and gpus.driver_reserve_rule() in gpu.capacity_source
-    for recorded in (g for g in gpus.GPUS if g.capacity_measured):
+    assert gpu.capacity_source.startswith("assumed") and gpus.driver_reserve_rule() in gpu.capacity_source
+    for recorded in (g for g in gpus.GPUS if g.capacity_basis != "assumed"):
         recorded_reserve = recorded.memory_bytes - recorded.capacity_bytes
         assert reserve >= recorded_reserve
         assert reserve / gpu.memory_bytes >= recorded_reserve / recorded.memory_bytes
+
+
+def test_the_known_limitations_give_the_range_of_recorded_reserves():
+    def reserve(g):
+        return g.memory_bytes - g.capacity_bytes
+
+    recorded = [g for g in gpus.GPUS if g.capacity_basis != "assumed"]
+    text = " ".join(gpus.__doc__.split())
+    low, high = min(recorded, key=reserve), max(recorded, key=reserve)
+    assert f"{reserve(low) // 2**20} MiB ({low.name}, {reserve(low) / low.memory_bytes:.2%})" in text
+    assert f"to {reserve(high) // 2**20} MiB ({high.name}, {reserve(high) / high.memory_bytes:.2%})" in text
+    share_low = min(recorded, key=lambda g: reserve(g) / g.memory_bytes)
+    share_high = max(recorded, key=lambda g: reserve(g) / g.memory_bytes)
+    assert f"from {reserve(share_low) / share_low.memory_bytes:.2%} ({share_low.name})" in text
+    assert f"to {reserve(share_high) / share_high.memory_bytes:.2%} ({share_high.name})" in text
+    assert "(885 MiB) and the largest recorded share of the total (the T4's, 2.96%)" in text
 
 
 # -- a named card ------------------------------------------------------------------------------------------
@@ -111,8 +191,11 @@ def test_which_gpu_fits_checks_each_card_against_cuda_s_total(capsys):
     code, out, err = run_cli(capsys, "calc", *_counts(params))
     table = out[out.index("Which GPU fits") :]
     assert "device total vs CUDA total minus 5%" in table and "nvidia-smi" in table
-    assert " 79.65 GiB " in table and " 79.18 GiB " in table and "~14.39 GiB" in table
-    assert "~ assumed: nvidia-smi's total less the driver's reserve" in " ".join(table.split())  # wrapped
+    assert " 79.65 GiB " in table and " 79.18 GiB " in table and "^14.56 GiB" in table and "~21.63 GiB" in table
+    note = " ".join(table.split())  # wrapped
+    assert "~ assumed: nvidia-smi's total less the driver's reserve" in note
+    assert "^ reported: the lowest figure found in public out-of-memory messages" in note
+    assert rows["T4 16GB"]["capacity_basis"] == "reported" and rows["L4 24GB"]["capacity_basis"] == "assumed"
 
 
 def test_nnmem_gpus_shows_both_sizes_and_says_which_is_which(capsys):
@@ -121,9 +204,17 @@ def test_nnmem_gpus_shows_both_sizes_and_says_which_is_which(capsys):
     assert (
         rows["H100 80GB"]["memory_bytes"] == 81_559 * 2**20 and rows["H100 80GB"]["capacity_bytes"] == H100_CUDA_TOTAL
     )
-    assert rows["T4 16GB"]["capacity_measured"] is False and "assumed" in rows["T4 16GB"]["capacity_source"]
+    t4, l4 = rows["T4 16GB"], rows["L4 24GB"]
+    assert t4["capacity_measured"] is False and t4["capacity_basis"] == "reported"
+    assert "https://github.com/Zheng-Chong/CatVTON/issues/133" in t4["capacity_source"]
+    assert l4["capacity_basis"] == "assumed" and l4["capacity_source"].startswith("assumed")
+    assert rows["H100 80GB"]["capacity_basis"] == "measured"
     code, out, _ = run_cli(capsys, "gpus")
     assert code == 0 and "nvidia-smi" in out and "CUDA total" in out and "85,017,493,504" in out
+    lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 3}
+    assert "^14.56 GiB" in lines["T4 16GB"] and " reported " in lines["T4 16GB"]
+    assert "~21.63 GiB" in lines["L4 24GB"] and " assumed " in lines["L4 24GB"]
+    assert " 79.18 GiB" in lines["H100 80GB"] and " measured " in lines["H100 80GB"]
 
 
 def test_a_keras_plan_for_a_named_card_uses_cuda_s_total():

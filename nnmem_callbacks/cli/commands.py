@@ -179,6 +179,7 @@ def gpus_command(args: argparse.Namespace) -> int:
                         "memory_bytes": g.memory_bytes,
                         "capacity_bytes": g.capacity_bytes,
                         "capacity_measured": g.capacity_measured,
+                        "capacity_basis": g.capacity_basis,
                         "capacity_source": g.capacity_source,
                         "capability": f"{g.capability[0]}.{g.capability[1]}",
                         "architecture": g.arch.name,
@@ -200,14 +201,16 @@ def gpus_command(args: argparse.Namespace) -> int:
     table.add_column("nvidia-smi", justify="right")
     table.add_column("CUDA total", justify="right")
     table.add_column("CUDA total, bytes", justify="right")
+    table.add_column("from")
     table.add_column("architecture")
     for gpu in gpu_table.GPUS:
         table.add_row(
             gpu.name,
             f"{gpu.nominal_gb} GB",
             format_bytes(gpu.memory_bytes),
-            usable_text(gpu.capacity_bytes, gpu.capacity_measured),
+            usable_text(gpu.capacity_bytes, gpu.capacity_basis),
             f"{gpu.capacity_bytes:,}",
+            gpu.capacity_basis,
             gpu.arch.label,
         )
     console = make_console()

@@ -1,7 +1,7 @@
 """Which GPU fits: an estimate against every card of the built-in table, each at its own usable memory.
 
 Each card is checked against the total CUDA reports for it
-(:attr:`~nnmem_callbacks.hardware.gpus.GpuSpec.capacity_bytes`: measured where recorded, else
+(:attr:`~nnmem_callbacks.hardware.gpus.GpuSpec.capacity_bytes`: measured or reported where recorded, else
 ``nvidia-smi``'s total less an assumed driver reserve), not ``nvidia-smi``'s larger total, which is kept for
 display. The estimate's cuBLAS workspaces (and a context taken from the tables) are re-sized for each card's
 architecture (:func:`nnmem_callbacks.hardware.cuda_tables.for_capability`); the tensors stay as estimated.
@@ -25,8 +25,10 @@ class GpuFit:
     """How an estimate fits one GPU (its usable memory minus the margin, as with no ``--budget``).
 
     ``memory_bytes`` is ``nvidia-smi``'s total (shown beside the name); ``capacity_bytes`` the total CUDA reports,
-    which the fit is checked against; ``capacity_measured`` says whether that was measured on such a card (else it
-    is assumed: :func:`nnmem_callbacks.hardware.gpus.driver_reserve_bytes`).
+    which the fit is checked against; ``capacity_basis`` says where that comes from: ``"measured"`` by this project,
+    ``"reported"`` by public out-of-memory messages, or ``"assumed"``
+    (:func:`nnmem_callbacks.hardware.gpus.driver_reserve_bytes`); ``capacity_measured`` is ``capacity_basis ==
+    "measured"``.
     """
 
     name: str
@@ -37,6 +39,7 @@ class GpuFit:
     gpus_needed: int | None = None  # with a strategy: the fewest ranks whose per-rank share fits
     capacity_bytes: int = 0  # the total CUDA reports for the card; 0: not given (then memory_bytes is used)
     capacity_measured: bool = False
+    capacity_basis: str = "assumed"
 
     @property
     def usable_bytes(self) -> int:
@@ -84,6 +87,7 @@ def gpu_rows(estimate: MemoryEstimate, margin: float, *, known: bool = True) -> 
                 f"{gpu.capability[0]}.{gpu.capability[1]}" not in uncovered,
                 capacity_bytes=gpu.capacity_bytes,
                 capacity_measured=gpu.capacity_measured,
+                capacity_basis=gpu.capacity_basis,
             )
         )
     return tuple(rows)
@@ -109,6 +113,7 @@ def sequence_rows(estimate: MemoryEstimate, rows: tuple[GpuFit, ...], peak: int,
                 "memory_bytes": row.memory_bytes,
                 "capacity_bytes": row.usable_bytes,
                 "capacity_measured": row.capacity_measured,
+                "capacity_basis": row.capacity_basis,
                 "fits": peak <= allowed,
                 "max_sequence_length": estimate.max_sequence_length(allowed, batch) if allowed > 0 else 0,
             }

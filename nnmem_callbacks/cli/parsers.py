@@ -402,7 +402,8 @@ def gpus_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         "gpus",
         help="list the built-in GPU table",
         description="The GPUs --device accepts by name, with the memory nvidia-smi reports and the total CUDA "
-        "reports (torch.cuda.mem_get_info), which fits are checked against: measured where recorded, else assumed.",
+        "reports (torch.cuda.mem_get_info), which fits are checked against: measured here, reported by public "
+        "out-of-memory messages (sources in --json), else assumed.",
         epilog="example:\n  nnmem gpus --json",
     )
     parser.add_argument("--json", action="store_true", help="print the table as JSON")

@@ -22,6 +22,7 @@ __all__ = [
     "readable_note",
     "render_estimate",
     "sequence_text",
+    "BASIS_MARKS",
     "USABLE_NOTE",
     "usable_text",
 ]
@@ -29,19 +30,32 @@ __all__ = [
 #: Under a table of GPUs: which of a card's two sizes a fit is checked against, and where it comes from.
 USABLE_NOTE = (
     'CUDA total: what torch.cuda.mem_get_info() reports (an out-of-memory message\'s "total capacity"), which '
-    f"fits are checked against; measured on {', '.join(g.name for g in gpu_table.GPUS if g.capacity_measured)}; "
+    f"fits are checked against; measured here on {', '.join(g.name for g in gpu_table.GPUS if g.capacity_measured)}; "
+    "^ reported: the lowest figure found in public out-of-memory messages on such a card (one user's driver; "
+    "`nnmem gpus --json` names the sources); "
     f"~ assumed: nvidia-smi's total less the driver's reserve, {gpu_table.driver_reserve_rule()}"
 )
 
+#: The mark before a CUDA total in the tables, by :attr:`~nnmem_callbacks.hardware.gpus.GpuSpec.capacity_basis`.
+BASIS_MARKS = {"measured": "", "reported": "^", "assumed": "~"}
 
-def usable_text(capacity_bytes: int, measured: bool) -> str:
-    """A card's CUDA total for the tables; ``~`` marks an assumed one.
+
+def usable_text(capacity_bytes: int, basis: str | bool) -> str:
+    """A card's CUDA total for the tables: ``^`` marks a reported one, ``~`` an assumed one.
+
+    ``basis`` is ``"measured"``, ``"reported"`` or ``"assumed"`` (``True``/``False``: measured/assumed).
 
     Example:
-        >>> usable_text(85_017_493_504, True), usable_text(15_456_010_240, False)
-        ('79.18 GiB', '~14.39 GiB')
+        >>> usable_text(85_017_493_504, "measured"), usable_text(15_628_828_672, "reported")
+        ('79.18 GiB', '^14.56 GiB')
+        >>> usable_text(15_456_010_240, "assumed"), usable_text(15_456_010_240, False)
+        ('~14.39 GiB', '~14.39 GiB')
     """
-    return ("" if measured else "~") + format_bytes(capacity_bytes)
+    if isinstance(basis, bool):
+        basis = "measured" if basis else "assumed"
+    if basis not in BASIS_MARKS:
+        raise ValueError(f"unknown CUDA total basis {basis!r}; use one of {', '.join(BASIS_MARKS)}")
+    return BASIS_MARKS[basis] + format_bytes(capacity_bytes)
 
 
 def estimate_to_json(estimate: MemoryEstimate, fit: FitSummary, **extra: Any) -> str:
@@ -159,7 +173,7 @@ def render_estimate(
             )
             gpu = fit.target.gpu
             if gpu is not None:
-                how = "measured" if gpu.capacity_measured else "assumed"
+                how = gpu.capacity_basis
                 budget += f" ({format_bytes(gpu.capacity_bytes)}, {how}: see `nnmem gpus`)"
         console.print(budget)
         largest = UNKNOWN_LARGEST if fit.max_batch_size is None else _batch_text(fit.max_batch_size)
@@ -186,7 +200,7 @@ def render_estimate(
             cells = [
                 row.name + mark,
                 format_bytes(row.memory_bytes),
-                usable_text(row.usable_bytes, row.capacity_measured),
+                usable_text(row.usable_bytes, row.capacity_basis),
                 "yes" if row.fits else "no",
                 _batch_text(row.max_batch_size),
             ]
@@ -264,10 +278,11 @@ def sequence_text(answer: dict[str, Any]) -> str:
     if answer.get("gpus"):
         lines.append(
             f"which GPU fits length {answer['seq_len']} at batch {answer['batch_size']} (nvidia-smi's memory, "
-            f"and the CUDA total it is checked against; ~ assumed):"
+            f"and the CUDA total it is checked against; ^ reported, ~ assumed):"
         )
         for row in answer["gpus"]:
-            cuda = usable_text(row.get("capacity_bytes") or row["memory_bytes"], row.get("capacity_measured", False))
+            basis = row.get("capacity_basis") or ("measured" if row.get("capacity_measured") else "assumed")
+            cuda = usable_text(row.get("capacity_bytes") or row["memory_bytes"], basis)
             lines.append(
                 f"  {row['name']:<24} {format_bytes(row['memory_bytes']):>10} {cuda:>11}  "
                 f"{'fits' if row['fits'] else 'no':<4}  longest length {longest(row['max_sequence_length'], grouped=True)}"

@@ -154,7 +154,7 @@ def resolve_budget_bytes(budget: str | None, target: Target) -> int | None:
         True
         >>> resolve_budget_bytes("6GiB", resolve_target(None))
         6442450944
-        >>> resolve_budget_bytes(None, resolve_target("T4")) == int(14740 * 2**20 * (1 - DEFAULT_MARGIN))
+        >>> resolve_budget_bytes(None, resolve_target("T4")) == int(14905 * 2**20 * (1 - DEFAULT_MARGIN))
         True
     """
     try:

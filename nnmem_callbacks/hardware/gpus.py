@@ -8,9 +8,13 @@ Each card has two sizes:
 * ``capacity_bytes``, the total that CUDA reports (``torch.cuda.mem_get_info()[1]``,
   what a CUDA out-of-memory message calls "total capacity"): ``nvidia-smi``'s
   less the driver's reserve. Every fit against a named card is checked against
-  this one. Where it was measured, the table holds the measured figure and names
-  its source (:attr:`GpuSpec.capacity_source`); elsewhere it is assumed, by
-  :func:`driver_reserve_bytes`.
+  this one. It comes from one of three places (:attr:`GpuSpec.capacity_basis`,
+  with :attr:`GpuSpec.capacity_source` naming where):
+
+  - *measured* by this project (the H100 80GB and the H200);
+  - *reported*: read from public PyTorch out-of-memory messages on that card
+    ("GPU 0 has a total capacity of 14.56 GiB"), each source named by URL;
+  - *assumed*: ``nvidia-smi``'s total less :func:`driver_reserve_bytes`.
 
 The CUDA context and the cuBLAS workspace come out of ``capacity_bytes``;
 estimates count them in ``MemoryEstimate.overhead_bytes`` and ``workspaces``,
@@ -19,21 +23,31 @@ so compare ``device_bytes_at(n)`` (``include_reserve=True``) against
 from ``mem_get_info`` (:func:`nnmem_callbacks.hardware.devices.cuda_capacity`).
 
 Known limitations:
-    * The driver's reserve was measured on two cards only, both Hopper: the H100
-      80GB HBM3 (driver 580: 85,017,493,504 bytes against nvidia-smi's 81,559
-      MiB, 480 MiB less) and the H200 (139.80 GiB in an out-of-memory message
-      against 140.40 GiB, about 620 MiB less). For every other card the reserve
-      is an assumption: the larger of the largest reserve recorded (620 MiB) and
-      the largest recorded share of the total (the H100's, 0.59%), rounded up to a
-      MiB (:func:`driver_reserve_bytes`). It depends on the driver and the card;
-      on small cards it is likely more than the driver takes (an error toward
-      "does not fit"), on untested large ones it may be less. Where the figure
-      matters (``--budget 1.0``), plan on the card itself: a live device reports
-      its own total.
-    * The H200's figure is read from a message rounded to 0.01 GiB; the smallest
-      whole MiB that rounds to 139.80 GiB is taken (at most 10 MiB below the truth).
-    * Older drivers also report smaller ``nvidia-smi`` totals (a V100 32GB
-      32,510 MiB, an A100 40GB 40,536 MiB) than the table's.
+    * The driver's reserve depends on the driver and the card, and newer drivers
+      reserve more. Two cards were measured here, both Hopper: the H100 80GB HBM3
+      (driver 580: 85,017,493,504 bytes against nvidia-smi's 81,559 MiB, 480 MiB
+      less) and the H200 (139.80 GiB in an out-of-memory message against 140.40
+      GiB, about 620 MiB less).
+    * A reported figure is one user's message on one driver (named where the issue
+      shows it), printed to 0.01 GiB; the smallest whole MiB that prints as it is
+      taken (at most 10 MiB below the truth), and where several were found the
+      lowest. Another driver may reserve more. The reserves recorded range from
+      261 MiB (RTX 3060 12GB, 2.12%) to 885 MiB (A100 80GB, 1.08%), and from 0.43%
+      (H200 141GB) to 2.96% (T4 16GB) of the card.
+    * For a card with neither, the reserve is an assumption
+      (:func:`driver_reserve_bytes`): the larger of the largest reserve recorded
+      (885 MiB) and the largest recorded share of the total (the T4's, 2.96%),
+      rounded up to a MiB. It is meant to err toward "does not fit"; on large
+      cards it is likely far more than the driver takes. Where the figure matters
+      (``--budget 1.0``), plan on the card itself: a live device reports its own
+      total.
+    * ``nvidia-smi`` totals are meant to be those of current drivers. Older drivers
+      showed smaller ones (a T4 15,109 MiB, a V100 32GB 32,510 MiB, an A100 40GB
+      40,536 MiB), about what CUDA then reported, so their messages say nothing of
+      today's reserve and are not used (a V100 16GB's "15.78 GiB" of 2021, 6 MiB
+      under the table's 16,160 MiB, which may itself be an older driver's figure).
+    * The measured H100 80GB figure (79.18 GiB, driver 580) is kept, though a
+      public message on an H100 shows 79.11 GiB (vllm-project/vllm#27508).
 
 Names are read forgivingly: case, spaces, dashes and vendor words
 ("NVIDIA", "Tesla", "GeForce") do not matter, and the memory may be written
@@ -47,10 +61,10 @@ Example:
     'A100 80GB'
     >>> find_gpu("NVIDIA H100").memory_bytes // 2**20, find_gpu("NVIDIA H100").capacity_bytes
     (81559, 85017493504)
-    >>> find_gpu("h100").capacity_measured, find_gpu("t4").capacity_measured
-    (True, False)
+    >>> find_gpu("h100").capacity_basis, find_gpu("t4").capacity_basis, find_gpu("l4").capacity_basis
+    ('measured', 'reported', 'assumed')
     >>> find_gpu("tesla t4").nominal_gb, find_gpu("t4").capacity_bytes // 2**20
-    (16, 14740)
+    (16, 14905)
     >>> find_gpu("h100").arch.capability
     (9, 0)
 """
@@ -68,6 +82,7 @@ __all__ = [
     "CudaArch",
     "DEFAULT_ARCH_CAPABILITY",
     "driver_reserve_bytes",
+    "CAPACITY_BASES",
     "driver_reserve_rule",
     "find_arch",
     "find_gpu",
@@ -75,7 +90,9 @@ __all__ = [
     "GPUS",
     "GpuSpec",
     "is_gpu_name",
+    "lower_edge_mib",
     "normalize_gpu_name",
+    "recorded_reserves",
 ]
 
 
@@ -207,9 +224,12 @@ class GpuSpec:
             :attr:`capacity_bytes`).
         aliases: Extra normalised spellings that select this card.
         capability: Compute capability ``(major, minor)``.
-        cuda_total_bytes: The total ``torch.cuda.mem_get_info()`` reported on this card, where one was
-            recorded (``None``: not measured).
-        cuda_total_source: Where :attr:`cuda_total_bytes` comes from.
+        cuda_total_bytes: The total ``torch.cuda.mem_get_info()`` reports on this card, where one was
+            recorded (``None``: assumed, see :func:`driver_reserve_bytes`).
+        cuda_total_source: Where :attr:`cuda_total_bytes` comes from (URLs for a reported one).
+        cuda_total_basis: ``"measured"`` (by this project) or ``"reported"`` (public out-of-memory
+            messages), with :attr:`cuda_total_bytes`.
+        reported_gib: A reported total as the messages print it (``"14.56"``), else ``""``.
     """
 
     name: str
@@ -220,17 +240,27 @@ class GpuSpec:
     capability: tuple[int, int] = DEFAULT_ARCH_CAPABILITY
     cuda_total_bytes: int | None = None
     cuda_total_source: str = ""
+    cuda_total_basis: str = ""
+    reported_gib: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.cuda_total_bytes is None) != (self.cuda_total_basis == ""):
+            raise ValueError(f"{self.name}: a recorded CUDA total needs its basis, and only then")
+        if self.cuda_total_basis not in ("", *CAPACITY_BASES[:2]):
+            raise ValueError(
+                f"{self.name}: unknown CUDA total basis {self.cuda_total_basis!r}; use 'measured' or 'reported'"
+            )
 
     @property
     def capacity_bytes(self) -> int:
         """The memory CUDA reports for the card (``mem_get_info``'s total): what a fit is checked against.
 
-        The recorded figure where one was measured, else ``nvidia-smi``'s total less
+        The recorded figure where one was measured or reported, else ``nvidia-smi``'s total less
         :func:`driver_reserve_bytes` (an assumption).
 
         Example:
-            >>> t4 = find_gpu("t4")
-            >>> t4.memory_bytes - t4.capacity_bytes == driver_reserve_bytes(t4.memory_bytes) == 620 * 2**20
+            >>> l4 = find_gpu("l4")
+            >>> l4.memory_bytes - l4.capacity_bytes == driver_reserve_bytes(l4.memory_bytes) == 885 * 2**20
             True
         """
         if self.cuda_total_bytes is not None:
@@ -238,17 +268,29 @@ class GpuSpec:
         return self.memory_bytes - driver_reserve_bytes(self.memory_bytes)
 
     @property
+    def capacity_basis(self) -> str:
+        """``"measured"`` (by this project), ``"reported"`` (public out-of-memory messages) or ``"assumed"``."""
+        return self.cuda_total_basis or "assumed"
+
+    @property
     def capacity_measured(self) -> bool:
-        """Whether :attr:`capacity_bytes` was measured on such a card (else it is assumed)."""
-        return self.cuda_total_bytes is not None
+        """Whether :attr:`capacity_bytes` was measured by this project (not reported, not assumed)."""
+        return self.capacity_basis == "measured"
+
+    @property
+    def capacity_reported(self) -> bool:
+        """Whether :attr:`capacity_bytes` was read from public out-of-memory messages on such a card."""
+        return self.capacity_basis == "reported"
 
     @property
     def capacity_source(self) -> str:
         """Where :attr:`capacity_bytes` comes from, in words.
 
         Example:
-            >>> find_gpu("a100-80gb").capacity_source
-            "assumed: nvidia-smi's total less 620 MiB, the driver's reserve as the larger of 620 MiB and 0.59% of it"
+            >>> find_gpu("l4").capacity_source
+            "assumed: nvidia-smi's total less 885 MiB, the driver's reserve as the larger of 885 MiB and 2.96% of it"
+            >>> find_gpu("a100-80gb").capacity_source.split(" (")[0]
+            "reported: 'total capacity of 79.14 GiB' in public out-of-memory messages on an A100 80GB"
         """
         if self.cuda_total_bytes is not None:
             return self.cuda_total_source
@@ -267,6 +309,25 @@ class GpuSpec:
         return keys
 
 
+#: Where a card's CUDA total comes from, most trusted first (:attr:`GpuSpec.capacity_basis`).
+CAPACITY_BASES = ("measured", "reported", "assumed")
+
+
+def lower_edge_mib(gib_text: str) -> int:
+    """The smallest whole MiB that PyTorch prints as ``gib_text`` GiB (two decimals, rounded).
+
+    Example:
+        >>> lower_edge_mib("139.80"), f"{143_151 / 1024:.2f}", f"{143_150 / 1024:.2f}"
+        (143151, '139.80', '139.79')
+    """
+    if not re.fullmatch(r"\d+\.\d\d", gib_text):
+        raise ValueError(f"a reported total is printed with two decimals, e.g. '14.56'; got {gib_text!r}")
+    mib = int((float(gib_text) - 0.006) * 1024)
+    while f"{mib / 1024:.2f}" != gib_text:
+        mib += 1
+    return mib
+
+
 def _gpu(
     name: str,
     model: str,
@@ -274,29 +335,64 @@ def _gpu(
     smi_mib: int,
     capability: tuple[int, int],
     *aliases: str,
-    cuda_total: tuple[int, str] | None = None,
+    measured: tuple[int, str] | None = None,
+    reported: tuple[str, str, tuple[str, ...]] | None = None,
 ) -> GpuSpec:
-    total, source = cuda_total if cuda_total is not None else (None, "")
-    return GpuSpec(name, model, nominal_gb, smi_mib * MiB, tuple(aliases), capability, total, source)
+    """A table row; ``reported`` is ``(printed GiB, on what, URLs)``, taken at the figure's lower edge."""
+    spec = GpuSpec(name, model, nominal_gb, smi_mib * MiB, tuple(aliases), capability)
+    if measured is not None:
+        return dataclasses.replace(spec, cuda_total_bytes=measured[0], cuda_total_source=measured[1],
+                                   cuda_total_basis="measured")  # fmt: skip
+    if reported is not None:
+        gib, where, urls = reported
+        source = (
+            f"reported: 'total capacity of {gib} GiB' in public out-of-memory messages on {where} "
+            f"({', '.join(urls)}); the smallest whole MiB that prints so"
+        )
+        return dataclasses.replace(spec, cuda_total_bytes=lower_edge_mib(gib) * MiB, cuda_total_source=source,
+                                   cuda_total_basis="reported", reported_gib=gib)  # fmt: skip
+    return spec
 
 
-#: The built-in table, smallest memory first. ``smi_mib`` is nvidia-smi's total; the capability is NVIDIA's;
-#: ``cuda_total`` is ``mem_get_info``'s total in bytes and its source, where one was recorded.
+_ISSUES = "https://github.com/"
+
+#: The built-in table, smallest CUDA total (:attr:`GpuSpec.capacity_bytes`) first. ``smi_mib`` is nvidia-smi's total; the capability is NVIDIA's;
+#: ``measured`` is ``mem_get_info``'s total in bytes and its source; ``reported`` the lowest credible "total
+#: capacity" of public PyTorch out-of-memory messages that name the card (see the module's Known limitations).
 GPUS: tuple[GpuSpec, ...] = (
-    _gpu("RTX 3060 12GB", "rtx3060", 12, 12_288, (8, 6), "3060"),
-    _gpu("T4 16GB", "t4", 16, 15_360, (7, 5)),
+    _gpu("RTX 3060 12GB", "rtx3060", 12, 12_288, (8, 6), "3060",
+         reported=("11.75", "an RTX 3060 12GB, Linux (11.76 in TencentARC/PhotoMaker#47)",
+                   (_ISSUES + "Kunhao-Liu/StyleGaussian/issues/12", _ISSUES + "smy20011/dreambooth-gui/issues/78"))),
+    _gpu("T4 16GB", "t4", 16, 15_360, (7, 5),
+         reported=("14.56", "a Tesla T4 (drivers before R510 showed 14.75-14.76)",
+                   (_ISSUES + "Zheng-Chong/CatVTON/issues/133", _ISSUES + "AlphaGPU/leetgpu-challenges/issues/52"))),
     _gpu("V100 16GB", "v100", 16, 16_160, (7, 0)),
     _gpu("P100 16GB", "p100", 16, 16_280, (6, 0), "p100"),
     _gpu("RTX 4080 16GB", "rtx4080", 16, 16_376, (8, 9), "rtx4080", "4080"),
-    _gpu("A10 24GB", "a10", 24, 23_028, (8, 6), "a10", "a10g", "a10g24gb"),
     _gpu("L4 24GB", "l4", 24, 23_034, (8, 9), "l4"),
-    _gpu("RTX 4090 24GB", "rtx4090", 24, 24_564, (8, 9), "rtx4090", "4090"),
-    _gpu("RTX 3090 24GB", "rtx3090", 24, 24_576, (8, 6), "rtx3090", "3090"),
-    _gpu("V100 32GB", "v100", 32, 32_768, (7, 0)),
-    _gpu("A100 40GB", "a100", 40, 40_960, (8, 0)),
+    _gpu("A10 24GB", "a10", 24, 23_028, (8, 6), "a10", "a10g", "a10g24gb",
+         reported=("21.99", "an A10 (Lambda Labs, PyTorch 2.0.1)", (_ISSUES + "zai-org/CogVLM/issues/236",))),
+    _gpu("RTX 4090 24GB", "rtx4090", 24, 24_564, (8, 9), "rtx4090", "4090",
+         reported=("23.52", "an RTX 4090 (others print 23.61-23.68)",
+                   (_ISSUES + "Soul-AILab/SoulX-FlashTalk/issues/5", _ISSUES + "pinokiofactory/flux-webui/issues/11",
+                    _ISSUES + "zai-org/CogVideo/issues/36"))),
+    _gpu("RTX 3090 24GB", "rtx3090", 24, 24_576, (8, 6), "rtx3090", "3090",
+         reported=("23.70", "an RTX 3090",
+                   (_ISSUES + "Lightning-AI/lit-llama/issues/137", _ISSUES + "xiaoxiangAQ/GAS-Net/issues/7"))),
+    _gpu("V100 32GB", "v100", 32, 32_768, (7, 0),
+         reported=("31.74", "a V100 32GB",
+                   (_ISSUES + "liucongg/ChatGLM-Finetuning/issues/73", _ISSUES + "haotian-liu/LLaVA/issues/812"))),
+    _gpu("A100 40GB", "a100", 40, 40_960, (8, 0),
+         reported=("39.50", "an A100 40GB (39.56 on an A100-SXM4-40GB, driver 535.104.05)",
+                   (_ISSUES + "TianheWu/CoSeR/issues/10", _ISSUES + "threestudio-project/threestudio/issues/402"))),
     _gpu("A40 48GB", "a40", 48, 46_068, (8, 6), "a40"),
-    _gpu("L40S 48GB", "l40s", 48, 46_068, (8, 9), "l40s"),
+    _gpu("L40S 48GB", "l40s", 48, 46_068, (8, 9), "l40s",
+         reported=("44.53", "an L40S 48GB", (_ISSUES + "Wan-Video/Wan2.1/issues/205",))),
     _gpu("RTX A6000 48GB", "a6000", 48, 49_140, (8, 6), "a6000", "rtxa6000", "rtxa600048gb"),
+    _gpu("A100 80GB", "a100", 80, 81_920, (8, 0),
+         reported=("79.14", "an A100 80GB (others print 79.25)",
+                   (_ISSUES + "lianqi1008/Control-GIC/issues/6", _ISSUES + "levihsu/OOTDiffusion/issues/235",
+                    _ISSUES + "HiDream-ai/VAREdit/issues/6"))),
     _gpu(
         "H100 80GB",
         "h100",
@@ -304,15 +400,15 @@ GPUS: tuple[GpuSpec, ...] = (
         81_559,
         (9, 0),
         "h100",
-        cuda_total=(
+        measured=(
             85_017_493_504,
             "measured: mem_get_info's total on an H100 80GB HBM3 (SXM), driver 580 "
             "(gpu-runs/2026-11-23-h100/cuda_facts.json, key total)",
         ),
     ),
-    _gpu("A100 80GB", "a100", 80, 81_920, (8, 0)),
     # "NVL" is a form factor of the H200 (same memory), but the H100 NVL is another card: 94 GB, 95,830 MiB
-    _gpu("H100 NVL 94GB", "h100nvl", 94, 95_830, (9, 0), "h100nvl", "h10094gb", "h10094"),
+    _gpu("H100 NVL 94GB", "h100nvl", 94, 95_830, (9, 0), "h100nvl", "h10094gb", "h10094",
+         reported=("93.00", "an H100 NVL 94GB (RunPod)", (_ISSUES + "ali-vilab/VACE/issues/56",))),
     _gpu(
         "H200 141GB",
         "h200",
@@ -320,30 +416,30 @@ GPUS: tuple[GpuSpec, ...] = (
         143_771,
         (9, 0),
         "h200",
-        cuda_total=(
+        measured=(
             143_151 * MiB,  # the smallest whole MiB that prints as 139.80 GiB
             "measured: an out-of-memory message's 'total capacity of 139.80 GiB' on an NVIDIA H200 "
             "(benchmarks/results/largest_batch/h200.json), rounded to 0.01 GiB; the smallest whole MiB within it",
         ),
     ),
-)
+)  # fmt: skip
 
 
 def driver_reserve_bytes(smi_bytes: int) -> int:
-    """The driver's reserve assumed for a card whose CUDA total was not measured.
+    """The driver's reserve assumed for a card whose CUDA total was neither measured nor reported.
 
     Rule (an assumption, see the module's Known limitations): the largest of the
-    reserves recorded in :data:`GPUS` (``nvidia-smi``'s total less ``mem_get_info``'s),
-    each taken both as bytes and as a share of the card's total applied to
-    ``smi_bytes``; rounded up to a whole MiB. With the H100 80GB (480 MiB, 0.59%)
-    and the H200 (620 MiB, 0.43%) recorded, that is 620 MiB up to 102.9 GiB of
-    ``nvidia-smi`` total and 0.59% above.
+    reserves recorded in :data:`GPUS` (``nvidia-smi``'s total less the CUDA total,
+    measured or reported), each taken both as bytes and as a share of the card's
+    total applied to ``smi_bytes``; rounded up to a whole MiB. With the A100 80GB's
+    885 MiB and the T4's 2.96% the largest recorded, that is 885 MiB up to about
+    29 GiB of ``nvidia-smi`` total and 2.96% above.
 
     Example:
-        >>> driver_reserve_bytes(15_360 * 2**20) // 2**20, driver_reserve_bytes(192 * 2**30) // 2**20
-        (620, 1158)
+        >>> driver_reserve_bytes(16_160 * 2**20) // 2**20, driver_reserve_bytes(46_068 * 2**20) // 2**20
+        (885, 1365)
     """
-    recorded = _recorded_reserves()
+    recorded = recorded_reserves()
     by_bytes = max(reserve for _, reserve in recorded)
     by_share = max(-(-smi_bytes * reserve // total) for total, reserve in recorded)
     return -(-max(by_bytes, by_share) // MiB) * MiB
@@ -354,17 +450,17 @@ def driver_reserve_rule() -> str:
 
     Example:
         >>> driver_reserve_rule()
-        'the larger of 620 MiB and 0.59% of it'
+        'the larger of 885 MiB and 2.96% of it'
     """
-    recorded = _recorded_reserves()
+    recorded = recorded_reserves()
     by_bytes = -(-max(reserve for _, reserve in recorded) // MiB)
     share = max(reserve / total for total, reserve in recorded)
     return f"the larger of {by_bytes} MiB and {share:.2%} of it"
 
 
-def _recorded_reserves() -> list[tuple[int, int]]:
-    """``(nvidia-smi total, reserve)`` bytes of each card whose CUDA total was measured."""
-    return [(gpu.memory_bytes, gpu.memory_bytes - gpu.cuda_total_bytes) for gpu in GPUS if gpu.capacity_measured]
+def recorded_reserves() -> list[tuple[int, int]]:
+    """``(nvidia-smi total, reserve)`` bytes of each card whose CUDA total was measured or reported."""
+    return [(gpu.memory_bytes, gpu.memory_bytes - gpu.cuda_total_bytes) for gpu in GPUS if gpu.cuda_total_bytes]
 
 
 _VENDOR_WORDS = ("nvidia", "tesla", "geforce", "quadro")
@@ -453,5 +549,5 @@ def is_gpu_name(name: str) -> bool:
 
 
 def gpu_names() -> list[str]:
-    """Display names of every card in the table, smallest memory first."""
+    """Display names of every card in the table, smallest CUDA total first."""
     return [gpu.name for gpu in GPUS]

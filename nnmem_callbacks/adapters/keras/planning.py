@@ -357,7 +357,7 @@ def budget_capacity(device: Any, budget: int | float | str | None) -> tuple[int,
 
     Example:
         >>> budget_capacity("a100-80gb", 0.5)[0] // 2**20  # the total CUDA reports (nvidia-smi: 81,920 MiB)
-        81300
+        81035
         >>> budget_capacity("cuda", "1GiB")
         (0, 0)
     """
