@@ -78,6 +78,17 @@ def test_zero3_is_below_zero1_and_says_it_is_not_traced():
     assert stages[2].extra["deepspeed_model_states"]["gpu"] > 0
 
 
+def test_zero3_counts_the_gathered_parameters_as_fsdp_does():
+    """ZeRO-3 gathers each module's parameters around its use, as FSDP does; its per-rank figure is near FSDP's."""
+    model = _model()
+    zero3 = _estimate(Strategy("zero", world_size=8, zero_stage=3), model)
+    fsdp = _estimate(Strategy("fsdp", world_size=8), model)
+    layer = 65 * 64 * 4  # one Linear(64, 64): weight and bias, fp32
+    assert zero3.breakdown["temporaries"] >= _estimate(Strategy("single"), model).breakdown["temporaries"] + 2 * layer
+    assert abs(zero3.peak_bytes - fsdp.peak_bytes) < 0.2 * fsdp.peak_bytes
+    assert any("gathered parameters of the root and of the two largest units" in n for n in zero3.notes)
+
+
 def test_a_wrapped_model_is_refused_with_a_clear_error():
     model = _model()
     fake = type(
