@@ -585,6 +585,36 @@ def test_unmodelled_parallelism_fsdp1_and_a_wrong_unit_class_are_said_not_silent
     assert "activation_checkpointing is not traced" in read_ranks(args, model=model).note
 
 
+def test_plan_training_arguments_says_what_its_strategy_reading_assumed(tmp_path):
+    """An unmodelled parallelism_config, or FSDP asked for in a process that is the only rank, is warned and kept
+    in the estimate's notes: the plan is not silently of one device."""
+    from accelerate import ParallelismConfig
+
+    model = tiny_model("gpt2")
+    ids = torch.randint(0, 100, (4, 16))
+    sample = {"input_ids": ids, "labels": ids}
+
+    class EightRanks(transformers.TrainingArguments):
+        world_size = 8
+
+    hsdp = EightRanks(
+        str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        report_to=[],
+        fsdp=True,
+        parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=4),
+    )
+    one = arguments(tmp_path, per_device_train_batch_size=4, fsdp=True)
+    for args, said in ((hsdp, "dp_replicate_size=2 (replicated shard groups, HSDP)"), (one, "only rank")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plan = plan_training_arguments(model, args, budget="1GiB", sample=sample, probe_kernels=False)
+        assert any(said in str(w.message) for w in caught), said
+        assert any(said in note for note in plan.estimate.notes)
+        assert "strategy" not in plan.estimate.extra  # one device, as said
+
+
 def test_a_sharded_run_is_estimated_per_rank_at_init_while_the_model_is_whole(tmp_path):
     from types import SimpleNamespace
 

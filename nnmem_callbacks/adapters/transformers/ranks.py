@@ -75,7 +75,15 @@ def read_ranks(args: Any, trainer: Any = None, model: Any = None) -> RankReading
     """
     world = int(getattr(args, "world_size", 1) or 1)
     if world <= 1:
-        return RankReading(None)
+        asked = [name for name, key in (("FSDP", "fsdp"), ("DeepSpeed", "deepspeed")) if getattr(args, key, None)]
+        if not asked:
+            return RankReading(None)
+        return RankReading(
+            None,
+            f"the arguments ask for {' and '.join(asked)}, but this process is the only rank (world_size=1: not "
+            "started by accelerate launch or torchrun), so the estimate is of one device; estimate in the "
+            "launched processes for the per-rank figure",
+        )
     rank = None  # every process estimates the rank with the most memory, so all of them plan alike
     state = getattr(getattr(trainer, "accelerator", None), "state", None)
     parallel = getattr(state, "parallelism_config", None) if state is not None else None
