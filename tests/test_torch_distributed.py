@@ -89,6 +89,20 @@ def test_zero3_counts_the_gathered_parameters_as_fsdp_does():
     assert any("gathered parameters of the root and of the two largest units" in n for n in zero3.notes)
 
 
+def test_zero_keeps_the_frozen_parameters_of_a_partly_frozen_model():
+    """A LoRA-like model: ZeRO-2 holds every parameter whole, ZeRO-3 a shard of all of them, frozen ones too."""
+    model = _model()
+    for block in list(model)[:4]:
+        block.requires_grad_(False)
+    single = _estimate(Strategy("single"), model)
+    whole = single.breakdown["parameters"]
+    zero2 = _estimate(Strategy("zero", world_size=8, zero_stage=2), model)
+    zero3 = _estimate(Strategy("zero", world_size=8, zero_stage=3), model)
+    assert zero2.breakdown["parameters"] == whole
+    assert abs(zero3.breakdown["parameters"] - whole / 8) <= 8 * 4
+    assert zero2.peak_bytes <= single.peak_bytes
+
+
 def test_a_wrapped_model_is_refused_with_a_clear_error():
     model = _model()
     fake = type(

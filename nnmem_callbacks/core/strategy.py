@@ -365,6 +365,11 @@ def shard_estimate(
         400
         >>> shard_estimate(single, Strategy("ddp", world_size=4), parameters=100).peak_bytes
         2000
+        >>> lora = MemoryEstimate(peak_bytes=480, batch_size=8, breakdown={
+        ...     "parameters": 400, "gradients": 40, "optimizer_state": 40})
+        >>> shard_estimate(lora, Strategy("zero", world_size=4, zero_stage=2), parameters=100, trainable=10
+        ...                ).breakdown["parameters"]  # the frozen 90 are held whole at stage 2
+        400
     """
     from nnmem_callbacks.core.estimate import Category
 
@@ -373,13 +378,19 @@ def shard_estimate(
     params_b = breakdown.get(str(Category.PARAMETERS), 0)
     grads_b = breakdown.get(str(Category.GRADIENTS), 0)
     optim_b = breakdown.get(str(Category.OPTIMIZER_STATE), 0)
+    param_bytes = max(1, round(params_b / parameters)) if parameters else 0
     per = model_states_per_rank(
         trainable,
         strategy,
-        param_bytes=max(1, round(params_b / parameters)) if parameters else 0,
+        param_bytes=param_bytes,
         grad_bytes=round(grads_b / trainable) if trainable else 0,
         optimizer_bytes_per_param=round(optim_b / trainable) if trainable else 0,
     )
+    # frozen parameters (a LoRA's base model) are held, and sharded, as the trainable ones: no gradient, no state
+    frozen = model_states_per_rank(
+        max(0, parameters - trainable), strategy, param_bytes=param_bytes, grad_bytes=0, optimizer_bytes_per_param=0
+    )
+    per["parameters"] += frozen["parameters"]
     if strategy.kind == "ddp" and per["comm_buffers"] == 0 and trainable:
         per["comm_buffers"] = round(grads_b / trainable) * trainable if grads_b else 4 * trainable
     gathered = (
