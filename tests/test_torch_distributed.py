@@ -103,6 +103,21 @@ def test_zero_keeps_the_frozen_parameters_of_a_partly_frozen_model():
     assert zero2.peak_bytes <= single.peak_bytes
 
 
+def test_the_default_backend_is_nccl_on_a_cuda_target_and_gloo_on_the_cpu():
+    """Strategy's documented default (backend=None: NCCL for CUDA): gloo's extra buffer copies only on the CPU."""
+    model = _model()
+
+    def fsdp(backend, device):
+        strategy = Strategy("fsdp", world_size=8, backend=backend)
+        return estimate_per_rank(model, torch.empty(16, 64), "adam", device=device, strategy=strategy, **FAST)
+
+    cuda = fsdp(None, "cuda:a100-80gb")
+    assert cuda.peak_bytes == fsdp("nccl", "cuda:a100-80gb").peak_bytes < fsdp("gloo", "cuda:a100-80gb").peak_bytes
+    assert cuda.extra["strategy"]["backend"] == "nccl" and "nccl collectives work in place" in cuda.notes[-1]
+    cpu = fsdp(None, "cpu")
+    assert cpu.peak_bytes == fsdp("gloo", "cpu").peak_bytes and cpu.extra["strategy"]["backend"] == "gloo"
+
+
 def test_a_wrapped_model_is_refused_with_a_clear_error():
     model = _model()
     fake = type(

@@ -203,6 +203,8 @@ def _estimate_per_rank(
         single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
     if marks.tracker is None or single.method != "trace":
         return _formula_estimate(single, model, strategy, "the step could not be traced", units)
+    if strategy.backend is None:  # Strategy's default: NCCL on CUDA, gloo on the CPU
+        strategy = dataclasses.replace(strategy, backend="nccl" if str(single.device).startswith("cuda") else "gloo")
     rank = strategy.rank or 0
     unit_params = unit_parameters(model, units)
 
