@@ -118,6 +118,21 @@ def test_the_default_backend_is_nccl_on_a_cuda_target_and_gloo_on_the_cpu():
     assert cpu.peak_bytes == fsdp("gloo", "cpu").peak_bytes and cpu.extra["strategy"]["backend"] == "gloo"
 
 
+def test_a_compiled_step_is_sharded_by_formula_from_its_own_single_device_estimate():
+    """The unit marks used to run inside the compiled step (other graphs, another single-device peak), and the note
+    said the step "could not be traced"."""
+    from nnmem_callbacks.estimators.torch.estimator import estimate_training
+
+    compiled = torch.compile(_model(), backend="aot_eager")
+    single = estimate_training(compiled, torch.randn(16, 64), "adam", **FAST)
+    for strategy in (Strategy("fsdp", world_size=2), Strategy("ddp", world_size=2)):
+        estimate = _estimate(strategy, compiled)
+        assert estimate.extra["single_device_peak_bytes"] == single.peak_bytes
+        assert any("a torch.compile'd step is not replayed per rank" in note for note in estimate.notes)
+        assert not any("could not be traced" in note for note in estimate.notes)
+    assert any("DDP's gradient buckets added" in note for note in estimate.notes)
+
+
 def test_a_wrapped_model_is_refused_with_a_clear_error():
     model = _model()
     fake = type(

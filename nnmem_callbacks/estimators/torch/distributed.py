@@ -22,6 +22,8 @@ Known limitations:
     * FSDP1 (``FullyShardedDataParallel``, flat parameters), HSDP, tensor and
       pipeline parallelism and DeepSpeed are not replayed; ZeRO gets model
       states from formulas (:func:`nnmem_callbacks.core.strategy.model_states_per_rank`).
+    * A ``torch.compile``'d step is not replayed: its single-device estimate is
+      sharded by formula (:func:`nnmem_callbacks.core.strategy.shard_estimate`), and a note says so.
     * FSDP mixed precision (``param_dtype``) is modelled for the gathered
       parameters and gradients only; activations are traced at the step's precision.
     * Gradient accumulation: a reduce-scatter is assumed after every
@@ -199,6 +201,11 @@ def _estimate_per_rank(
         units = list(units) if units is not None else default_units(model)
     else:
         units = []
+    from nnmem_callbacks.estimators.torch.compiled import find_compiled
+
+    if find_compiled(model, loss_fn, optimizer) is not None:  # the units' marks would break its compiled graphs
+        single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
+        return _formula_estimate(single, model, strategy, "a torch.compile'd step is not replayed per rank", units)
     with TraceMarks(model, units) as marks:
         single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
     if marks.tracker is None or single.method != "trace":
@@ -297,12 +304,14 @@ def _formula_estimate(
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     gathered = _gathered_bytes(single, model, strategy, parameters, units)
     estimate = shard_estimate(single, strategy, parameters=parameters, trainable=trainable, gathered_bytes=gathered)
-    note = f"per-rank estimate from closed-form model states ({why}); " + (
-        "the gathered parameters of the root and of the two largest units (the current one and its prefetch) added; "
-        "communication buffers are not modelled"
-        if gathered
-        else "communication buffers are not modelled"
-    )
+    if gathered:
+        added = "the gathered parameters of the root and of the two largest units (the current one and its prefetch)"
+        note = f"per-rank estimate from closed-form model states ({why}); {added} added; "
+    elif strategy.kind == "ddp":
+        note = f"per-rank estimate from closed-form model states ({why}); DDP's gradient buckets added; other "
+    else:
+        note = f"per-rank estimate from closed-form model states ({why}); "
+    note += "communication buffers are not modelled"
     return _tagged(
         dataclasses.replace(estimate, notes=(*estimate.notes, note)),
         strategy,
