@@ -98,3 +98,44 @@ def test_callback_does_not_act_under_an_unmodelled_strategy(tmp_path):
     assert datamodule.batch_size == 64
     assert callback.plan is None and "not modelled" in callback.failure
     assert any("does not act under XLAStrategy" in str(w.message) for w in caught)
+
+
+def test_lightning_fsdp_says_it_is_fsdp1_estimated_with_the_fsdp2_model():
+    reading = _read("FSDPStrategy", _activation_checkpointing_kwargs={"auto_wrap_policy": object()})
+    assert reading.strategy.kind == "fsdp"
+    assert "FSDP1" in reading.reason and "FSDP2 model" in reading.reason
+    assert "activation_checkpointing_policy is not traced" in reading.reason
+
+
+def test_what_a_modelled_reading_assumed_is_warned_and_the_summary_says_per_rank(tmp_path):
+    """A per-rank estimate says so in the fit-start line, and what the strategy reading assumed is not silent."""
+    pytest.importorskip("pytorch_lightning")
+    import sys
+    import warnings
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import pytorch_lightning as pl
+    from _lightning_models import MLP, DataModule, trainer_kwargs
+
+    from nnmem_callbacks.adapters.lightning import callback as _lightning_impl
+    from nnmem_callbacks.adapters.lightning.strategy import StrategyReading
+    from nnmem_callbacks.core.strategy import Strategy
+    from nnmem_callbacks.lightning import MemoryBudgetCallback
+
+    callback = MemoryBudgetCallback(budget="1GiB", probe_kernels=False)
+    original = _lightning_impl.MemoryBudgetCallbackMixin.setup
+    assumed = "FSDP NO_SHARD read as DDP"
+
+    def setup(self, trainer, pl_module, stage):
+        original(self, trainer, pl_module, stage)
+        self._strategy_reading = StrategyReading(Strategy("ddp", world_size=2), "FSDPStrategy", assumed)
+
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, limit_train_batches=1), callbacks=[callback])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        callback.setup = types.MethodType(setup, callback)
+        trainer.fit(MLP(), datamodule=DataModule(batch_size=8))
+    assert callback.estimate.extra["strategy"]["kind"] == "ddp"
+    assert "per rank of ddp x2" in callback.summary
+    assert f"FSDPStrategy: {assumed}" in callback.estimate.notes
+    assert any(f"per rank of ddp x2: {assumed}" in str(w.message) for w in caught)

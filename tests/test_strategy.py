@@ -18,6 +18,12 @@ from nnmem_callbacks.core.strategy import Strategy, model_states_per_rank, shard
         ({"kind": "fsdp", "world_size": 2, "rank": 2}, "rank must be in 0..1"),
         ({"kind": "single", "world_size": 2}, "kind='single' means world_size=1"),
         ({"kind": "fsdp", "world_size": 2, "param_dtype": "int8"}, "param_dtype must be"),
+        ({"kind": "ddp", "world_size": 2, "offload_params": True}, "offload_params applies to kind='fsdp'"),
+        ({"kind": "zero", "world_size": 2, "zero_stage": 2, "offload_params": True}, "not to kind='zero' with zero_st"),
+        ({"kind": "ddp", "world_size": 2, "offload_optimizer": True}, "offload_optimizer applies to kind='fsdp'"),
+        ({"kind": "ddp", "world_size": 2, "param_dtype": "bfloat16"}, "applies to kind='fsdp' only"),
+        ({"kind": "fsdp", "world_size": 2, "gradient_as_bucket_view": True}, "applies to kind='ddp' only"),
+        ({"kind": "zero", "world_size": 2, "zero_stage": True}, "zero_stage must be 1, 2 or 3"),
     ],
 )
 def test_invalid_strategies_name_what_is_valid(kwargs, message):
@@ -156,3 +162,14 @@ def test_cli_calc_per_rank_flags():
     assert (
         main(["calc", "--params", "1M", "--activations", "10", "--fsdp", "--zero-stage", "2", "--world-size", "2"]) != 0
     )
+
+
+def test_a_deepspeed_offload_param_below_stage_3_keeps_the_parameters_on_the_device():
+    """DeepSpeed offloads parameters at stage 3 only; the note says the option was not applied."""
+    from nnmem_callbacks.core.strategy import deepspeed_strategy
+
+    config = {"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}
+    strategy, note = deepspeed_strategy(config, world_size=4)
+    assert strategy.zero_stage == 2 and not strategy.offload_params
+    assert "offload_param is for stage 3 only" in note
+    assert model_states_per_rank(1000, strategy)["parameters"] == 4000

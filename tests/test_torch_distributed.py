@@ -78,6 +78,61 @@ def test_zero3_is_below_zero1_and_says_it_is_not_traced():
     assert stages[2].extra["deepspeed_model_states"]["gpu"] > 0
 
 
+def test_zero3_counts_the_gathered_parameters_as_fsdp_does():
+    """ZeRO-3 gathers each module's parameters around its use, as FSDP does; its per-rank figure is near FSDP's."""
+    model = _model()
+    zero3 = _estimate(Strategy("zero", world_size=8, zero_stage=3), model)
+    fsdp = _estimate(Strategy("fsdp", world_size=8), model)
+    layer = 65 * 64 * 4  # one Linear(64, 64): weight and bias, fp32
+    assert zero3.breakdown["temporaries"] >= _estimate(Strategy("single"), model).breakdown["temporaries"] + 2 * layer
+    assert abs(zero3.peak_bytes - fsdp.peak_bytes) < 0.2 * fsdp.peak_bytes
+    assert any("gathered parameters of the root and of the two largest units" in n for n in zero3.notes)
+
+
+def test_zero_keeps_the_frozen_parameters_of_a_partly_frozen_model():
+    """A LoRA-like model: ZeRO-2 holds every parameter whole, ZeRO-3 a shard of all of them, frozen ones too."""
+    model = _model()
+    for block in list(model)[:4]:
+        block.requires_grad_(False)
+    single = _estimate(Strategy("single"), model)
+    whole = single.breakdown["parameters"]
+    zero2 = _estimate(Strategy("zero", world_size=8, zero_stage=2), model)
+    zero3 = _estimate(Strategy("zero", world_size=8, zero_stage=3), model)
+    assert zero2.breakdown["parameters"] == whole
+    assert abs(zero3.breakdown["parameters"] - whole / 8) <= 8 * 4
+    assert zero2.peak_bytes <= single.peak_bytes
+
+
+def test_the_default_backend_is_nccl_on_a_cuda_target_and_gloo_on_the_cpu():
+    """Strategy's documented default (backend=None: NCCL for CUDA): gloo's extra buffer copies only on the CPU."""
+    model = _model()
+
+    def fsdp(backend, device):
+        strategy = Strategy("fsdp", world_size=8, backend=backend)
+        return estimate_per_rank(model, torch.empty(16, 64), "adam", device=device, strategy=strategy, **FAST)
+
+    cuda = fsdp(None, "cuda:a100-80gb")
+    assert cuda.peak_bytes == fsdp("nccl", "cuda:a100-80gb").peak_bytes < fsdp("gloo", "cuda:a100-80gb").peak_bytes
+    assert cuda.extra["strategy"]["backend"] == "nccl" and "nccl collectives work in place" in cuda.notes[-1]
+    cpu = fsdp(None, "cpu")
+    assert cpu.peak_bytes == fsdp("gloo", "cpu").peak_bytes and cpu.extra["strategy"]["backend"] == "gloo"
+
+
+def test_a_compiled_step_is_sharded_by_formula_from_its_own_single_device_estimate():
+    """The unit marks used to run inside the compiled step (other graphs, another single-device peak), and the note
+    said the step "could not be traced"."""
+    from nnmem_callbacks.estimators.torch.estimator import estimate_training
+
+    compiled = torch.compile(_model(), backend="aot_eager")
+    single = estimate_training(compiled, torch.randn(16, 64), "adam", **FAST)
+    for strategy in (Strategy("fsdp", world_size=2), Strategy("ddp", world_size=2)):
+        estimate = _estimate(strategy, compiled)
+        assert estimate.extra["single_device_peak_bytes"] == single.peak_bytes
+        assert any("a torch.compile'd step is not replayed per rank" in note for note in estimate.notes)
+        assert not any("could not be traced" in note for note in estimate.notes)
+    assert any("DDP's gradient buckets added" in note for note in estimate.notes)
+
+
 def test_a_wrapped_model_is_refused_with_a_clear_error():
     model = _model()
     fake = type(

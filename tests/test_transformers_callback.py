@@ -553,6 +553,68 @@ def test_deepspeed_configs_and_arguments_without_a_trainer_read_as_strategies(tm
     assert read_ranks(_world(fsdp=None, deepspeed=None)).strategy.kind == "ddp"
 
 
+def test_unmodelled_parallelism_fsdp1_and_a_wrong_unit_class_are_said_not_silently_estimated():
+    """accelerate's parallelism_config (HSDP, tensor/context parallelism) is not FSDP or DDP over all ranks;
+    FSDP1 is estimated with FSDP2's model; a unit class the model lacks is not taken as "no units"."""
+    from types import SimpleNamespace
+
+    from accelerate import ParallelismConfig
+
+    from nnmem_callbacks.adapters.transformers.ranks import read_ranks
+
+    model = tiny_model("gpt2")
+    fsdp2 = SimpleNamespace(fsdp_version=2, reshard_after_forward=True, auto_wrap_policy="transformer_based_wrap")
+    hsdp = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)
+    reading = read_ranks(_world(), _plugin(fsdp_plugin=fsdp2, parallelism_config=hsdp), model)
+    assert reading.strategy is None and "dp_replicate_size=2 (replicated shard groups, HSDP)" in reading.note
+    tensor = ParallelismConfig(tp_size=2, dp_shard_size=2)
+    reading = read_ranks(_world(fsdp=None, deepspeed=None, parallelism_config=tensor), model=model)
+    assert reading.strategy is None and "tp_size=2 (tensor parallelism) is not modelled" in reading.note
+    shard_only = ParallelismConfig(dp_shard_size=4)
+    assert (
+        read_ranks(_world(), _plugin(fsdp_plugin=fsdp2, parallelism_config=shard_only), model).strategy.kind == "fsdp"
+    )
+    fsdp1 = SimpleNamespace(fsdp_version=1, sharding_strategy="FULL_SHARD", transformer_cls_names_to_wrap="GPT2Block")
+    reading = read_ranks(_world(), _plugin(fsdp_plugin=fsdp1), model)
+    assert reading.strategy.kind == "fsdp" and "FSDP1" in reading.note and "FSDP2 model" in reading.note
+    typo = SimpleNamespace(fsdp_version=2, reshard_after_forward=True, transformer_cls_names_to_wrap=["GPT2Blok"])
+    reading = read_ranks(_world(), _plugin(fsdp_plugin=typo), model)
+    assert reading.unit_classes is None  # the model's blocks, not the root alone
+    assert "names GPT2Blok, which no module of the model is" in reading.note and "GPT2Block" in reading.note
+    args = _world(fsdp=True, fsdp_config={"activation_checkpointing": True}, deepspeed=None)
+    assert "activation_checkpointing is not traced" in read_ranks(args, model=model).note
+
+
+def test_plan_training_arguments_says_what_its_strategy_reading_assumed(tmp_path):
+    """An unmodelled parallelism_config, or FSDP asked for in a process that is the only rank, is warned and kept
+    in the estimate's notes: the plan is not silently of one device."""
+    from accelerate import ParallelismConfig
+
+    model = tiny_model("gpt2")
+    ids = torch.randint(0, 100, (4, 16))
+    sample = {"input_ids": ids, "labels": ids}
+
+    class EightRanks(transformers.TrainingArguments):
+        world_size = 8
+
+    hsdp = EightRanks(
+        str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        report_to=[],
+        fsdp=True,
+        parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=4),
+    )
+    one = arguments(tmp_path, per_device_train_batch_size=4, fsdp=True)
+    for args, said in ((hsdp, "dp_replicate_size=2 (replicated shard groups, HSDP)"), (one, "only rank")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plan = plan_training_arguments(model, args, budget="1GiB", sample=sample, probe_kernels=False)
+        assert any(said in str(w.message) for w in caught), said
+        assert any(said in note for note in plan.estimate.notes)
+        assert "strategy" not in plan.estimate.extra  # one device, as said
+
+
 def test_a_sharded_run_is_estimated_per_rank_at_init_while_the_model_is_whole(tmp_path):
     from types import SimpleNamespace
 

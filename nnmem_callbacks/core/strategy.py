@@ -87,7 +87,7 @@ class Strategy:
             total does not change).
         gradient_as_bucket_view: DDP: gradients are views of the buckets.
         static_graph: DDP ``static_graph`` (buckets rebuilt once, as without it).
-        offload_params: FSDP ``CPUOffloadPolicy`` / ZeRO ``offload_param``:
+        offload_params: FSDP ``CPUOffloadPolicy`` / ZeRO-3 ``offload_param``:
             sharded parameters live on the host.
         offload_optimizer: Optimizer state (and for FSDP, sharded gradients)
             live on the host (FSDP's offload policy moves both with the parameters).
@@ -116,7 +116,7 @@ class Strategy:
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {self.world_size!r}")
         if self.kind == "zero":
-            if self.zero_stage not in (1, 2, 3):
+            if isinstance(self.zero_stage, bool) or self.zero_stage not in (1, 2, 3):
                 raise ValueError(f"zero_stage must be 1, 2 or 3 for kind='zero', got {self.zero_stage!r}")
         elif self.zero_stage:
             raise ValueError(
@@ -132,6 +132,32 @@ class Strategy:
             raise ValueError(f"rank must be in 0..{self.world_size - 1} or None, got {self.rank!r}")
         if self.kind == "single" and self.world_size != 1:
             raise ValueError("kind='single' means world_size=1; use kind='ddp' for replicas")
+        self._check_options()
+
+    def _check_options(self) -> None:
+        """Options of one kind given to another would be ignored, or (offload) change the figure: refused."""
+        sharding = self.kind == "fsdp" or (self.kind == "zero" and self.zero_stage == 3)
+        if self.offload_params and not sharding:
+            raise ValueError(
+                f"offload_params applies to kind='fsdp' and to kind='zero' with zero_stage=3 only, not to "
+                f"{self.describe_kind()} (its parameters stay on the device)"
+            )
+        if self.offload_optimizer and self.kind not in ("fsdp", "zero"):
+            raise ValueError(
+                f"offload_optimizer applies to kind='fsdp' and kind='zero' only, not to {self.describe_kind()}"
+            )
+        if self.param_dtype is not None and self.kind != "fsdp":
+            raise ValueError(
+                f"param_dtype is FSDP's mixed precision and applies to kind='fsdp' only, not to {self.describe_kind()}"
+                "; give the training precision to the estimator instead"
+            )
+        if self.gradient_as_bucket_view and self.kind != "ddp":
+            raise ValueError(f"gradient_as_bucket_view applies to kind='ddp' only, not to {self.describe_kind()}")
+
+    def describe_kind(self) -> str:
+        """``kind='ddp'``, or ``kind='zero' with zero_stage=2``: the words of an error."""
+        text = f"kind={self.kind!r}"
+        return text + (f" with zero_stage={self.zero_stage}" if self.kind == "zero" else "")
 
     @property
     def sharded(self) -> bool:
@@ -339,6 +365,11 @@ def shard_estimate(
         400
         >>> shard_estimate(single, Strategy("ddp", world_size=4), parameters=100).peak_bytes
         2000
+        >>> lora = MemoryEstimate(peak_bytes=480, batch_size=8, breakdown={
+        ...     "parameters": 400, "gradients": 40, "optimizer_state": 40})
+        >>> shard_estimate(lora, Strategy("zero", world_size=4, zero_stage=2), parameters=100, trainable=10
+        ...                ).breakdown["parameters"]  # the frozen 90 are held whole at stage 2
+        400
     """
     from nnmem_callbacks.core.estimate import Category
 
@@ -347,13 +378,19 @@ def shard_estimate(
     params_b = breakdown.get(str(Category.PARAMETERS), 0)
     grads_b = breakdown.get(str(Category.GRADIENTS), 0)
     optim_b = breakdown.get(str(Category.OPTIMIZER_STATE), 0)
+    param_bytes = max(1, round(params_b / parameters)) if parameters else 0
     per = model_states_per_rank(
         trainable,
         strategy,
-        param_bytes=max(1, round(params_b / parameters)) if parameters else 0,
+        param_bytes=param_bytes,
         grad_bytes=round(grads_b / trainable) if trainable else 0,
         optimizer_bytes_per_param=round(optim_b / trainable) if trainable else 0,
     )
+    # frozen parameters (a LoRA's base model) are held, and sharded, as the trainable ones: no gradient, no state
+    frozen = model_states_per_rank(
+        max(0, parameters - trainable), strategy, param_bytes=param_bytes, grad_bytes=0, optimizer_bytes_per_param=0
+    )
+    per["parameters"] += frozen["parameters"]
     if strategy.kind == "ddp" and per["comm_buffers"] == 0 and trainable:
         per["comm_buffers"] = round(grads_b / trainable) * trainable if grads_b else 4 * trainable
     gathered = (
@@ -442,12 +479,17 @@ def deepspeed_strategy(config: Any, world_size: int, rank: int | None = None) ->
         value = zero.get(key) or {}
         return isinstance(value, dict) and str(value.get("device", "none")).lower() in ("cpu", "nvme")
 
+    note = "DeepSpeed ZeRO: model states from DeepSpeed's formulas, not traced"
+    offload_params = offloaded("offload_param")
+    if offload_params and stage != 3:  # DeepSpeed offloads parameters at stage 3 only
+        offload_params = False
+        note += f"; offload_param is for stage 3 only, so at stage {stage} the parameters stay on the device"
     strategy = Strategy(
         "zero",
         world_size=world_size,
         rank=rank,
         zero_stage=stage,
-        offload_params=offloaded("offload_param"),
+        offload_params=offload_params,
         offload_optimizer=offloaded("offload_optimizer"),
     )
-    return strategy, "DeepSpeed ZeRO: model states from DeepSpeed's formulas, not traced"
+    return strategy, note

@@ -304,6 +304,8 @@ class MemoryBudgetCallbackMixin:
         self.estimate, self.plan = estimate, plan
         self._train_batch_size = estimate.batch_size
         self._guard.notes(estimate)
+        if reading is not None and reading.strategy is not None and reading.reason:
+            self._guard.warn(f"MemoryBudgetCallback: per rank of {reading.strategy.describe()}: {reading.reason}.")
 
         if self._restored is not None and self._restored.get("applied"):
             self._apply_restored(trainer, pl_module)

@@ -32,6 +32,7 @@ Known limitations:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -353,7 +354,10 @@ def run_estimator(
         if reading is None or reading.strategy is None or reading.strategy.kind == "single":
             return estimate_training(pl_module, inputs, sequence_dim=sequence_dim, **kwargs)
         units = units_for(pl_module, reading)
-        return estimate_per_rank(pl_module, inputs, strategy=reading.strategy, units=units, **kwargs)
+        estimate = estimate_per_rank(pl_module, inputs, strategy=reading.strategy, units=units, **kwargs)
+        if reading.reason:  # what the reading assumed: in the notes, and warned by the callback
+            estimate = dataclasses.replace(estimate, notes=(*estimate.notes, f"{reading.name}: {reading.reason}"))
+        return estimate
     finally:
         for name, module in pl_module.named_modules():
             if name in training:

@@ -10,7 +10,8 @@ attribute, so nothing here imports Lightning.
 * ``FSDPStrategy`` -> ``"fsdp"`` (``FULL_SHARD``: reshard after forward;
   ``SHARD_GRAD_OP``: not), units from its ``auto_wrap_policy`` when that is a
   set of module classes; ``NO_SHARD`` reads as DDP. Lightning's FSDPStrategy is
-  FSDP1 (flat parameters); its units' lifetimes are FSDP2's, so the FSDP2 model applies.
+  FSDP1 (flat parameters); its units' lifetimes are FSDP2's, so the FSDP2 model applies,
+  and the reading's ``reason`` says so (the callback warns it).
 * ``DeepSpeedStrategy`` -> ``"zero"`` with the stage and offload of its config
 * ``ModelParallelStrategy`` with ``tensor_parallel_size=1`` -> ``"fsdp"`` (FSDP2,
   ``fully_shard`` assumed on the model's blocks and the root)
@@ -130,9 +131,15 @@ def _fsdp(strategy: Any, name: str, world_size: int, rank: int | None) -> Strate
     kwargs = getattr(strategy, "kwargs", None) or {}
     policy = kwargs.get("auto_wrap_policy")
     unit_classes = getattr(policy, "_module_classes", None)
-    reason = None
+    reasons = [
+        "Lightning's FSDPStrategy is FSDP1 (one flat parameter per unit), estimated with the FSDP2 model "
+        "(per-parameter dim-0 shards, the same unit lifetimes); the padding of the flat parameters differs"
+    ]
     if policy is not None and unit_classes is None:
-        reason = "a callable auto_wrap_policy: the FSDP units are assumed to be the model's blocks"
+        reasons.append("a callable auto_wrap_policy: the FSDP units are assumed to be the model's blocks")
+    if getattr(strategy, "_activation_checkpointing_kwargs", None):
+        reasons.append("activation_checkpointing_policy is not traced (the estimate keeps every activation)")
+    reason = "; ".join(reasons)
     return StrategyReading(
         Strategy(
             "fsdp",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from nnmem_callbacks.core.estimate import MemoryEstimate
 from nnmem_callbacks.core.plan import Plan
+from nnmem_callbacks.core.strategy import Strategy
 from nnmem_callbacks.core.units import format_bytes
 
 __all__ = ["fit_start_summary"]
@@ -46,10 +47,14 @@ def fit_start_summary(
             when ``shrink`` shortened the sequence (``plan`` is then the plan at the trained length).
 
     Example:
+        >>> import dataclasses
         >>> from nnmem_callbacks.core.plan import make_plan
         >>> est = MemoryEstimate(peak_bytes=3 * 2**20, breakdown={"activations": 3 * 2**20}, batch_size=8)
         >>> fit_start_summary(make_plan(est, 2**30), est, policy="warn", applied=False, batch_size=8)
         "MemoryBudgetCallback: predicted peak 3.00 MiB at batch size 8 (trace, 32-true, cpu); budget 1.00 GiB; policy 'warn'; decision: fits: training unchanged"
+        >>> ddp = dataclasses.replace(est, extra={"strategy": {"kind": "ddp", "world_size": 2}})
+        >>> fit_start_summary(make_plan(ddp, 2**30), ddp, policy="warn", applied=False, batch_size=8).split(";")[0]
+        'MemoryBudgetCallback: predicted peak 3.00 MiB at batch size 8 (trace, 32-true, cpu, per rank of ddp x2)'
         >>> fit_start_summary(make_plan(est, 2**20), est, policy="shrink", applied=True, batch_size=2).split("; ")[-1]
         'training with batch size 2'
         >>> fit_start_summary(make_plan(est, 2**10, "shrink"), est, policy="shrink", applied=False, batch_size=8
@@ -65,9 +70,11 @@ def fit_start_summary(
         decision = f"`{attr}` {configured} -> {trained} (predicted peak {format_bytes(before)} at {configured}), "
         decision += f"batch size {plan.original_batch_size} kept: " + ("fits" if plan.fits else plan.decision)
         decision += f" at {trained}"
+    strategy = estimate.extra.get("strategy") or {}
+    per_rank = f", per rank of {Strategy(**strategy).describe()}" if strategy.get("kind", "single") != "single" else ""
     text = (
         f"MemoryBudgetCallback: predicted peak {format_bytes(plan.predicted_bytes)} at batch size "
-        f"{plan.original_batch_size} ({estimate.method}, {estimate.precision}, {estimate.device}); budget "
+        f"{plan.original_batch_size} ({estimate.method}, {estimate.precision}, {estimate.device}{per_rank}); budget "
         f"{format_bytes(plan.budget_bytes)}; policy {policy!r}; decision: {decision}"
     )
     if applied and batch_size != plan.original_batch_size:

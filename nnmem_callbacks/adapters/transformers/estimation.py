@@ -411,7 +411,7 @@ def estimate_step(
                 estimate = estimate_training(model, batch, **kwargs)
         if facts.checkpointing is not None and estimate.verifier is not None:  # its direct traces checkpoint too
             estimate = dataclasses.replace(estimate, verifier=CheckpointingVerifier(estimate.verifier, model, facts))
-        return estimate
+        return dataclasses.replace(estimate, notes=(*estimate.notes, *facts.notes))  # what was assumed stays on it
     finally:
         for name, module in model.named_modules():
             if name in training:

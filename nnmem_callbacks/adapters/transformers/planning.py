@@ -283,6 +283,8 @@ def plan_training_arguments(
     facts = estimation.read_facts(
         args, model, optimizer=optimizer, device=device, batch_size=batch_size, trainer=trainer
     )
+    for note in facts.notes:  # what was assumed (an unmodelled strategy, an optimizer not built) is never silent
+        warning_site.warn(f"plan_training_arguments: {note}.")
     loss_fn = estimation.trainer_loss(trainer) if trainer is not None else None
     estimate = estimation.estimate_step(model, batch, facts, loss_fn, probe_kernels=probe_kernels)
     resident = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))

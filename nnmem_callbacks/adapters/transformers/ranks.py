@@ -28,8 +28,10 @@ Example:
     ('fsdp x4 (reshard_after_forward=False)', 'bfloat16', None)
 
 Known limitations:
-    * Hybrid sharding (HSDP), tensor and sequence parallelism are not modelled
+    * Hybrid sharding (HSDP: FSDP1's ``HYBRID_SHARD``, or accelerate's ``parallelism_config`` with
+      ``dp_replicate_size`` > 1), tensor, context and sequence parallelism are not modelled
       (the estimate is then of one device holding a full replica, and says so).
+    * FSDP1 is estimated with the FSDP2 model (a note says so).
     * FSDP's own activation checkpointing (``activation_checkpointing=True`` in
       the plugin) is not traced unless the model has gradient checkpointing on.
     * DeepSpeed's ZeRO model states come from formulas; its communication
@@ -73,9 +75,21 @@ def read_ranks(args: Any, trainer: Any = None, model: Any = None) -> RankReading
     """
     world = int(getattr(args, "world_size", 1) or 1)
     if world <= 1:
-        return RankReading(None)
+        asked = [name for name, key in (("FSDP", "fsdp"), ("DeepSpeed", "deepspeed")) if getattr(args, key, None)]
+        if not asked:
+            return RankReading(None)
+        return RankReading(
+            None,
+            f"the arguments ask for {' and '.join(asked)}, but this process is the only rank (world_size=1: not "
+            "started by accelerate launch or torchrun), so the estimate is of one device; estimate in the "
+            "launched processes for the per-rank figure",
+        )
     rank = None  # every process estimates the rank with the most memory, so all of them plan alike
     state = getattr(getattr(trainer, "accelerator", None), "state", None)
+    parallel = getattr(state, "parallelism_config", None) if state is not None else None
+    unmodelled = _parallelism_not_modelled(parallel or getattr(args, "parallelism_config", None))
+    if unmodelled:
+        return RankReading(None, unmodelled)
     fsdp = getattr(state, "fsdp_plugin", None)
     deepspeed = getattr(state, "deepspeed_plugin", None)
     if fsdp is not None:
@@ -96,6 +110,33 @@ def read_ranks(args: Any, trainer: Any = None, model: Any = None) -> RankReading
             rank=rank,
             backend=_backend(args),
         )
+    )
+
+
+#: accelerate ``ParallelismConfig`` sizes the per-rank estimate does not model, with what each is.
+_UNMODELLED_SIZES = (
+    ("dp_replicate_size", "replicated shard groups, HSDP"),
+    ("tp_size", "tensor parallelism"),
+    ("cp_size", "context parallelism"),
+    ("sp_size", "sequence parallelism"),
+)
+
+
+def _parallelism_not_modelled(config: Any) -> str | None:
+    """Why accelerate's ``ParallelismConfig`` (``TrainingArguments(parallelism_config=...)``) is not modelled, or
+    ``None`` when it is plain data parallelism (``dp_shard_size`` only, or nothing set)."""
+    if config is None:
+        return None
+    found = []
+    for name, what in _UNMODELLED_SIZES:
+        size = getattr(config, name, None)
+        if isinstance(size, int) and size > 1:
+            found.append(f"{name}={size} ({what})")
+    if not found:
+        return None
+    return (
+        f"accelerate's parallelism_config with {', '.join(found)} is not modelled (modelled: DDP, FSDP over all "
+        "ranks, DeepSpeed ZeRO); the estimate is of one device holding a full replica (an upper bound)"
     )
 
 
@@ -170,6 +211,17 @@ def _fsdp_reading(
 def _units(names: Any, policy: Any, model: Any, notes: list[str]) -> tuple[str, ...] | None:
     if isinstance(names, str):
         names = [part.strip() for part in names.split(",") if part.strip()]
+    if names and model is not None and hasattr(model, "modules"):
+        classes = {type(module).__name__ for module in model.modules()}
+        missing = [name for name in names if name not in classes]
+        if missing:
+            blocks = sorted(classes & set(getattr(model, "_no_split_modules", None) or ())) or sorted(classes)[:8]
+            notes.append(
+                f"FSDP transformer_layer_cls_to_wrap names {', '.join(missing)}, which no module of the model is "
+                f"(accelerate raises on it; the model's classes include {', '.join(blocks)}): the FSDP units are "
+                "assumed to be the model's blocks"
+            )
+            return None
     if names:
         return tuple(names)
     policy = str(policy).lower() if isinstance(policy, str) else policy
@@ -181,6 +233,13 @@ def _units(names: Any, policy: Any, model: Any, notes: list[str]) -> tuple[str, 
             return tuple(default)
     notes.append("FSDP units assumed to be the model's blocks (a size-based or custom auto-wrap policy)")
     return None
+
+
+#: What is said of an FSDP1 run (``fsdp_version=1``): estimated with FSDP2's model.
+_FSDP1_NOTE = (
+    "FSDP1 (fsdp_version=1, one flat parameter per unit) is estimated with the FSDP2 model (per-parameter dim-0 "
+    "shards, the same unit lifetimes); the padding of the flat parameters differs"
+)
 
 
 def _from_fsdp_plugin(plugin: Any, args: Any, world: int, rank: int | None, model: Any) -> RankReading:
@@ -195,13 +254,13 @@ def _from_fsdp_plugin(plugin: Any, args: Any, world: int, rank: int | None, mode
     else:
         sharding = _name(getattr(plugin, "sharding_strategy", None) or reshard) or "FULL_SHARD"
         reshard = None
+    notes: list[str] = [_FSDP1_NOTE] if version < 2 else []
     offload_policy = getattr(plugin, "cpu_offload", None)
     offload = (
         bool(getattr(offload_policy, "offload_params", False)) or type(offload_policy).__name__ == "CPUOffloadPolicy"
     )
     mixed = getattr(plugin, "mixed_precision_policy", None)
     param_dtype = _dtype_name(getattr(mixed, "param_dtype", None)) or _argument_dtype(args)
-    notes: list[str] = []
     if getattr(plugin, "activation_checkpointing", False):
         notes.append("FSDP activation_checkpointing is not traced unless the model has gradient checkpointing on")
     units = _units(
@@ -233,7 +292,9 @@ def _from_fsdp_arguments(args: Any, world: int, rank: int | None, model: Any) ->
     else:
         sharding, reshard = str(reshard).upper(), None
     offload = bool(config.get("cpu_offload")) or "offload" in options
-    notes: list[str] = []
+    notes: list[str] = [_FSDP1_NOTE] if version < 2 else []
+    if config.get("activation_checkpointing"):
+        notes.append("FSDP activation_checkpointing is not traced unless the model has gradient checkpointing on")
     names = config.get("transformer_layer_cls_to_wrap") or config.get("transformer_cls_names_to_wrap")
     units = _units(names, config.get("auto_wrap_policy", "transformer_based_wrap"), model, notes)
     return _fsdp_reading(sharding, reshard, offload, _argument_dtype(args), units, world, rank, _backend(args), notes)

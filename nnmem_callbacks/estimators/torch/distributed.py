@@ -22,6 +22,8 @@ Known limitations:
     * FSDP1 (``FullyShardedDataParallel``, flat parameters), HSDP, tensor and
       pipeline parallelism and DeepSpeed are not replayed; ZeRO gets model
       states from formulas (:func:`nnmem_callbacks.core.strategy.model_states_per_rank`).
+    * A ``torch.compile``'d step is not replayed: its single-device estimate is
+      sharded by formula (:func:`nnmem_callbacks.core.strategy.shard_estimate`), and a note says so.
     * FSDP mixed precision (``param_dtype``) is modelled for the gathered
       parameters and gradients only; activations are traced at the step's precision.
     * Gradient accumulation: a reduce-scatter is assumed after every
@@ -199,10 +201,17 @@ def _estimate_per_rank(
         units = list(units) if units is not None else default_units(model)
     else:
         units = []
+    from nnmem_callbacks.estimators.torch.compiled import find_compiled
+
+    if find_compiled(model, loss_fn, optimizer) is not None:  # the units' marks would break its compiled graphs
+        single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
+        return _formula_estimate(single, model, strategy, "a torch.compile'd step is not replayed per rank", units)
     with TraceMarks(model, units) as marks:
         single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
     if marks.tracker is None or single.method != "trace":
-        return _formula_estimate(single, model, strategy, "the step could not be traced")
+        return _formula_estimate(single, model, strategy, "the step could not be traced", units)
+    if strategy.backend is None:  # Strategy's default: NCCL on CUDA, gloo on the CPU
+        strategy = dataclasses.replace(strategy, backend="nccl" if str(single.device).startswith("cuda") else "gloo")
     rank = strategy.rank or 0
     unit_params = unit_parameters(model, units)
 
@@ -286,13 +295,23 @@ def _tagged(
     return dataclasses.replace(estimate, extra=extra, notes=(*estimate.notes, *notes))
 
 
-def _formula_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strategy, why: str) -> MemoryEstimate:
+def _formula_estimate(
+    single: MemoryEstimate, model: nn.Module, strategy: Strategy, why: str, units: Sequence[nn.Module] | None = None
+) -> MemoryEstimate:
     from nnmem_callbacks.core.strategy import shard_estimate
 
     parameters = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    estimate = shard_estimate(single, strategy, parameters=parameters, trainable=trainable)
-    note = f"per-rank estimate from closed-form model states ({why}); gathered parameters and communication buffers are not modelled"
+    gathered = _gathered_bytes(single, model, strategy, parameters, units)
+    estimate = shard_estimate(single, strategy, parameters=parameters, trainable=trainable, gathered_bytes=gathered)
+    if gathered:
+        added = "the gathered parameters of the root and of the two largest units (the current one and its prefetch)"
+        note = f"per-rank estimate from closed-form model states ({why}); {added} added; "
+    elif strategy.kind == "ddp":
+        note = f"per-rank estimate from closed-form model states ({why}); DDP's gradient buckets added; other "
+    else:
+        note = f"per-rank estimate from closed-form model states ({why}); "
+    note += "communication buffers are not modelled"
     return _tagged(
         dataclasses.replace(estimate, notes=(*estimate.notes, note)),
         strategy,
@@ -300,6 +319,22 @@ def _formula_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strate
         [],
         rank=strategy.rank or 0,
     )
+
+
+def _gathered_bytes(
+    single: MemoryEstimate, model: nn.Module, strategy: Strategy, parameters: int, units: Sequence[nn.Module] | None
+) -> int:
+    """FSDP and ZeRO-3 by formula: the whole parameters of the root (those in no unit: embeddings, heads) and
+    of the two largest units (the one running and its prefetch), at the bytes per element the estimate holds
+    parameters in; ``0`` for kinds that keep whole parameters."""
+    if not (strategy.kind == "fsdp" or (strategy.kind == "zero" and strategy.zero_stage == 3)) or not parameters:
+        return 0
+    units = list(units) if units is not None else default_units(model)
+    in_units = {id(p) for unit in units for p in unit.parameters()}
+    root = sum(p.numel() for p in model.parameters() if id(p) not in in_units)
+    sizes = sorted((sum(p.numel() for p in unit.parameters()) for unit in units), reverse=True)
+    per_element = single.breakdown.get(str(Category.PARAMETERS), 0) / parameters
+    return int((root + sum(sizes[:2])) * per_element)
 
 
 def _zero_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strategy) -> MemoryEstimate:
@@ -320,8 +355,8 @@ def _zero_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strategy)
     extra["deepspeed_model_states"] = reference
     note = (
         f"ZeRO-{strategy.zero_stage}: parameters, gradients and optimizer state split as DeepSpeed partitions them; "
-        "its bucket buffers (reduce_bucket_size, allgather_bucket_size, stage-3 prefetch and live parameters) are "
-        f"not modelled; DeepSpeed's own model-state estimate for this model: {reference['gpu']} bytes per GPU "
+        "its bucket buffers (reduce_bucket_size, allgather_bucket_size) and stage-3 prefetch beyond the next unit "
+        f"(stage3_prefetch_bucket_size, stage3_max_live_parameters) are not modelled; DeepSpeed's own model-state estimate for this model: {reference['gpu']} bytes per GPU "
         "(fp16 parameters and fp32 Adam)"
     )
     return dataclasses.replace(estimate, extra=extra, notes=(*estimate.notes, note))
