@@ -62,7 +62,9 @@ TOKENS = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("strategy", [["--world-size", "2"], ["--world-size", "2", "--fsdp"], ["--zero-stage", "2"]])
+@pytest.mark.parametrize(
+    "strategy", [["--world-size", "2"], ["--world-size", "2", "--fsdp"], ["--world-size", "2", "--zero-stage", "2"]]
+)
 def test_seq_len_per_rank_is_a_usage_error(capsys, tmp_path, strategy):
     # the per-rank estimate has no sequence axis: --seq-len printed nothing and exited 0
     pytest.importorskip("torch")

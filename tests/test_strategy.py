@@ -79,9 +79,10 @@ def test_zero3_states_agree_with_deepspeeds_estimator(gpus):
 
 
 def test_zero_formulas_are_deepspeeds():
-    # values of DeepSpeed's functions for these inputs (stage_1_and_2.py, stage3.py)
+    # values of DeepSpeed's functions for these inputs (stage_1_and_2.py, stage3.py); stages 1-2 as of DeepSpeed
+    # #5099 (2024): 2 bytes of 16-bit parameters whole, 18 split (the copy here had the older 4 + 16 / N)
     assert zero_model_states(1000, 2, num_gpus_per_node=4) == {
-        "gpu": 4 * 1000 + 16 * 1000 // 4,
+        "gpu": 2 * 1000 + 18 * 1000 // 4,
         "cpu": int(1000 * 4 * 4 * 1.5),
     }
     assert zero_model_states(1000, 2, num_gpus_per_node=4, cpu_offload=True) == {
@@ -173,3 +174,45 @@ def test_a_deepspeed_offload_param_below_stage_3_keeps_the_parameters_on_the_dev
     assert strategy.zero_stage == 2 and not strategy.offload_params
     assert "offload_param is for stage 3 only" in note
     assert model_states_per_rank(1000, strategy)["parameters"] == 4000
+
+
+def test_shard_estimate_of_zero_under_16bit_mixed_is_deepspeeds_2_2_12():
+    """A ZeRO-2 share of a bf16-mixed estimate (fp32 parameters, gradients and Adam state as traced) holds what
+    DeepSpeed's bf16 mode holds: its estimator's 2 + 18 / N bytes per parameter; a LoRA's frozen parameters in 16
+    bits too, with no master weights; FSDP and 32-true unchanged."""
+    from nnmem_callbacks.core.estimate import MemoryEstimate
+    from nnmem_callbacks.core.strategy import shard_estimate
+
+    def single(precision, trainable=1000):
+        states = {"parameters": 4000, "gradients": 4 * trainable, "optimizer_state": 8 * trainable}
+        return MemoryEstimate(peak_bytes=sum(states.values()), batch_size=8, breakdown=states, precision=precision)
+
+    zero2 = Strategy("zero", world_size=8, zero_stage=2)
+    rank = shard_estimate(single("bf16-mixed"), zero2, parameters=1000)
+    assert rank.peak_bytes == zero_model_states(1000, 2, num_gpus_per_node=8)["gpu"] == 2000 + 18 * 1000 // 8
+    assert rank.breakdown["parameters"] == 2000
+    lora = shard_estimate(single("16-mixed", trainable=10), zero2, parameters=1000, trainable=10)
+    assert lora.breakdown["parameters"] == 2000 and lora.breakdown["optimizer_state"] == -(-10 * 12 // 8)
+    assert shard_estimate(single("32-true"), zero2, parameters=1000).breakdown["parameters"] == 4000
+    fsdp = shard_estimate(single("bf16-mixed"), Strategy("fsdp", world_size=8), parameters=1000)
+    assert fsdp.breakdown["parameters"] == 500  # FSDP keeps the estimate's own dtype (param_dtype is its own)
+    offloaded = Strategy("zero", world_size=8, zero_stage=2, offload_optimizer=True)
+    assert shard_estimate(single("bf16-mixed"), offloaded, parameters=1000).breakdown["optimizer_state"] == 0
+
+
+def test_fsdp_describes_its_mixed_precision():
+    assert Strategy("fsdp", world_size=4, param_dtype="bfloat16").describe().endswith("param_dtype=bfloat16)")
+    assert "param_dtype" not in Strategy("fsdp", world_size=4).describe()
+
+
+def test_shard_estimate_keeps_a_non_elementwise_optimizer_state_whole_under_fsdp():
+    from nnmem_callbacks.core.estimate import MemoryEstimate
+    from nnmem_callbacks.core.strategy import shard_estimate
+
+    single = MemoryEstimate(
+        peak_bytes=1600, batch_size=8, breakdown={"parameters": 400, "gradients": 400, "optimizer_state": 800}
+    )
+    fsdp = Strategy("fsdp", world_size=4)
+    assert shard_estimate(single, fsdp, parameters=100).breakdown["optimizer_state"] == 200
+    kept = shard_estimate(single, fsdp, parameters=100, elementwise_optimizer=False)
+    assert kept.breakdown["optimizer_state"] == 800 and kept.breakdown["parameters"] == 100

@@ -197,3 +197,94 @@ def test_a_per_rank_plan_is_checked_by_a_per_rank_trace_not_a_single_device_one(
     for check in plan.verification.checks:  # a single-device trace would be about twice the rank's lines
         assert check.traced_bytes is not None and check.traced_bytes <= 1.02 * check.predicted_bytes
     assert plan.verification.verified and 1 <= plan.batch_size < 64
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_under_16bit_mixed_holds_deepspeeds_bytes(precision, stage):
+    """DeepSpeed's bf16/fp16 mode holds a 16-bit model: 2 bytes of parameters and of gradients (whole or split by
+    the stage), and in each rank's partition fp32 master weights (4), an fp32 gradient copy (4) and Adam's state (8).
+    The estimate's own fp32 parameters and gradients were kept (4 + 4 bytes; 8 of Adam state, no master weights)."""
+    model = _model()
+    n, params = 4, sum(p.numel() for p in model.parameters())
+    mixed = _estimate(Strategy("zero", world_size=n, zero_stage=stage), model, precision=precision)
+    fp32 = _estimate(Strategy("zero", world_size=n, zero_stage=stage), model)
+
+    def split(total):
+        return -(-total // n)
+
+    assert mixed.breakdown["parameters"] == (split(2 * params) if stage == 3 else 2 * params)
+    assert mixed.breakdown["gradients"] == (2 * params if stage == 1 else split(2 * params)) + split(4 * params)
+    assert mixed.breakdown["optimizer_state"] == split(12 * params)
+    assert fp32.breakdown["parameters"] == (split(4 * params) if stage == 3 else 4 * params)  # 32-true: as traced
+    states = sum(mixed.breakdown[k] for k in ("parameters", "gradients", "optimizer_state"))
+    if stage == 3:  # DeepSpeed's stage-3 estimate (less its gathered largest layer) splits 18 bytes per parameter;
+        # its stage-2 itemisation (2 + 4 gradients, 4 + 8 optimizer) plus the 16-bit parameters' 2 makes 20
+        theirs = mixed.extra["deepspeed_model_states"]["gpu"] - 4 * 64 * 65
+        assert states == split(20 * params) and abs(theirs - split(18 * params)) <= 1
+    assert any("DeepSpeed's bf16/fp16 mode" in note for note in mixed.notes)
+    assert not any("DeepSpeed's bf16/fp16 mode" in note for note in fp32.notes)
+
+
+class _Factored(torch.optim.Optimizer):
+    """Adafactor-like: a row and a column factor per matrix, not of the parameter's shape."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if p.ndim == 2:
+                    if not state:
+                        state["row"] = torch.zeros(p.shape[0], device=p.device, dtype=p.dtype)
+                        state["col"] = torch.zeros(p.shape[1], device=p.device, dtype=p.dtype)
+                    square = p.grad.square()
+                    state["row"].add_(square.mean(1))
+                    state["col"].add_(square.mean(0))
+                    p.sub_(p.grad / (state["row"][:, None] * state["col"][None, :]).sqrt().add(1e-8))
+                else:
+                    p.sub_(p.grad)
+
+
+def _muon(params):
+    params = list(params)
+    return [torch.optim.Muon([p for p in params if p.ndim == 2]), torch.optim.AdamW([p for p in params if p.ndim != 2])]
+
+
+@pytest.mark.parametrize("optimizer, named", [(_Factored, "_Factored's state 'row'"), (_muon, "Muon updates whole")])
+def test_fsdp_keeps_a_non_elementwise_optimizer_whole_and_says_so(optimizer, named):
+    """Its state and step temporaries were scaled by the local shard as if elementwise, silently."""
+    if optimizer is _muon and not hasattr(torch.optim, "Muon"):
+        pytest.skip("torch.optim.Muon is torch 2.9+")
+    model = _model()
+
+    def run(strategy):
+        return estimate_per_rank(model, torch.randn(16, 64), optimizer, strategy=strategy, **FAST)
+
+    single, fsdp = run(Strategy("single")), run(Strategy("fsdp", world_size=4, backend="nccl"))
+    assert fsdp.breakdown["optimizer_state"] == single.breakdown["optimizer_state"] > 0
+    assert fsdp.breakdown["parameters"] < single.breakdown["parameters"] / 2  # the rest is still sharded
+    said = [note for note in fsdp.notes if "not elementwise" in note]
+    assert len(said) == 1 and named in said[0] and "err high" in said[0]
+    adam = _estimate(Strategy("fsdp", world_size=4, backend="nccl"), model)
+    assert not any("not elementwise" in note for note in adam.notes)
+    assert not any("not elementwise" in note for note in run(Strategy("ddp", world_size=4)).notes)
+
+
+def test_not_elementwise_reads_the_state_shapes():
+    from nnmem_callbacks.estimators.torch.distributed import not_elementwise
+
+    weight = torch.nn.Parameter(torch.zeros(4, 3))
+    weight.grad = torch.ones(4, 3)
+    for make in (torch.optim.Adam, torch.optim.Adagrad, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)):
+        optimizer = make([weight])
+        optimizer.step()
+        assert not_elementwise(optimizer) is None
+    factored = _Factored([weight])
+    factored.step()
+    assert "'row' has shape (4,), not its parameter's (4, 3)" in not_elementwise(factored)

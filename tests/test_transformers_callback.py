@@ -720,3 +720,22 @@ def test_the_checkpointing_the_plan_suggests_is_an_argument_that_does_not_warn(t
         warnings.simplefilter("error", FutureWarning)
         settings = {named[1]: True, "report_to": [], "use_cpu": True}
         assert checkpointing_arguments(tmp_path).to_dict() == arguments(tmp_path, **settings).to_dict()
+
+
+def test_a_deepspeed_bf16_run_is_estimated_with_deepspeeds_16bit_states(tmp_path):
+    """The Trainer with ``bf16=True`` and a ZeRO config runs DeepSpeed's bf16 mode: 16-bit parameters, fp32 master
+    weights in each rank's partition. The per-rank estimate held the trace's fp32 parameters (4 bytes each)."""
+    from types import SimpleNamespace
+
+    model = tiny_model("gpt2")
+    real = arguments(tmp_path, bf16=True, max_grad_norm=0.0)
+    args = SimpleNamespace(**{name: getattr(real, name) for name in dir(real) if not name.startswith("_")})
+    zero = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}
+    args.world_size, args.process_index, args.deepspeed, args.fsdp = 4, 0, zero, None
+    facts = estimation.read_facts(args, model, device="cpu")
+    assert facts.strategy.kind == "zero" and facts.precision == "bf16-mixed"
+    sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(4)])
+    estimate = estimation.estimate_step(model, sample, facts, batch_lines=False, probe_kernels=False)
+    params = sum(p.numel() for p in model.parameters())
+    assert estimate.breakdown["parameters"] == 2 * params
+    assert any("DeepSpeed's bf16/fp16 mode" in note for note in estimate.notes)

@@ -211,6 +211,21 @@ EXAMPLES: tuple[Example, ...] = (
         ),
     ),
     Example(
+        "Per rank: the same GPT-2-medium under DeepSpeed ZeRO-3 on 8 GPUs (`--world-size 8 --zero-stage 3`; "
+        "`--fsdp` for FSDP2). Under bf16-mixed the states are DeepSpeed's: a 16-bit model with fp32 master weights. "
+        "Without `--device`, the table also counts the fewest GPUs of each kind whose share fits",
+        "calc --layers 24 --hidden 1024 --heads 16 --vocab 50257 --seq-len 1024 -b 8 --precision bf16-mixed "
+        "--activation gelu_new --world-size 8 --zero-stage 3",
+        keep=("title", "breakdown", "gpus"),
+    ),
+    Example(
+        "`--fsdp` and `--zero-stage` shard over `--world-size` ranks, so both commands need it",
+        "calc --layers 24 --hidden 1024 --heads 16 --vocab 50257 --seq-len 1024 -b 8 --zero-stage 3",
+        keep=(),
+        status=True,
+        expect=2,
+    ),
+    Example(
         "A pre-flight check in a job script: exit status 3 when `--budget` or `--device` is given and the batch "
         "does not fit (here a 7B-parameter model with AdamW in fp32, at any batch)",
         "calc --params 7B --activations 20M -b 8 --optimizer adamw --device a100-40gb",

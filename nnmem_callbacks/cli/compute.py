@@ -37,19 +37,37 @@ __all__ = [
 def strategy_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~nnmem_callbacks.core.strategy.Strategy` of ``--world-size``, ``--fsdp`` and ``--zero-stage``.
 
+    ``--fsdp`` and ``--zero-stage`` shard over ``--world-size`` ranks, so they need it (both commands: without it the
+    figure was one rank holding everything, titled "per rank of fsdp x1"); ``calc`` then also counts, per GPU of
+    its table, the fewest ranks whose share fits.
+
+    Raises:
+        CliError: ``--fsdp`` with ``--zero-stage``, or either without ``--world-size``.
+
     Example:
         >>> import argparse
         >>> strategy_from_args(argparse.Namespace(world_size=8, fsdp=True, zero_stage=None)).describe()
         'fsdp x8 (reshard_after_forward=True)'
-        >>> strategy_from_args(argparse.Namespace(world_size=1, fsdp=False, zero_stage=None)).kind
+        >>> strategy_from_args(argparse.Namespace(world_size=None, fsdp=False, zero_stage=None)).kind
         'single'
+        >>> strategy_from_args(argparse.Namespace(world_size=None, fsdp=False, zero_stage=3))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        nnmem_callbacks.cli.errors.CliError: --zero-stage 3 shards over --world-size ranks, and none was given; ...
     """
     from nnmem_callbacks.core.strategy import Strategy
 
-    world_size = int(getattr(args, "world_size", 1) or 1)
+    given = getattr(args, "world_size", None)
+    world_size = int(given or 1)
     fsdp, stage = bool(getattr(args, "fsdp", False)), getattr(args, "zero_stage", None)
     if fsdp and stage:
         raise CliError("--fsdp and --zero-stage exclude each other: FSDP is PyTorch's sharding, ZeRO DeepSpeed's")
+    if (fsdp or stage) and given is None:
+        flag = "--fsdp" if fsdp else f"--zero-stage {stage}"
+        raise CliError(
+            f"{flag} shards over --world-size ranks, and none was given; give --world-size N, the ranks training "
+            f"together, e.g. --world-size 8 {flag}"
+        )
     if fsdp:
         return Strategy("fsdp", world_size=world_size)
     if stage:
@@ -72,7 +90,7 @@ def gathered_unit_bytes(estimate: MemoryEstimate) -> int:
 
 
 #: ``nnmem estimate`` options a saved Keras model cannot take: (flag, dest, the value that means "not written").
-_FACTORY_ONLY = (("--model-arg", "model_arg", None), ("--world-size", "world_size", 1), ("--fsdp", "fsdp", False))
+_FACTORY_ONLY = (("--model-arg", "model_arg", None), ("--world-size", "world_size", None), ("--fsdp", "fsdp", False))
 _FACTORY_ONLY += (("--zero-stage", "zero_stage", None),)
 
 

@@ -39,6 +39,8 @@ examples:
   nnmem estimate nnmem_callbacks.examples.models:resnet50 --input-shape 3,224,224 --batch-size 64 \\
       --precision 16-mixed --optimizer adam --plot resnet50.png
   nnmem estimate mypkg.models:build --input-shape 3,32,32 --device cpu --budget 4GiB --json
+  nnmem estimate nnmem_callbacks.examples.models:gpt2 --input-shape input_ids=int64:512 \\
+      --input-shape labels=int64:512 --batch-size 8 --world-size 8 --fsdp --device h100
 """
     + "\n"
     + _EXIT_STATUS
@@ -63,6 +65,8 @@ examples:
       --precision bf16-mixed --recompute selective --device h100
   nnmem calc --lora-rank 16 --quantize 4bit --layers 32 --hidden 4096 --heads 32 --ffn 11008 \\
       --vocab 32000 --seq-len 2048 --recompute full --precision bf16-true --device a100-40gb
+  nnmem calc --layers 24 --hidden 1024 --heads 16 --vocab 50257 --seq-len 1024 --batch-size 8 \\
+      --precision bf16-mixed --world-size 8 --zero-stage 3
 """
     + "\n"
     + _EXIT_STATUS
@@ -141,16 +145,18 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--world-size",
         type=positive_int_arg,
-        default=1,
+        default=None,
         metavar="N",
-        help="ranks training together (default 1); alone it means DDP (every rank holds the model plus "
-        "its gradient buckets), with --fsdp or --zero-stage the states are sharded; the estimate is per rank, "
-        "e.g. --world-size 8 --fsdp",
+        help="ranks training together (default: one device); alone it means DDP (every rank holds the model plus "
+        "its gradient buckets), with --fsdp or --zero-stage (which need it) the states are sharded; the estimate "
+        "is per rank, and calc's GPU table also counts the fewest ranks of each GPU that fit, e.g. "
+        "--world-size 8 --fsdp",
     )
     parser.add_argument(
         "--fsdp",
         action="store_true",
-        help="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over --world-size",
+        help="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over --world-size "
+        "(required with it), e.g. --world-size 8 --fsdp",
     )
     parser.add_argument(
         "--zero-stage",
@@ -158,7 +164,9 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
         choices=(1, 2, 3),
         default=None,
         metavar="K",
-        help="DeepSpeed ZeRO stage 1, 2 or 3 over --world-size (model states by formula), e.g. --zero-stage 3",
+        help="DeepSpeed ZeRO stage 1, 2 or 3 over --world-size (required with it; model states by formula, "
+        "under 16-mixed/bf16-mixed DeepSpeed's 16-bit model and fp32 master weights), "
+        "e.g. --world-size 8 --zero-stage 3",
     )
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of tables")
     parser.add_argument(

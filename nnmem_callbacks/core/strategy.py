@@ -15,8 +15,9 @@ Kinds:
 * ``"fsdp"``: PyTorch FSDP2 (``fully_shard``): parameters, gradients and
   optimizer state sharded on dim 0 over ``world_size`` ranks; each unit's
   parameters gathered around its forward and backward.
-* ``"zero"``: DeepSpeed ZeRO stage 1, 2 or 3 (model states from DeepSpeed's own
-  formulas, see :func:`zero_model_states`).
+* ``"zero"``: DeepSpeed ZeRO stage 1, 2 or 3 (model states by formula,
+  cross-checked with DeepSpeed's own, :func:`zero_model_states`; under
+  ``16-mixed``/``bf16-mixed`` those of its bf16/fp16 mode, :func:`zero_mixed`).
 
 Nothing here imports torch, keras or lightning.
 
@@ -55,6 +56,8 @@ __all__ = [
     "shard_estimate",
     "shard_numel",
     "Strategy",
+    "ZERO_MIXED_PRECISIONS",
+    "zero_mixed",
     "zero_model_states",
 ]
 
@@ -70,6 +73,10 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 
 #: ``additional_buffer_factor`` of DeepSpeed's model-state estimators (their default).
 DEEPSPEED_BUFFER_FACTOR = 1.5
+
+#: Precisions that DeepSpeed runs in its bf16/fp16 mode (``"bf16": {"enabled": true}``): a 16-bit model with fp32
+#: master weights in the optimizer's partition (Lightning's DeepSpeed precision and the Trainer's ``bf16``/``fp16``).
+ZERO_MIXED_PRECISIONS = ("16-mixed", "bf16-mixed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +172,12 @@ class Strategy:
         return self.kind in ("fsdp", "zero") and self.world_size > 1
 
     def describe(self) -> str:
-        """A short label, such as ``"fsdp x4 (reshard_after_forward=True)"``."""
+        """A short label, such as ``"fsdp x4 (reshard_after_forward=True)"``; FSDP's mixed precision is named.
+
+        Example:
+            >>> Strategy("fsdp", world_size=8, param_dtype="bfloat16").describe()
+            'fsdp x8 (reshard_after_forward=True, param_dtype=bfloat16)'
+        """
         if self.kind == "single":
             return "single device"
         if self.kind == "zero":
@@ -173,7 +185,8 @@ class Strategy:
         else:
             text = f"{self.kind} x{self.world_size}"
         if self.kind == "fsdp":
-            text += f" (reshard_after_forward={self.reshard_after_forward})"
+            dtype = f", param_dtype={self.param_dtype}" if self.param_dtype else ""
+            text += f" (reshard_after_forward={self.reshard_after_forward}{dtype})"
         if self.kind == "ddp" and self.gradient_as_bucket_view:
             text += " (gradient_as_bucket_view)"
         if self.offload_params or self.offload_optimizer:
@@ -229,6 +242,7 @@ def model_states_per_rank(
     grad_bytes: int = 4,
     optimizer_bytes_per_param: int = 8,
     master_bytes_per_param: int = 0,
+    master_grad_bytes_per_param: int = 0,
 ) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state one rank holds.
 
@@ -245,6 +259,9 @@ def model_states_per_rank(
         optimizer_bytes_per_param: Optimizer state per parameter (Adam fp32: 8).
         master_bytes_per_param: fp32 master weights kept by the optimizer
             (4 under ``*-mixed`` ZeRO / ``16-true`` with fp32 master weights).
+        master_grad_bytes_per_param: The fp32 copy of the gradient partition ZeRO's
+            step hands the optimizer (4 under ``*-mixed`` ZeRO): split at every
+            stage, counted with the gradients, on the host when the optimizer is.
 
     Returns:
         ``{"parameters", "gradients", "optimizer_state", "comm_buffers"}`` in bytes.
@@ -266,6 +283,7 @@ def model_states_per_rank(
     params = split(parameters * param_bytes, stage >= 3)
     grads = split(parameters * grad_bytes, stage >= 2)
     optim = split(parameters * (optimizer_bytes_per_param + master_bytes_per_param), stage >= 1)
+    grads += split(parameters * master_grad_bytes_per_param, True) if not strategy.offload_optimizer else 0
     buffers = 0
     if strategy.kind == "ddp":
         buffers = parameters * grad_bytes
@@ -278,6 +296,34 @@ def model_states_per_rank(
         if strategy.kind == "fsdp" or stage >= 2:
             grads = 0
     return {"parameters": params, "gradients": grads, "optimizer_state": optim, "comm_buffers": buffers}
+
+
+def zero_mixed(strategy: Strategy, precision: Any) -> bool:
+    """Whether ZeRO's model states are DeepSpeed's bf16/fp16 ones: ``kind="zero"`` under a precision of
+    :data:`ZERO_MIXED_PRECISIONS`.
+
+    What DeepSpeed then holds (sources of 2026-08-22, commit ``edaa722``): the engine casts the model's parameters,
+    not its buffers, to 16 bits (``deepspeed/runtime/engine.py``, ``_configure_distributed_model``); stages 1 and 2
+    (``stage_1_and_2.py``, ``DeepSpeedZeroOptimizer``) keep every 16-bit parameter whole, an fp32 clone of the
+    rank's partition (``single_partition_of_fp32_groups``: the master weights the optimizer and its state live on),
+    the 16-bit gradients (whole at stage 1, the rank's partition at stage 2: ``partition_gradients``) and, in
+    ``step``, an fp32 copy of the gradient partition (``single_grad_partition = flat_grad_partition.to(...)``);
+    stage 3 (``stage3.py``, ``DeepSpeedZeroOptimizer_Stage3``) partitions the 16-bit parameters too
+    (``fp16_partitioned_groups_flat``), its 16-bit gradient partitions (``grad_partitions_flat_buffer``), fp32
+    master partitions (``fp32_partitioned_groups_flat``) and, per sub-group, the fp32 gradient
+    (``_prepare_fp32_grad_for_sub_group``; counted here for the whole partition: an upper bound once a partition
+    exceeds ``sub_group_size``). So stage 3 holds 2 + 2 + 4 + 4 + 8 = 20 bytes per parameter split, where
+    ``estimate_zero3_model_states_mem_needs`` splits 18 (its stage-2 itemisation of the same states, plus the 16-bit
+    parameters, makes 20). The gradients are accumulated in the model's dtype unless ``data_types.grad_accum_dtype``
+    says otherwise (bf16 with an fp32 accumulation at stage 1 runs DeepSpeed's ``BF16_Optimizer``, not modelled).
+
+    Example:
+        >>> zero_mixed(Strategy("zero", world_size=8, zero_stage=2), "bf16-mixed")
+        True
+        >>> zero_mixed(Strategy("zero", world_size=8, zero_stage=2), "32-true")
+        False
+    """
+    return strategy.kind == "zero" and str(precision) in ZERO_MIXED_PRECISIONS
 
 
 def zero_model_states(
@@ -295,17 +341,20 @@ def zero_model_states(
     """DeepSpeed's own estimate of the model states per GPU and per node (bytes).
 
     These are the formulas of ``estimate_zero2_model_states_mem_needs``
-    (``deepspeed/runtime/zero/stage_1_and_2.py``, used for stages 1 and 2) and
+    (``deepspeed/runtime/zero/stage_1_and_2.py``, used for stages 1 and 2; as
+    changed by DeepSpeed #5099, 2024-06: 2 bytes of 16-bit parameters on every
+    GPU, and "18 = 2_grads_16bit + 4_grads_32bit + 4_params_32bit +
+    8_optimizer_states_32bit" split over the GPUs) and
     ``estimate_zero3_model_states_mem_needs`` (``deepspeed/runtime/zero/stage3.py``),
     copied to cross-check :func:`model_states_per_rank` without installing
     DeepSpeed. They assume fp16/bf16 parameters and gradients with fp32 Adam
-    (master weights, momentum, variance: 16 bytes per parameter in all).
+    (master weights, momentum, variance) and an fp32 copy of the gradients.
 
     Example:
         >>> zero_model_states(10**9, 3, num_gpus_per_node=8, largest_layer_params=10**7)["gpu"]
         2290000000
         >>> zero_model_states(10**9, 2, num_gpus_per_node=8)["gpu"]
-        6000000000
+        4250000000
     """
     if stage not in (1, 2, 3):
         raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
@@ -316,7 +365,7 @@ def zero_model_states(
             gpu_mem = 2 * total_params
             cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
         else:
-            gpu_mem = 4 * total_params + int(16 * total_params / total_gpus)
+            gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
             cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
         return {"gpu": int(gpu_mem), "cpu": int(cpu_mem)}
     # estimate_zero3_model_states_mem_needs
@@ -345,7 +394,13 @@ def zero_model_states(
 
 
 def shard_estimate(
-    estimate: Any, strategy: Strategy, *, parameters: int, trainable: int | None = None, gathered_bytes: int = 0
+    estimate: Any,
+    strategy: Strategy,
+    *,
+    parameters: int,
+    trainable: int | None = None,
+    gathered_bytes: int = 0,
+    elementwise_optimizer: bool = True,
 ) -> Any:
     """One rank's share of a single-device :class:`~nnmem_callbacks.core.estimate.MemoryEstimate`, by formula.
 
@@ -356,6 +411,16 @@ def shard_estimate(
     Every phase line moves by the same amount, so the batch scaling is kept.
     This is the napkin answer; the PyTorch trace replays the step instead
     (:func:`nnmem_callbacks.estimators.torch.distributed.estimate_per_rank`).
+
+    ZeRO under ``16-mixed`` / ``bf16-mixed`` (:func:`zero_mixed`) holds what
+    DeepSpeed's bf16/fp16 mode holds instead of the estimate's own byte sizes:
+    16-bit parameters (frozen ones too) and gradients, and in the optimizer's
+    partition fp32 master weights and an fp32 copy of the gradients beside the
+    traced optimizer state (for Adam DeepSpeed's 2 + 2 + 4 + 4 + 8 bytes per
+    parameter, see :func:`zero_model_states`); ``gathered_bytes`` (given at the
+    estimate's bytes per parameter) is held in 16 bits too. Activations stay as
+    traced. ``elementwise_optimizer=False`` (FSDP): the optimizer state is not
+    of the parameters' shapes, so it is kept whole rather than split.
 
     Example:
         >>> from nnmem_callbacks.core.estimate import MemoryEstimate
@@ -379,13 +444,25 @@ def shard_estimate(
     grads_b = breakdown.get(str(Category.GRADIENTS), 0)
     optim_b = breakdown.get(str(Category.OPTIMIZER_STATE), 0)
     param_bytes = max(1, round(params_b / parameters)) if parameters else 0
+    grad_bytes = round(grads_b / trainable) if trainable else 0
+    master = master_grad = 0
+    mixed = zero_mixed(strategy, getattr(estimate, "precision", None))
+    if mixed:  # DeepSpeed's bf16/fp16 mode: a 16-bit model, fp32 master weights and gradients in the partition
+        if param_bytes > 2:
+            gathered_bytes = gathered_bytes * 2 // param_bytes
+        param_bytes, grad_bytes = min(param_bytes, 2), min(grad_bytes, 2)
+        master, master_grad = (4, 4 if grads_b else 0) if trainable else (0, 0)
     per = model_states_per_rank(
         trainable,
         strategy,
         param_bytes=param_bytes,
-        grad_bytes=round(grads_b / trainable) if trainable else 0,
+        grad_bytes=grad_bytes,
         optimizer_bytes_per_param=round(optim_b / trainable) if trainable else 0,
+        master_bytes_per_param=master,
+        master_grad_bytes_per_param=master_grad,
     )
+    if not elementwise_optimizer and strategy.kind == "fsdp" and not strategy.offload_optimizer:
+        per["optimizer_state"] = optim_b  # not of the parameters' shapes: FSDP's dim-0 shards do not split it
     # frozen parameters (a LoRA's base model) are held, and sharded, as the trainable ones: no gradient, no state
     frozen = model_states_per_rank(
         max(0, parameters - trainable), strategy, param_bytes=param_bytes, grad_bytes=0, optimizer_bytes_per_param=0
@@ -411,6 +488,12 @@ def shard_estimate(
         f"single-device peak replaced by one rank's share"
         + (f", {gathered} bytes of gathered units added" if gathered else "")
         + ("; DDP gradient buckets added" if per["comm_buffers"] else "")
+        + (
+            f"; under {estimate.precision} DeepSpeed's bf16/fp16 mode: 16-bit parameters and gradients, fp32 master "
+            "weights and gradient partition beside the optimizer state (activations as traced)"
+            if mixed
+            else ""
+        )
     )
     extra = dict(estimate.extra, strategy=strategy.to_dict(), single_device_peak_bytes=int(estimate.peak_bytes))
     return dataclasses.replace(

@@ -21,7 +21,9 @@ Example:
 Known limitations:
     * FSDP1 (``FullyShardedDataParallel``, flat parameters), HSDP, tensor and
       pipeline parallelism and DeepSpeed are not replayed; ZeRO gets model
-      states from formulas (:func:`nnmem_callbacks.core.strategy.model_states_per_rank`).
+      states from formulas (:func:`nnmem_callbacks.core.strategy.model_states_per_rank`), under
+      ``16-mixed``/``bf16-mixed`` those of DeepSpeed's bf16/fp16 mode (a 16-bit model, fp32 master
+      weights: :func:`nnmem_callbacks.core.strategy.zero_mixed`), with the activations as traced.
     * A ``torch.compile``'d step is not replayed: its single-device estimate is
       sharded by formula (:func:`nnmem_callbacks.core.strategy.shard_estimate`), and a note says so.
     * FSDP mixed precision (``param_dtype``) is modelled for the gathered
@@ -32,6 +34,12 @@ Known limitations:
       the order of allocations is the one of a synchronous run (CPU/gloo).
     * CPU offload moves sharded states to the host; the host-to-device copy of
       each shard before its all-gather is counted, pinned host memory is not.
+    * Only an optimizer whose state has each parameter's shape (Adam, SGD,
+      RMSprop..., :func:`not_elementwise`) has its state and step temporaries
+      sharded under FSDP; others (``torch.optim.Muon``, Adafactor's factored
+      state, Shampoo) are kept whole as traced, and a note names them: the
+      figure may err high (FSDP splits what has a parameter's shape) or low (an
+      update that gathers whole parameters holds them too).
 """
 
 from __future__ import annotations
@@ -47,7 +55,79 @@ from nnmem_callbacks.core.strategy import Strategy
 from nnmem_callbacks.core.verification import DirectEstimator
 from nnmem_callbacks.estimators.torch.rank_replay import TraceMarks, replay_rank, unit_parameters
 
-__all__ = ["default_units", "estimate_per_rank", "fsdp_modules"]
+__all__ = ["MATRIX_OPTIMIZERS", "default_units", "estimate_per_rank", "fsdp_modules", "not_elementwise"]
+
+#: Words in the class names of optimizers whose update works on whole matrices (orthogonalised or preconditioned),
+#: whatever the shape of their state: ``torch.optim.Muon``, Shampoo, SOAP.
+MATRIX_OPTIMIZERS = ("muon", "shampoo", "soap")
+
+
+def not_elementwise(optimizer: torch.optim.Optimizer) -> str | None:
+    """Why ``optimizer``'s update is not provably elementwise (so not split by FSDP's dim-0 shards), or ``None``.
+
+    Elementwise: every per-parameter state tensor has the parameter's shape or is a scalar (``step``); bitsandbytes'
+    block statistics beside its ``state1``/``state2`` count with them. Not: a matrix optimizer
+    (:data:`MATRIX_OPTIMIZERS`), or a state of another shape (Adafactor's row and column factors, L-BFGS' flat history).
+
+    Example:
+        >>> weight = torch.nn.Parameter(torch.zeros(4, 3))
+        >>> weight.grad = torch.ones(4, 3)
+        >>> adam = torch.optim.Adam([weight])
+        >>> adam.step()
+        >>> not_elementwise(adam) is None
+        True
+        >>> not_elementwise(torch.optim.Muon([weight]))
+        'Muon updates whole matrices'
+    """
+    name = type(optimizer).__name__
+    if any(word in name.lower() for word in MATRIX_OPTIMIZERS):
+        return f"{name} updates whole matrices"
+    quantized = type(optimizer).__module__.startswith("bitsandbytes")
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            for key, value in optimizer.state.get(parameter, {}).items():
+                if not isinstance(value, torch.Tensor) or value.numel() <= 1 or value.shape == parameter.shape:
+                    continue
+                if quantized and not str(key).startswith("state"):
+                    continue  # absmax, qmap: statistics of the param-shaped state1/state2
+                shapes = f"{tuple(value.shape)}, not its parameter's {tuple(parameter.shape)}"
+                return f"{name}'s state {key!r} has shape {shapes}"
+    return None
+
+
+class _OptimizerShapes:
+    """While open, records why the optimizers that take a step are not elementwise (:func:`not_elementwise`)."""
+
+    def __enter__(self) -> "_OptimizerShapes":
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.reasons: dict[str, str] = {}
+        self._handle = register_optimizer_step_post_hook(self._seen)
+        return self
+
+    def _seen(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        reason = not_elementwise(optimizer)
+        if reason is not None:
+            self.reasons.setdefault(type(optimizer).__name__, reason)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()
+
+    def note(self, strategy: Strategy) -> list[str]:
+        """What the per-rank figure assumed of these optimizers (nothing for DDP, which does not split them)."""
+        if not self.reasons or strategy.kind not in ("fsdp", "zero"):
+            return []
+        why = "; ".join(self.reasons.values())
+        if strategy.kind == "fsdp":
+            return [
+                f"the optimizer's update is not elementwise ({why}): its state and step temporaries are kept whole "
+                "as on one device, not sharded; the figure may err high (FSDP splits what has a parameter's shape) "
+                "or low (an update that gathers whole parameters holds them too)"
+            ]
+        return [
+            f"the optimizer's update is not elementwise ({why}): DeepSpeed hands it flat 1-D partitions, so its "
+            "state there can differ from the traced one, split here as if elementwise; the figure may err either way"
+        ]
 
 
 # ---------------------------------------------------------------------------
@@ -193,10 +273,12 @@ def _estimate_per_rank(
     from nnmem_callbacks.estimators.torch.estimator import estimate_training
 
     if strategy.kind in ("single", "zero"):
-        single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
+        with _OptimizerShapes() as shapes:
+            single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
         if strategy.kind == "single":
             return _tagged(single, strategy, single.peak_bytes, [])
-        return _zero_estimate(single, model, strategy)
+        estimate = _zero_estimate(single, model, strategy)
+        return dataclasses.replace(estimate, notes=(*estimate.notes, *shapes.note(strategy)))
     if strategy.kind == "fsdp":
         units = list(units) if units is not None else default_units(model)
     else:
@@ -204,12 +286,14 @@ def _estimate_per_rank(
     from nnmem_callbacks.estimators.torch.compiled import find_compiled
 
     if find_compiled(model, loss_fn, optimizer) is not None:  # the units' marks would break its compiled graphs
-        single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
-        return _formula_estimate(single, model, strategy, "a torch.compile'd step is not replayed per rank", units)
-    with TraceMarks(model, units) as marks:
+        with _OptimizerShapes() as shapes:
+            single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
+        why = "a torch.compile'd step is not replayed per rank"
+        return _formula_estimate(single, model, strategy, why, units, shapes)
+    with TraceMarks(model, units) as marks, _OptimizerShapes() as shapes:
         single = estimate_training(model, batch, optimizer, loss_fn, precision, device, **kwargs)
     if marks.tracker is None or single.method != "trace":
-        return _formula_estimate(single, model, strategy, "the step could not be traced", units)
+        return _formula_estimate(single, model, strategy, "the step could not be traced", units, shapes)
     if strategy.backend is None:  # Strategy's default: NCCL on CUDA, gloo on the CPU
         strategy = dataclasses.replace(strategy, backend="nccl" if str(single.device).startswith("cuda") else "gloo")
     rank = strategy.rank or 0
@@ -218,7 +302,7 @@ def _estimate_per_rank(
     def stored_itemsize(parameter: torch.Tensor) -> int:
         return _stored_dtype(parameter, single.precision).itemsize
 
-    replay = replay_rank(marks, strategy, rank, unit_params, stored_itemsize)
+    replay = replay_rank(marks, strategy, rank, unit_params, stored_itemsize, elementwise_optimizer=not shapes.reasons)
     trace_peaks = {p: v for p, v in marks.tracker.phase_peaks.items()}
     deltas = {
         phase: replay.phase_peaks[phase] - trace_peaks[phase] for phase in trace_peaks if phase in replay.phase_peaks
@@ -228,7 +312,7 @@ def _estimate_per_rank(
         dataclasses.replace(line, fixed_bytes=line.fixed_bytes + deltas.get(line.phase, fallback_delta))
         for line in single.phases
     )
-    notes = [_strategy_note(strategy, units)]
+    notes = [_strategy_note(strategy, units), *shapes.note(strategy)]
     return _with_phases(single, phases, replay.breakdown, strategy, notes, rank)
 
 
@@ -296,14 +380,27 @@ def _tagged(
 
 
 def _formula_estimate(
-    single: MemoryEstimate, model: nn.Module, strategy: Strategy, why: str, units: Sequence[nn.Module] | None = None
+    single: MemoryEstimate,
+    model: nn.Module,
+    strategy: Strategy,
+    why: str,
+    units: Sequence[nn.Module] | None = None,
+    shapes: _OptimizerShapes | None = None,
 ) -> MemoryEstimate:
     from nnmem_callbacks.core.strategy import shard_estimate
 
     parameters = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     gathered = _gathered_bytes(single, model, strategy, parameters, units)
-    estimate = shard_estimate(single, strategy, parameters=parameters, trainable=trainable, gathered_bytes=gathered)
+    elementwise = shapes is None or not shapes.reasons
+    estimate = shard_estimate(
+        single,
+        strategy,
+        parameters=parameters,
+        trainable=trainable,
+        gathered_bytes=gathered,
+        elementwise_optimizer=elementwise,
+    )
     if gathered:
         added = "the gathered parameters of the root and of the two largest units (the current one and its prefetch)"
         note = f"per-rank estimate from closed-form model states ({why}); {added} added; "
@@ -312,8 +409,9 @@ def _formula_estimate(
     else:
         note = f"per-rank estimate from closed-form model states ({why}); "
     note += "communication buffers are not modelled"
+    shape_notes = shapes.note(strategy) if shapes is not None and strategy.kind == "fsdp" else []
     return _tagged(
-        dataclasses.replace(estimate, notes=(*estimate.notes, note)),
+        dataclasses.replace(estimate, notes=(*estimate.notes, note, *shape_notes)),
         strategy,
         single.peak_bytes,
         [],
@@ -338,7 +436,7 @@ def _gathered_bytes(
 
 
 def _zero_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strategy) -> MemoryEstimate:
-    from nnmem_callbacks.core.strategy import zero_model_states
+    from nnmem_callbacks.core.strategy import zero_mixed, zero_model_states
 
     estimate = _formula_estimate(single, model, strategy, "DeepSpeed ZeRO is not traced")
     total = sum(p.numel() for p in model.parameters())
@@ -357,6 +455,10 @@ def _zero_estimate(single: MemoryEstimate, model: nn.Module, strategy: Strategy)
         f"ZeRO-{strategy.zero_stage}: parameters, gradients and optimizer state split as DeepSpeed partitions them; "
         "its bucket buffers (reduce_bucket_size, allgather_bucket_size) and stage-3 prefetch beyond the next unit "
         f"(stage3_prefetch_bucket_size, stage3_max_live_parameters) are not modelled; DeepSpeed's own model-state estimate for this model: {reference['gpu']} bytes per GPU "
-        "(fp16 parameters and fp32 Adam)"
+        "(16-bit parameters and fp32 Adam)"
     )
+    if not zero_mixed(strategy, single.precision):
+        note += (
+            f"; under {single.precision} the states are held at the step's own precision (DeepSpeed without bf16/fp16)"
+        )
     return dataclasses.replace(estimate, extra=extra, notes=(*estimate.notes, note))

@@ -26,7 +26,8 @@ which unit. :func:`replay_rank` then walks that log again as one rank of a
   until the next unit's post-backward (the root's final callback frees the
   last). Units whose inputs need no gradient run post-backward in the root's
   final callback (root first). Optimizer state is held for the local,
-  unpadded shard; the optimizer's temporaries shrink with it.
+  unpadded shard; the optimizer's temporaries shrink with it (only for an
+  optimizer whose state has each parameter's shape: others are kept whole).
 * **gloo** (CPU): its all-gather and reduce-scatter copy their buffers once
   more (one transient of the full buffer per collective). NCCL works in place.
 
@@ -253,8 +254,13 @@ def replay_rank(
     rank: int,
     unit_params: list[list[tuple[str, torch.Tensor]]],
     stored_itemsize: Callable[[torch.Tensor], int],
+    *,
+    elementwise_optimizer: bool = True,
 ) -> RankReplay:
     """Walks the main trace's log as rank ``rank`` of ``strategy`` sees it.
+
+    ``elementwise_optimizer=False``: the optimizer's state or update is not of each parameter's shape, so under FSDP
+    its state and its step's temporaries are kept as traced (whole) instead of shrinking with the local shard.
 
     Returns each phase's peak and the bytes per category at the overall peak.
     """
@@ -271,7 +277,7 @@ def replay_rank(
     units = [unit_sizes([p for _, p in params], ws, rank, param_dtype, stored_itemsize) for params in unit_params]
     root = len(units) - 1
     total_numel = sum(u.numel for u in units) or 1
-    opt_ratio = sum(u.local_numel for u in units) / total_numel if fsdp else 1.0
+    opt_ratio = sum(u.local_numel for u in units) / total_numel if fsdp and elementwise_optimizer else 1.0
 
     # phase of each event index
     phase_at: list[str] = ["setup"] * (len(events) + 1)
