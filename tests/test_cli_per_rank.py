@@ -81,10 +81,24 @@ def test_calc_zero_under_bf16_mixed_holds_deepspeeds_bytes(capsys):
     assert json.loads(out)["breakdown"]["parameters"] == 4 * 10**6  # 32-true: DeepSpeed in fp32
 
 
-def test_estimate_zero_under_bf16_mixed_holds_deepspeeds_bytes(capsys, mlp_file):
+def test_calc_zero_under_bf16_true_holds_deepspeeds_fp32_masters(capsys):
+    """bf16-true under ZeRO (Lightning's DeepSpeedStrategy runs DeepSpeed's bf16 mode): the same bytes as
+    bf16-mixed, fp32 master weights and Adam state split; it held 16-bit Adam state and no master weights."""
+    argv = ["calc", *COUNTS, "--world-size", "4", "--zero-stage", "2", "--device", "h100", "--json"]
+    code, out, err = run_cli(capsys, *argv, "--precision", "bf16-true")
+    assert code == 0, err
+    breakdown = json.loads(out)["breakdown"]
+    code, out, err = run_cli(capsys, *argv, "--precision", "bf16-mixed")
+    mixed = json.loads(out)["breakdown"]
+    assert breakdown["parameters"] == 2 * 10**6 and breakdown["optimizer_state"] == 12 * 10**6 // 4
+    assert breakdown["gradients"] == mixed["gradients"] == (2 + 4) * 10**6 // 4
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_estimate_zero_under_bf16_mixed_holds_deepspeeds_bytes(capsys, mlp_file, precision):
     params = 2 * 64 * 65 + 650
     argv = ["estimate", mlp_file, "-i", "64", "-b", "4", "--device", "cpu", "--no-probes", "--json"]
-    code, out, err = run_cli(capsys, *argv, "--world-size", "4", "--zero-stage", "3", "--precision", "bf16-mixed")
+    code, out, err = run_cli(capsys, *argv, "--world-size", "4", "--zero-stage", "3", "--precision", precision)
     assert code == 0, err
     breakdown = json.loads(out)["breakdown"]
     assert breakdown["parameters"] == -(-2 * params // 4)

@@ -200,6 +200,26 @@ def test_shard_estimate_of_zero_under_16bit_mixed_is_deepspeeds_2_2_12():
     assert shard_estimate(single("bf16-mixed"), offloaded, parameters=1000).breakdown["optimizer_state"] == 0
 
 
+def test_shard_estimate_of_zero_under_16bit_true_holds_deepspeeds_fp32_masters_and_state():
+    """Under bf16-true / 16-true DeepSpeed's ZeRO still keeps fp32 master weights, an fp32 gradient partition and
+    fp32 Adam state beside them: the same 2 + 18 / N bytes per parameter as under bf16-mixed. The share held the
+    trace's 16-bit Adam state (4 bytes) and no master weights or fp32 gradients."""
+    from nnmem_callbacks.core.estimate import MemoryEstimate
+    from nnmem_callbacks.core.strategy import shard_estimate
+
+    states = {"parameters": 2000, "gradients": 2000, "optimizer_state": 4000}  # a 16-bit step: Adam's state in 16 bits
+    for precision in ("bf16-true", "16-true"):
+        single = MemoryEstimate(peak_bytes=8000, batch_size=8, breakdown=states, precision=precision)
+        for stage in (1, 2):
+            rank = shard_estimate(single, Strategy("zero", world_size=8, zero_stage=stage), parameters=1000)
+            if stage == 2:  # DeepSpeed's estimator splits the 16-bit gradients at stage 1 too
+                assert rank.peak_bytes == zero_model_states(1000, 2, num_gpus_per_node=8)["gpu"] == 4250
+            assert rank.breakdown["optimizer_state"] == (4 + 8) * 1000 // 8, (precision, stage)
+            assert "the state in fp32 too" in rank.notes[-1]
+    fsdp = shard_estimate(single, Strategy("fsdp", world_size=8), parameters=1000)
+    assert fsdp.breakdown["optimizer_state"] == 500  # FSDP holds the step's own 16-bit state
+
+
 def test_fsdp_describes_its_mixed_precision():
     assert Strategy("fsdp", world_size=4, param_dtype="bfloat16").describe().endswith("param_dtype=bfloat16)")
     assert "param_dtype" not in Strategy("fsdp", world_size=4).describe()

@@ -199,12 +199,14 @@ def test_a_per_rank_plan_is_checked_by_a_per_rank_trace_not_a_single_device_one(
     assert plan.verification.verified and 1 <= plan.batch_size < 64
 
 
-@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "bf16-true", "16-true"])
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_under_16bit_mixed_holds_deepspeeds_bytes(precision, stage):
     """DeepSpeed's bf16/fp16 mode holds a 16-bit model: 2 bytes of parameters and of gradients (whole or split by
     the stage), and in each rank's partition fp32 master weights (4), an fp32 gradient copy (4) and Adam's state (8).
-    The estimate's own fp32 parameters and gradients were kept (4 + 4 bytes; 8 of Adam state, no master weights)."""
+    Under ``*-mixed`` the estimate's own fp32 parameters and gradients were kept (4 + 4 bytes; 8 of Adam state, no
+    master weights); under ``*-true`` (Lightning's DeepSpeedStrategy enables the same mode) its 16-bit Adam state
+    (4) with no master weights and no fp32 gradient copy."""
     model = _model()
     n, params = 4, sum(p.numel() for p in model.parameters())
     mixed = _estimate(Strategy("zero", world_size=n, zero_stage=stage), model, precision=precision)

@@ -739,3 +739,22 @@ def test_a_deepspeed_bf16_run_is_estimated_with_deepspeeds_16bit_states(tmp_path
     params = sum(p.numel() for p in model.parameters())
     assert estimate.breakdown["parameters"] == 2 * params
     assert any("DeepSpeed's bf16/fp16 mode" in note for note in estimate.notes)
+
+
+def test_a_deepspeed_run_of_a_bf16_model_holds_deepspeeds_fp32_masters(tmp_path):
+    """A model loaded in bf16 (``bf16-true``) under a ZeRO-2 config with bf16 enabled: DeepSpeed still keeps fp32
+    master weights and fp32 Adam state in each rank's partition. The estimate held the trace's 16-bit Adam state."""
+    from types import SimpleNamespace
+
+    model = tiny_model("gpt2").to(torch.bfloat16)
+    real = arguments(tmp_path, max_grad_norm=0.0)
+    args = SimpleNamespace(**{name: getattr(real, name) for name in dir(real) if not name.startswith("_")})
+    zero = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+    args.world_size, args.process_index, args.deepspeed, args.fsdp = 4, 0, zero, None
+    facts = estimation.read_facts(args, model, device="cpu")
+    assert facts.strategy.kind == "zero" and facts.precision == "bf16-true"
+    sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(4)])
+    estimate = estimation.estimate_step(model, sample, facts, batch_lines=False, probe_kernels=False)
+    params = sum(p.numel() for p in model.parameters())
+    assert estimate.breakdown["parameters"] == 2 * params
+    assert estimate.breakdown["optimizer_state"] == -(-12 * params // 4)

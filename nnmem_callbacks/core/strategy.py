@@ -17,7 +17,8 @@ Kinds:
   parameters gathered around its forward and backward.
 * ``"zero"``: DeepSpeed ZeRO stage 1, 2 or 3 (model states by formula,
   cross-checked with DeepSpeed's own, :func:`zero_model_states`; under
-  ``16-mixed``/``bf16-mixed`` those of its bf16/fp16 mode, :func:`zero_mixed`).
+  ``16-mixed``/``bf16-mixed``/``16-true``/``bf16-true`` those of its bf16/fp16
+  mode, :func:`zero_mixed`).
 
 Nothing here imports torch, keras or lightning.
 
@@ -76,7 +77,9 @@ DEEPSPEED_BUFFER_FACTOR = 1.5
 
 #: Precisions that DeepSpeed runs in its bf16/fp16 mode (``"bf16": {"enabled": true}``): a 16-bit model with fp32
 #: master weights in the optimizer's partition (Lightning's DeepSpeed precision and the Trainer's ``bf16``/``fp16``).
-ZERO_MIXED_PRECISIONS = ("16-mixed", "bf16-mixed")
+#: The ``*-true`` ones too: Lightning's DeepSpeedStrategy enables the same mode for them, and DeepSpeed's ZeRO keeps
+#: fp32 master weights of a 16-bit model whatever its config (:func:`zero_mixed`).
+ZERO_MIXED_PRECISIONS = ("16-mixed", "bf16-mixed", "16-true", "bf16-true")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,10 +318,25 @@ def zero_mixed(strategy: Strategy, precision: Any) -> bool:
     exceeds ``sub_group_size``). So stage 3 holds 2 + 2 + 4 + 4 + 8 = 20 bytes per parameter split, where
     ``estimate_zero3_model_states_mem_needs`` splits 18 (its stage-2 itemisation of the same states, plus the 16-bit
     parameters, makes 20). The gradients are accumulated in the model's dtype unless ``data_types.grad_accum_dtype``
-    says otherwise (bf16 with an fp32 accumulation at stage 1 runs DeepSpeed's ``BF16_Optimizer``, not modelled).
+    says otherwise.
+
+    ``16-true`` / ``bf16-true`` hold the same: Lightning's DeepSpeedStrategy enables DeepSpeed's fp16/bf16 mode for
+    them as for ``*-mixed`` (``_format_precision_config``), and ZeRO's master weights and gradient partition are in
+    ``master_weights_and_grads_dtype``, fp32 unless ``bf16_master_weights_and_grads`` / ``fp16_master_weights_and_grads``
+    is set (``runtime/base_optimizer.py``, ``_configure_master_weights``; used by ``stage_1_and_2.py``, where
+    ``single_partition_of_fp32_groups`` is the 16-bit partition ``.to(dtype=master_weights_and_grads_dtype)``, and by
+    ``stage3.py``), so the optimizer's state, created beside those fp32 master weights, is fp32 too (not the 16-bit
+    state a single-device ``*-true`` step holds). Not modelled: bf16 with ``data_types.grad_accum_dtype: "fp32"`` at
+    stage 1 without offload, which DeepSpeed runs with its ``BF16_Optimizer`` (``engine.py``,
+    ``_do_optimizer_sanity_check``; ``runtime/bf16_optimizer.py``): it keeps the same 16-bit model and fp32 master
+    and optimizer partitions, but its fp32 gradient buffer (``fp32_groups_gradients_flat``) is whole on every rank,
+    not a partition (the optimizer steps on a view of it), so it holds ``4 * (1 - 1 / world_size)`` bytes per
+    parameter more than estimated here; nor ``bf16_master_weights_and_grads`` / ``bf16_optimizer_states``.
 
     Example:
         >>> zero_mixed(Strategy("zero", world_size=8, zero_stage=2), "bf16-mixed")
+        True
+        >>> zero_mixed(Strategy("zero", world_size=8, zero_stage=2), "bf16-true")
         True
         >>> zero_mixed(Strategy("zero", world_size=8, zero_stage=2), "32-true")
         False
@@ -412,13 +430,16 @@ def shard_estimate(
     This is the napkin answer; the PyTorch trace replays the step instead
     (:func:`nnmem_callbacks.estimators.torch.distributed.estimate_per_rank`).
 
-    ZeRO under ``16-mixed`` / ``bf16-mixed`` (:func:`zero_mixed`) holds what
+    ZeRO under ``16-mixed`` / ``bf16-mixed`` / ``16-true`` / ``bf16-true`` (:func:`zero_mixed`) holds what
     DeepSpeed's bf16/fp16 mode holds instead of the estimate's own byte sizes:
     16-bit parameters (frozen ones too) and gradients, and in the optimizer's
     partition fp32 master weights and an fp32 copy of the gradients beside the
     traced optimizer state (for Adam DeepSpeed's 2 + 2 + 4 + 4 + 8 bytes per
     parameter, see :func:`zero_model_states`); ``gathered_bytes`` (given at the
-    estimate's bytes per parameter) is held in 16 bits too. Activations stay as
+    estimate's bytes per parameter) is held in 16 bits too. Under ``*-true`` the
+    traced optimizer state, held in the parameters' 16 bits (``torch.optim``'s
+    state is ``zeros_like`` the parameter), is counted at 4 bytes per element,
+    as DeepSpeed's optimizer steps the fp32 master weights. Activations stay as
     traced. ``elementwise_optimizer=False`` (FSDP): the optimizer state is not
     of the parameters' shapes, so it is kept whole rather than split.
 
@@ -445,9 +466,12 @@ def shard_estimate(
     optim_b = breakdown.get(str(Category.OPTIMIZER_STATE), 0)
     param_bytes = max(1, round(params_b / parameters)) if parameters else 0
     grad_bytes = round(grads_b / trainable) if trainable else 0
+    optim_per_param = round(optim_b / trainable) if trainable else 0
     master = master_grad = 0
     mixed = zero_mixed(strategy, getattr(estimate, "precision", None))
     if mixed:  # DeepSpeed's bf16/fp16 mode: a 16-bit model, fp32 master weights and gradients in the partition
+        if str(estimate.precision).endswith("-true") and 0 < param_bytes < 4:
+            optim_per_param = optim_per_param * 4 // param_bytes  # 16-bit state traced; fp32 beside the masters
         if param_bytes > 2:
             gathered_bytes = gathered_bytes * 2 // param_bytes
         param_bytes, grad_bytes = min(param_bytes, 2), min(grad_bytes, 2)
@@ -457,7 +481,7 @@ def shard_estimate(
         strategy,
         param_bytes=param_bytes,
         grad_bytes=grad_bytes,
-        optimizer_bytes_per_param=round(optim_b / trainable) if trainable else 0,
+        optimizer_bytes_per_param=optim_per_param,
         master_bytes_per_param=master,
         master_grad_bytes_per_param=master_grad,
     )
@@ -490,7 +514,9 @@ def shard_estimate(
         + ("; DDP gradient buckets added" if per["comm_buffers"] else "")
         + (
             f"; under {estimate.precision} DeepSpeed's bf16/fp16 mode: 16-bit parameters and gradients, fp32 master "
-            "weights and gradient partition beside the optimizer state (activations as traced)"
+            "weights and gradient partition beside the optimizer state ("
+            + ("the state in fp32 too; " if str(estimate.precision).endswith("-true") else "")
+            + "activations as traced)"
             if mixed
             else ""
         )

@@ -22,7 +22,7 @@ Known limitations:
     * FSDP1 (``FullyShardedDataParallel``, flat parameters), HSDP, tensor and
       pipeline parallelism and DeepSpeed are not replayed; ZeRO gets model
       states from formulas (:func:`nnmem_callbacks.core.strategy.model_states_per_rank`), under
-      ``16-mixed``/``bf16-mixed`` those of DeepSpeed's bf16/fp16 mode (a 16-bit model, fp32 master
+      ``*-mixed`` and 16-bit ``*-true`` those of DeepSpeed's bf16/fp16 mode (a 16-bit model, fp32 master
       weights: :func:`nnmem_callbacks.core.strategy.zero_mixed`), with the activations as traced.
     * A ``torch.compile``'d step is not replayed: its single-device estimate is
       sharded by formula (:func:`nnmem_callbacks.core.strategy.shard_estimate`), and a note says so.
