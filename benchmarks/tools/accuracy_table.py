@@ -78,6 +78,7 @@ ROWS = (
         _torch_static,
     ),
     Row("PyTorch", "CPU (Zen 3, AVX2)", "the same zoo", "accuracy/zen3-avx2.json", _torch_static),
+    Row("PyTorch", "CPU (Intel Xeon, AVX-512)", "the same zoo", "accuracy/emr-avx512.json", _torch_static),
     Row(
         "PyTorch, `torch.compile`",
         "CPU (Zen 4, AVX-512)",
@@ -107,6 +108,22 @@ ROWS = (
         "CPU (Zen 3, AVX2), oneDNN off",
         "the same 12",
         "keras_tensorflow_cpu/zen3-avx2_judged2_onednn0.json",
+        _keras,
+    ),
+    Row(
+        "Keras / TensorFlow",
+        "CPU (Intel Xeon, AVX-512), oneDNN on",
+        "`fit`'s peak, 12 more models fixed before they were measured, on a host none had run on: Xception, "
+        "DenseNet-169, EfficientNetV2, MobileNetV3, grouped-query attention, TCN, seq2seq LSTM, masked GRU, two heads, "
+        "MLP-Mixer",
+        "keras_tensorflow_cpu/emr-avx512_judged3_onednn1.json",
+        _keras,
+    ),
+    Row(
+        "Keras / TensorFlow",
+        "CPU (Intel Xeon, AVX-512), oneDNN off",
+        "the same 12",
+        "keras_tensorflow_cpu/emr-avx512_judged3_onednn0.json",
         _keras,
     ),
     Row(
