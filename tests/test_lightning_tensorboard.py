@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import math
 import os
 import sys
 import warnings
@@ -58,7 +59,9 @@ def test_tensorboard_series_layout_text_and_figure(tmp_path):
     expected = callback._predicted_comparable() / 2**20
     for p, m in zip(predicted, measured):
         assert p.value == pytest.approx(expected, rel=1e-5)
-        assert m.value > 0
+        # the rise is clipped at 0: a tiny MLP's epoch can stay within pages already resident at fit start (seen on
+        # an Intel host, 2026-11-30), so only its sign is certain
+        assert m.value >= 0 and math.isfinite(m.value)
     tensor_peak = events.Scalars("memory/predicted_tensor_peak_mib")[0].value
     assert tensor_peak == pytest.approx(callback.estimate.peak_bytes / 2**20, rel=1e-5)
 

@@ -25,7 +25,7 @@ Example:
     ...                        fsdp_config={"version": 2, "reshard_after_forward": False})
     >>> reading = read_ranks(args)
     >>> reading.strategy.describe(), reading.strategy.param_dtype, reading.strategy.rank
-    ('fsdp x4 (reshard_after_forward=False)', 'bfloat16', None)
+    ('fsdp x4 (reshard_after_forward=False, param_dtype=bfloat16)', 'bfloat16', None)
 
 Known limitations:
     * Hybrid sharding (HSDP: FSDP1's ``HYBRID_SHARD``, or accelerate's ``parallelism_config`` with
