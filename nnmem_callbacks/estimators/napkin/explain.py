@@ -10,7 +10,7 @@ from nnmem_callbacks.estimators.napkin.common import OPTIMIZER_STATE
 from nnmem_callbacks.estimators.napkin.estimates import mlp_estimate, params_estimate, transformer_estimate
 from nnmem_callbacks.estimators.napkin.finetune import lora_estimate
 
-__all__ = ["dominant_terms", "explain", "what_if"]
+__all__ = ["dominant_terms", "explain", "MIN_SAVING", "what_if"]
 
 
 def _rebuild(estimate: MemoryEstimate, **changes: Any) -> MemoryEstimate | None:
@@ -30,8 +30,12 @@ def _rebuild(estimate: MemoryEstimate, **changes: Any) -> MemoryEstimate | None:
     return params_estimate(spec.pop("params"), spec.pop("activations"), batch, **spec)
 
 
+#: The least share of the peak a variant must save for :func:`what_if` to offer it.
+MIN_SAVING = 0.01
+
+
 def what_if(estimate: MemoryEstimate) -> list[tuple[str, MemoryEstimate]]:
-    """Variations of a napkin estimate that shrink the peak, largest saving first.
+    """Variations of a napkin estimate that shrink the peak by at least :data:`MIN_SAVING`, largest saving first.
 
     Each entry is ``(description, estimate)``. Tried: SGD with momentum
     instead of a two-state optimizer, bf16 mixed precision instead of fp32,
@@ -79,7 +83,8 @@ def what_if(estimate: MemoryEstimate) -> list[tuple[str, MemoryEstimate]]:
     results = []
     for label, changes in options:
         other = _rebuild(estimate, **changes)
-        if other is not None and other.peak_bytes < estimate.peak_bytes:
+        # a variant that saves under 1% of the peak is no advice (it printed "-0%": SGD beside a 7B LoRA's base)
+        if other is not None and other.peak_bytes < estimate.peak_bytes * (1 - MIN_SAVING):
             results.append((label, other))
     results.sort(key=lambda item: item[1].peak_bytes)
     return results
