@@ -722,20 +722,26 @@ def test_the_checkpointing_the_plan_suggests_is_an_argument_that_does_not_warn(t
         assert checkpointing_arguments(tmp_path).to_dict() == arguments(tmp_path, **settings).to_dict()
 
 
+def _rank_of_four_under_zero2(tmp_path, model, bf16_enabled: object, **settings):
+    """``(facts, estimate)`` of rank 0 of 4 under a ZeRO-2 DeepSpeed config with ``"bf16": {"enabled": bf16_enabled}``: the
+    Trainer's arguments copied into a namespace (``TrainingArguments`` will not take a world size without a launch)."""
+    from types import SimpleNamespace
+
+    real = arguments(tmp_path, max_grad_norm=0.0, **settings)
+    args = SimpleNamespace(**{name: getattr(real, name) for name in dir(real) if not name.startswith("_")})
+    zero = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": bf16_enabled}}
+    args.world_size, args.process_index, args.deepspeed, args.fsdp = 4, 0, zero, None
+    facts = estimation.read_facts(args, model, device="cpu")
+    sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(4)])
+    return facts, estimation.estimate_step(model, sample, facts, batch_lines=False, probe_kernels=False)
+
+
 def test_a_deepspeed_bf16_run_is_estimated_with_deepspeeds_16bit_states(tmp_path):
     """The Trainer with ``bf16=True`` and a ZeRO config runs DeepSpeed's bf16 mode: 16-bit parameters, fp32 master
     weights in each rank's partition. The per-rank estimate held the trace's fp32 parameters (4 bytes each)."""
-    from types import SimpleNamespace
-
     model = tiny_model("gpt2")
-    real = arguments(tmp_path, bf16=True, max_grad_norm=0.0)
-    args = SimpleNamespace(**{name: getattr(real, name) for name in dir(real) if not name.startswith("_")})
-    zero = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}
-    args.world_size, args.process_index, args.deepspeed, args.fsdp = 4, 0, zero, None
-    facts = estimation.read_facts(args, model, device="cpu")
+    facts, estimate = _rank_of_four_under_zero2(tmp_path, model, "auto", bf16=True)
     assert facts.strategy.kind == "zero" and facts.precision == "bf16-mixed"
-    sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(4)])
-    estimate = estimation.estimate_step(model, sample, facts, batch_lines=False, probe_kernels=False)
     params = sum(p.numel() for p in model.parameters())
     assert estimate.breakdown["parameters"] == 2 * params
     assert any("DeepSpeed's bf16/fp16 mode" in note for note in estimate.notes)
@@ -744,17 +750,9 @@ def test_a_deepspeed_bf16_run_is_estimated_with_deepspeeds_16bit_states(tmp_path
 def test_a_deepspeed_run_of_a_bf16_model_holds_deepspeeds_fp32_masters(tmp_path):
     """A model loaded in bf16 (``bf16-true``) under a ZeRO-2 config with bf16 enabled: DeepSpeed still keeps fp32
     master weights and fp32 Adam state in each rank's partition. The estimate held the trace's 16-bit Adam state."""
-    from types import SimpleNamespace
-
     model = tiny_model("gpt2").to(torch.bfloat16)
-    real = arguments(tmp_path, max_grad_norm=0.0)
-    args = SimpleNamespace(**{name: getattr(real, name) for name in dir(real) if not name.startswith("_")})
-    zero = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
-    args.world_size, args.process_index, args.deepspeed, args.fsdp = 4, 0, zero, None
-    facts = estimation.read_facts(args, model, device="cpu")
+    facts, estimate = _rank_of_four_under_zero2(tmp_path, model, True)
     assert facts.strategy.kind == "zero" and facts.precision == "bf16-true"
-    sample = torch.utils.data.default_collate([Tokens("gpt2")[i] for i in range(4)])
-    estimate = estimation.estimate_step(model, sample, facts, batch_lines=False, probe_kernels=False)
     params = sum(p.numel() for p in model.parameters())
     assert estimate.breakdown["parameters"] == 2 * params
     assert estimate.breakdown["optimizer_state"] == -(-12 * params // 4)
