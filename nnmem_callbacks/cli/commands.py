@@ -156,7 +156,7 @@ def _with_gpu_counts(fit: FitSummary, single, strategy, margin: float) -> FitSum
             gpus_needed=gpus_needed(
                 on_card(single, gpu_table.find_gpu(row.name)),
                 strategy,
-                row.usable_bytes,
+                row.capacity_bytes,
                 parameters=params,
                 gathered_bytes=gathered,
                 margin=margin,

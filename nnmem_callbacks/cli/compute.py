@@ -620,7 +620,7 @@ class FitSummary:
             "fits": self.fits,
             "suggestions": [dataclasses.asdict(s) for s in self.plan.suggestions] if self.plan else [],
             "verification": self.plan.verification.to_dict() if self.plan and self.plan.verification else None,
-            "gpus": [dataclasses.asdict(row) for row in self.gpus],
+            "gpus": [row.to_dict() for row in self.gpus],
         }
 
 

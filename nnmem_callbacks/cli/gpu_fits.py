@@ -27,8 +27,7 @@ class GpuFit:
     ``memory_bytes`` is ``nvidia-smi``'s total (shown beside the name); ``capacity_bytes`` the total CUDA reports,
     which the fit is checked against; ``capacity_basis`` says where that comes from: ``"measured"`` by this project,
     ``"reported"`` by public out-of-memory messages, or ``"assumed"``
-    (:func:`nnmem_callbacks.hardware.gpus.driver_reserve_bytes`); ``capacity_measured`` is ``capacity_basis ==
-    "measured"``.
+    (:func:`nnmem_callbacks.hardware.gpus.driver_reserve_bytes`).
     """
 
     name: str
@@ -37,14 +36,18 @@ class GpuFit:
     fits: bool
     covered: bool = True  # False: the CUDA kernels the estimate emulated differ on this card's architecture
     gpus_needed: int | None = None  # with a strategy: the fewest ranks whose per-rank share fits
-    capacity_bytes: int = 0  # the total CUDA reports for the card; 0: not given (then memory_bytes is used)
-    capacity_measured: bool = False
-    capacity_basis: str = "assumed"
+    _: dataclasses.KW_ONLY
+    capacity_bytes: int  # the total CUDA reports for the card (GpuSpec.capacity_bytes)
+    capacity_basis: str  # GpuSpec.capacity_basis
 
     @property
-    def usable_bytes(self) -> int:
-        """What the card offers a fit: :attr:`capacity_bytes` (``memory_bytes`` where none was given)."""
-        return self.capacity_bytes or self.memory_bytes
+    def capacity_measured(self) -> bool:
+        """Whether :attr:`capacity_bytes` was measured by this project (not reported, not assumed)."""
+        return self.capacity_basis == "measured"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row for ``--json``: its fields and :attr:`capacity_measured`."""
+        return {**dataclasses.asdict(self), "capacity_measured": self.capacity_measured}
 
 
 def on_card(estimate: MemoryEstimate, gpu: gpu_table.GpuSpec) -> MemoryEstimate:
@@ -86,7 +89,6 @@ def gpu_rows(estimate: MemoryEstimate, margin: float, *, known: bool = True) -> 
                 plan.fits,
                 f"{gpu.capability[0]}.{gpu.capability[1]}" not in uncovered,
                 capacity_bytes=gpu.capacity_bytes,
-                capacity_measured=gpu.capacity_measured,
                 capacity_basis=gpu.capacity_basis,
             )
         )
@@ -103,7 +105,7 @@ def sequence_rows(estimate: MemoryEstimate, rows: tuple[GpuFit, ...], peak: int,
     batch = estimate.batch_size
     out: list[dict[str, Any]] = []
     for row in rows:
-        budget = resolve_budget(None, capacity_bytes=row.usable_bytes, margin=margin)
+        budget = resolve_budget(None, capacity_bytes=row.capacity_bytes, margin=margin)
         card = on_card(estimate, gpu_table.find_gpu(row.name))
         fixed = card.device_bytes - estimate.device_bytes  # the card's workspaces and context: the same at any length
         allowed = estimate.tensor_share_of_device(int(budget * (1 - planning_margin(None, margin))) - fixed)
@@ -111,7 +113,7 @@ def sequence_rows(estimate: MemoryEstimate, rows: tuple[GpuFit, ...], peak: int,
             {
                 "name": row.name,
                 "memory_bytes": row.memory_bytes,
-                "capacity_bytes": row.usable_bytes,
+                "capacity_bytes": row.capacity_bytes,
                 "capacity_measured": row.capacity_measured,
                 "capacity_basis": row.capacity_basis,
                 "fits": peak <= allowed,

@@ -40,19 +40,17 @@ USABLE_NOTE = (
 BASIS_MARKS = {"measured": "", "reported": "^", "assumed": "~"}
 
 
-def usable_text(capacity_bytes: int, basis: str | bool) -> str:
+def usable_text(capacity_bytes: int, basis: str) -> str:
     """A card's CUDA total for the tables: ``^`` marks a reported one, ``~`` an assumed one.
 
-    ``basis`` is ``"measured"``, ``"reported"`` or ``"assumed"`` (``True``/``False``: measured/assumed).
+    ``basis`` is ``"measured"``, ``"reported"`` or ``"assumed"`` (:attr:`~nnmem_callbacks.hardware.gpus.GpuSpec.capacity_basis`).
 
     Example:
         >>> usable_text(85_017_493_504, "measured"), usable_text(15_628_828_672, "reported")
         ('79.18 GiB', '^14.56 GiB')
-        >>> usable_text(15_456_010_240, "assumed"), usable_text(15_456_010_240, False)
-        ('~14.39 GiB', '~14.39 GiB')
+        >>> usable_text(15_456_010_240, "assumed")
+        '~14.39 GiB'
     """
-    if isinstance(basis, bool):
-        basis = "measured" if basis else "assumed"
     if basis not in BASIS_MARKS:
         raise ValueError(f"unknown CUDA total basis {basis!r}; use one of {', '.join(BASIS_MARKS)}")
     return BASIS_MARKS[basis] + format_bytes(capacity_bytes)
@@ -200,7 +198,7 @@ def render_estimate(
             cells = [
                 row.name + mark,
                 format_bytes(row.memory_bytes),
-                usable_text(row.usable_bytes, row.capacity_basis),
+                usable_text(row.capacity_bytes, row.capacity_basis),
                 "yes" if row.fits else "no",
                 _batch_text(row.max_batch_size),
             ]
@@ -281,8 +279,7 @@ def sequence_text(answer: dict[str, Any]) -> str:
             f"and the CUDA total it is checked against; ^ reported, ~ assumed):"
         )
         for row in answer["gpus"]:
-            basis = row.get("capacity_basis") or ("measured" if row.get("capacity_measured") else "assumed")
-            cuda = usable_text(row.get("capacity_bytes") or row["memory_bytes"], basis)
+            cuda = usable_text(row["capacity_bytes"], row["capacity_basis"])
             lines.append(
                 f"  {row['name']:<24} {format_bytes(row['memory_bytes']):>10} {cuda:>11}  "
                 f"{'fits' if row['fits'] else 'no':<4}  longest length {longest(row['max_sequence_length'], grouped=True)}"
